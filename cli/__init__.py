@@ -1,0 +1,1 @@
+"""The gptport command line (installed as the package `gptport.cli`)."""

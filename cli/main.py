@@ -1,0 +1,65 @@
+"""Wiring: the Typer app, its commands, `--version`, and the one error boundary of the CLI."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, NoReturn
+
+import typer
+from gptport.cli import tokenizer_cmd
+
+from gptport import __version__
+from gptport.errors import GptportError
+
+app = typer.Typer(
+    name="gptport",
+    help="From a raw text corpus to a portable, fast ONNX GPT.\n\n"
+    "Example:\n\n"
+    "  gptport train-tokenizer corpus.txt --vocab-size 8192 --out models/mymodel",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gptport {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """From a raw text corpus to a portable, fast ONNX GPT."""
+
+
+app.command("train-tokenizer", epilog=tokenizer_cmd.EXAMPLES)(tokenizer_cmd.train_tokenizer)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point. Typer reports usage errors itself (exit 2); a GptportError becomes one line on
+    stderr and its exit code; GPTPORT_DEBUG=1 shows the traceback instead."""
+    try:
+        app(args=argv, prog_name="gptport")
+    except GptportError as e:
+        _fail(f"error: {e}", e.exit_code, e)
+    except KeyboardInterrupt as e:
+        _fail("interrupted", 130, e)
+    except OSError as e:  # disk full, permission denied, ...: the OS's message names the file
+        _fail(f"error: {e}", 1, e)
+
+
+def _fail(message: str, code: int, exc: BaseException) -> NoReturn:
+    if os.environ.get("GPTPORT_DEBUG") == "1":
+        raise exc
+    print(f"gptport: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Atomic writes: every artifact is written under a temporary name in its own directory and
+renamed into place, so a crash or an error never leaves a half-written file behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def temp_name(path: Path) -> Path:
+    """A unique hidden sibling of `path`, on the same filesystem so that the rename is atomic."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it replaces `path`, on error it is removed."""
+    target = Path(path)
+    tmp = temp_name(target)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` atomically, flushed to disk before the rename."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write UTF-8 `text` to `path` atomically."""
+    write_bytes(path, text.encode("utf-8"))

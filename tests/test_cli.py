@@ -1,0 +1,118 @@
+"""The CLI contract: --version, examples in --help, one-line errors with exit codes, nothing half-written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptport import __version__
+
+
+def gptport(*args: str, stdin: str | None = None, debug: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a subprocess, as a user would."""
+    env = {k: v for k, v in os.environ.items() if k != "GPTPORT_DEBUG"}
+    if debug:
+        env["GPTPORT_DEBUG"] = "1"
+    return subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], input=stdin,
+                          capture_output=True, env=env, check=False, text=True, encoding="utf-8")
+
+
+def test_version() -> None:
+    r = gptport("--version")
+    assert r.returncode == 0
+    assert r.stdout.strip() == f"gptport {__version__}"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["train-tokenizer", "--help"]])
+def test_help_shows_an_example(args: list[str]) -> None:
+    r = gptport(*args)
+    assert r.returncode == 0
+    assert "gptport train-tokenizer corpus.txt --vocab-size 8192" in r.stdout
+
+
+def test_train_tokenizer_writes_the_model_dir_and_a_summary(corpus_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    r = gptport("train-tokenizer", str(corpus_file), "--vocab-size", "300", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""  # status goes to stderr
+    for word in ("vocabulary", "300 tokens", "corpus", "compression", "sha256", "MB/s"):
+        assert word in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["merges.txt", "tokenizer.json",
+                                                     "tokenizer_meta.json", "vocab.json"]
+
+
+def test_stdin_corpus(corpus_file: Path, tmp_path: Path) -> None:
+    r = gptport("train-tokenizer", "-", "--vocab-size", "280", "--out", str(tmp_path / "m"),
+                stdin=corpus_file.read_text(encoding="utf-8"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "m" / "tokenizer.json").exists()
+
+
+def _assert_one_line_error(r: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert r.returncode == code
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("gptport: error: ")
+    assert "Traceback" not in r.stderr
+    for needle in needles:
+        assert needle in lines[-1]
+
+
+def test_bad_input_gives_one_line_and_leaves_nothing(tmp_path: Path, corpus_file: Path) -> None:
+    out = tmp_path / "out"
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"fine line\ncaf\xe9\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    (tmp_path / "nodocs").mkdir()
+    cases = [
+        ([str(latin1)], 1, [str(latin1), "byte offset 13"]),
+        ([str(tmp_path / "missing.txt")], 1, ["missing.txt", "no such file"]),
+        ([str(empty)], 1, ["empty corpus", "empty.txt"]),
+        ([str(tmp_path / "nodocs")], 1, ["nodocs", "*.txt"]),
+    ]
+    for corpus, code, needles in cases:
+        r = gptport("train-tokenizer", *corpus, "--vocab-size", "300", "--out", str(out))
+        _assert_one_line_error(r, code, *needles)
+        assert not out.exists()
+    for bad in ("256", "1000001"):
+        r = gptport("train-tokenizer", str(corpus_file), "--vocab-size", bad, "--out", str(out))
+        _assert_one_line_error(r, 2, f"--vocab-size {bad}")
+        assert not out.exists()
+
+
+def test_replace_goes_on_and_reports(tmp_path: Path, corpus_file: Path) -> None:
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"caf\xe9 cr\xe8me\n")
+    r = gptport("train-tokenizer", str(corpus_file), str(latin1), "--vocab-size", "300",
+                "--out", str(tmp_path / "m"), "--encoding-errors", "replace")
+    assert r.returncode == 0, r.stderr
+    assert "2 byte(s) that were not UTF-8" in r.stderr
+
+
+def test_existing_tokenizer_is_refused_unless_forced(tmp_path: Path, corpus_file: Path) -> None:
+    out = tmp_path / "m"
+    args = ("train-tokenizer", str(corpus_file), "--vocab-size", "300", "--out", str(out))
+    assert gptport(*args).returncode == 0
+    before = (out / "tokenizer.json").read_bytes()
+    _assert_one_line_error(gptport(*args), 1, "already holds tokenizer.json", "--force")
+    assert (out / "tokenizer.json").read_bytes() == before
+    r = gptport(*args[:3], "290", "--out", str(out), "--force")
+    assert r.returncode == 0, r.stderr
+    assert (out / "tokenizer.json").read_bytes() != before
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    r = gptport("train-tokenizer", str(tmp_path / "missing.txt"), "--vocab-size", "300",
+                "--out", str(tmp_path / "o"), debug=True)
+    assert r.returncode != 0
+    assert "Traceback" in r.stderr
+
+
+def test_usage_error_exits_2(tmp_path: Path) -> None:
+    r = gptport("train-tokenizer", "x.txt", "--vocab-size", "many", "--out", str(tmp_path))
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
