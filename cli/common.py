@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,13 @@ from rich.console import Console
 
 # Status, progress and tables go to stderr; stdout carries only the payload (text, JSON).
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+
+class EncodingErrors(str, Enum):
+    strict = "strict"
+    replace = "replace"
+
 
 ModelDir = Annotated[Path, typer.Argument(help="Model directory.", show_default=False)]
 Force = Annotated[bool, typer.Option("--force", help="Replace existing outputs.")]

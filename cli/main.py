@@ -7,7 +7,7 @@ import sys
 from typing import Annotated, NoReturn
 
 import typer
-from gptport.cli import tokenizer_cmd
+from gptport.cli import tokenizer_cmd, train_cmd
 
 from gptport import __version__
 from gptport.errors import GptportError
@@ -39,6 +39,7 @@ def root(
 
 
 app.command("train-tokenizer", epilog=tokenizer_cmd.EXAMPLES)(tokenizer_cmd.train_tokenizer)
+app.command("train", epilog=train_cmd.EXAMPLES)(train_cmd.train)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from gptport.cli.common import Force, err, human_bytes
+from gptport.cli.common import EncodingErrors, Force, err, human_bytes
 
 from gptport import tokenizer as bpe
 from gptport.corpus import CorpusReader, resolve_sources
@@ -21,11 +20,6 @@ EXAMPLES = """Examples:
 
   cat a.txt b.txt | gptport train-tokenizer - --vocab-size 1024 --out models/small
 """
-
-
-class EncodingErrors(str, Enum):
-    strict = "strict"
-    replace = "replace"
 
 
 def train_tokenizer(

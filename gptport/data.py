@@ -1,0 +1,173 @@
+"""Corpus -> token shards (data/train.bin, data/val.bin, data/meta.json), and batch sampling.
+
+Shards are a cache keyed by the corpus content's sha256, the tokenizer's sha256 and the split:
+a changed corpus or tokenizer is noticed and the data prepared again. Documents (files) are joined
+with `<|endoftext|>`; the last `val_fraction` of the token stream is the validation split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gptport import atomic
+from gptport.corpus import CorpusReader
+from gptport.errors import InputError
+from gptport.tokenizer import BPETokenizer
+
+DATA_DIR = "data"
+META = "meta.json"
+ENCODE_BATCH = 64  # chunks per encode_batch call: enough to keep every core busy
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Prepared token shards, memory-mapped."""
+
+    train: np.ndarray  # (N_train,) uint16 | uint32
+    val: np.ndarray  # (N_val,)
+    meta: dict[str, object]
+    reused: bool
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def token_bytes(tok: BPETokenizer) -> np.ndarray:
+    """Bytes of text each token id stands for (special tokens: 0). A byte-level BPE token's string
+    has one character per byte, so its length is its byte count."""
+    special = set(tok.special_tokens.values())
+    out = np.zeros(tok.vocab_size, dtype=np.int64)
+    for token, i in tok.backend.get_vocab().items():
+        out[i] = 0 if i in special else len(token)
+    return out
+
+
+def corpus_sha256(reader: CorpusReader) -> str | None:
+    """sha256 over every source's name and content, read once; None for stdin (it cannot be re-read)."""
+    if any(s.path is None for s in reader.sources):
+        return None
+    h = hashlib.sha256()
+    for source in reader.sources:
+        assert source.path is not None
+        h.update(source.name.encode() + b"\0")
+        with open(source.path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _load(data_dir: Path, meta: dict[str, object], reused: bool) -> Shards:
+    dtype = np.dtype(str(meta["dtype"]))
+    train = np.memmap(data_dir / "train.bin", dtype=dtype, mode="r")
+    val = np.memmap(data_dir / "val.bin", dtype=dtype, mode="r")
+    return Shards(train, val, meta, reused)
+
+
+def prepare(
+    model_dir: Path,
+    reader: CorpusReader,
+    tok: BPETokenizer,
+    val_fraction: float,
+    on_progress: Callable[[int], None] | None = None,
+) -> Shards:
+    """Tokenize the corpus into shards, or reuse shards made from the same corpus and tokenizer."""
+    data_dir = model_dir / DATA_DIR
+    key = {"corpus_sha256": corpus_sha256(reader), "tokenizer_sha256": tok.sha256,
+           "val_fraction": val_fraction, "format_version": FORMAT_VERSION}
+    meta_path = data_dir / META
+    if key["corpus_sha256"] is not None and meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            meta = {}
+        if all(meta.get(k) == v for k, v in key.items()):
+            return _load(data_dir, meta, reused=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tok.vocab_size)
+    all_path = atomic.temp_name(data_dir / "all.bin")
+    try:
+        n_tokens = _tokenize(reader, tok, dtype, all_path, on_progress)
+        if reader.stats.bytes == 0:
+            raise InputError("empty corpus: no text in " + ", ".join(s.name for s in reader.sources))
+        stream = np.memmap(all_path, dtype=dtype, mode="r")
+        n_val = max(1, int(n_tokens * val_fraction))
+        for name, part in (("train.bin", stream[: n_tokens - n_val]), ("val.bin", stream[n_tokens - n_val:])):
+            with atomic.atomic_path(data_dir / name) as tmp:
+                part.tofile(tmp)
+        del stream
+    finally:
+        all_path.unlink(missing_ok=True)
+    meta = {**key, "corpus_sha256": key["corpus_sha256"] or reader.stats.sha256.hexdigest(),
+            "dtype": dtype.name, "tokens": n_tokens, "train_tokens": n_tokens - n_val, "val_tokens": n_val,
+            "documents": reader.stats.documents, "bytes": reader.stats.bytes,
+            "replaced_bytes": reader.stats.replaced_bytes,
+            "sources": [s.name for s in reader.sources]}
+    atomic.write_text(meta_path, json.dumps(meta, indent=2) + "\n")
+    return _load(data_dir, meta, reused=False)
+
+
+def _tokenize(reader: CorpusReader, tok: BPETokenizer, dtype: np.dtype, out: Path,
+              on_progress: Callable[[int], None] | None) -> int:
+    """Encode every document in batches of chunks, writing ids and an EOT after each document."""
+    n = 0
+    eot = np.array([tok.eot_id], dtype=dtype)
+    with open(out, "wb") as f:
+
+        def flush(batch: list[str]) -> int:
+            ids = np.fromiter((i for seq in tok.encode_batch(batch) for i in seq), dtype=dtype)
+            ids.tofile(f)
+            if on_progress:
+                on_progress(reader.stats.bytes)
+            return len(ids)
+
+        for _, chunks in reader.documents():
+            batch: list[str] = []
+            for chunk in chunks:
+                batch.append(chunk)
+                if len(batch) == ENCODE_BATCH:
+                    n += flush(batch)
+                    batch = []
+            if batch:
+                n += flush(batch)
+            eot.tofile(f)
+            n += 1
+        f.flush()
+        os.fsync(f.fileno())
+    return n
+
+
+def check_fits(shards: Shards, n_ctx: int) -> None:
+    """Refuse a corpus whose splits are too short for one context window."""
+    need = n_ctx + 1
+    for split, arr in (("training", shards.train), ("validation", shards.val)):
+        if len(arr) < need:
+            total = int(shards.meta["tokens"])  # type: ignore[arg-type]
+            raise InputError(
+                f"corpus too short: its {split} split has {len(arr)} tokens (of {total} in all) but one "
+                f"context window needs {need} (n_ctx {n_ctx}); add text, lower --set n_ctx=..., or "
+                "raise --val-fraction")
+
+
+def sample_batch(data: np.ndarray, n_ctx: int, batch_size: int, rng: np.random.Generator
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Random windows: inputs (B, T) and next-token targets (B, T), int64."""
+    starts = rng.integers(0, len(data) - n_ctx, size=batch_size)  # (B,)
+    idx = starts[:, None] + np.arange(n_ctx + 1)[None, :]  # (B, T+1)
+    window = data[idx].astype(np.int64)  # (B, T+1)
+    return window[:, :-1], window[:, 1:]
+
+
+def eval_windows(data: np.ndarray, n_ctx: int, count: int) -> np.ndarray:
+    """`count` evenly spaced window starts covering the split, the same at every eval."""
+    last = len(data) - n_ctx - 1
+    return np.unique(np.linspace(0, max(last, 0), num=count).astype(np.int64))

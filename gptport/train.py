@@ -1,0 +1,273 @@
+"""The training loop: AdamW, warm-up then cosine decay, gradient accumulation and clipping, bf16
+autocast on CUDA, optional torch.compile, evals with perplexity and bits per byte, atomic
+checkpoints, exact --resume, and a clean stop on Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptport import checkpoint
+from gptport.checkpoint_paths import LOG
+from gptport.config import ModelConfig, TrainConfig
+from gptport.data import Shards, eval_windows, sample_batch
+from gptport.errors import ArtifactError, UsageError
+from gptport.model import GPT
+from gptport.tokenizer import BPETokenizer
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """One line of logs/train.jsonl."""
+
+    step: int
+    train_loss: float
+    val_loss: float
+    val_ppl: float
+    val_bpb: float
+    tokens_per_s: float
+    lr: float
+    elapsed_s: float
+
+
+@dataclass
+class Hooks:
+    """Callbacks for progress display; the loop itself prints nothing."""
+
+    on_step: Callable[[int, float, float], None] = lambda step, loss, tok_s: None
+    on_eval: Callable[[EvalRecord], None] = lambda record: None
+    on_checkpoint: Callable[[int], None] = lambda step: None
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is available to torch here")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UsageError("--device mps: Apple's MPS backend is not available here")
+    return torch.device(name)
+
+
+def make_autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast where the hardware runs bf16 natively (CUDA; CPUs with AVX512-BF16 or AMX,
+    where it doubles training speed), fp32 elsewhere or when asked."""
+    if mode == "fp32" or device.type not in ("cuda", "cpu"):
+        return contextlib.nullcontext()
+    if mode == "auto" and device.type == "cpu" and not torch.cpu._is_avx512_bf16_supported():
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def lr_at(progress: float, tcfg: TrainConfig, warmup_fraction: float) -> float:
+    """Linear warm-up over `warmup_fraction` of the run, then cosine decay to lr * min_lr_ratio."""
+    if progress < warmup_fraction:
+        return tcfg.lr * (progress / warmup_fraction)
+    span = max(1e-9, 1.0 - warmup_fraction)
+    t = min(1.0, (progress - warmup_fraction) / span)
+    floor = tcfg.lr * tcfg.min_lr_ratio
+    return floor + 0.5 * (tcfg.lr - floor) * (1.0 + math.cos(math.pi * t))
+
+
+def make_optimizer(model: GPT, tcfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings (dim >= 2) only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), fused=fused)
+
+
+class _StopFlag:
+    """Ctrl-C sets the flag: the loop finishes its step, checkpoints and returns. A second Ctrl-C aborts."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        try:
+            previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+
+
+@dataclass
+class TrainResult:
+    step: int
+    records: list[EvalRecord]
+    interrupted: bool
+    seconds: float
+
+
+class Trainer:
+    """Trains the model of `model_dir` on prepared shards, checkpointing into the same directory."""
+
+    def __init__(self, model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, shards: Shards,
+                 tok: BPETokenizer, token_bytes: np.ndarray, resume: bool = False, hooks: Hooks | None = None) -> None:
+        tcfg.validate()
+        self.dir, self.cfg, self.tcfg, self.shards, self.tok = model_dir, cfg, tcfg, shards, tok
+        self.hooks = hooks or Hooks()
+        self.device = pick_device(tcfg.device)
+        if tcfg.threads > 0:
+            torch.set_num_threads(tcfg.threads)
+        torch.manual_seed(tcfg.seed)
+        self.rng = np.random.default_rng(tcfg.seed)
+        self.model = GPT(cfg).to(self.device)
+        self.step, self.elapsed = 0, 0.0
+        self.optimizer = make_optimizer(self.model, tcfg, self.device)
+        if resume:
+            self._resume()
+        self.token_bytes = torch.from_numpy(token_bytes).to(self.device)
+        self.windows = eval_windows(shards.val, cfg.n_ctx, tcfg.eval_batches * tcfg.batch_size)
+        self.loss_fn = torch.compile(self.model.loss) if tcfg.compile else self.model.loss
+        self.autocast = make_autocast(tcfg.autocast, self.device)
+
+    def _resume(self) -> None:
+        card = checkpoint.read_card(self.dir)
+        if card.model != self.cfg:
+            raise UsageError(f"{self.dir}: --resume with a different model shape than config.json holds; "
+                             "drop --preset/--set model.* or train a new directory")
+        loaded = checkpoint.load_weights(self.dir, self.cfg, self.device)
+        self.model.load_state_dict(loaded.state_dict())
+        state, rng = checkpoint.load_resume(self.dir, self.optimizer)
+        if int(state["step"]) != card.step:
+            raise ArtifactError(f"{self.dir}: {checkpoint.TRAINER} (step {state['step']}) and "
+                                f"{checkpoint.CONFIG} (step {card.step}) disagree; the last checkpoint was cut off")
+        self.step, self.elapsed = int(state["step"]), float(state["elapsed_s"])
+        self.rng.bit_generator.state = state["data_rng"]
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+
+    # --- schedule -------------------------------------------------------------------------------
+    def _progress(self) -> float:
+        if self.tcfg.minutes > 0:
+            return self.elapsed / (self.tcfg.minutes * 60)
+        return self.step / (self.tcfg.schedule_steps or self.tcfg.steps)
+
+    def _warmup_fraction(self) -> float:
+        horizon = self.tcfg.schedule_steps or self.tcfg.steps
+        return min(0.5, self.tcfg.warmup_steps / horizon) if self.tcfg.minutes <= 0 else 0.02
+
+    def _done(self) -> bool:
+        if self.tcfg.minutes > 0:
+            return self.elapsed >= self.tcfg.minutes * 60
+        return self.step >= self.tcfg.steps
+
+    # --- the loop -------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        stop = _StopFlag()
+        records: list[EvalRecord] = []
+        tcfg = self.tcfg
+        every_ckpt = tcfg.checkpoint_every or tcfg.eval_every
+        loss_sum, loss_n, tokens, t_window = 0.0, 0, 0, 0.0
+        t_start = time.perf_counter()
+        elapsed_before = self.elapsed  # wall time of earlier runs of this training (--resume)
+        with stop.installed():
+            while not self._done() and not stop.set:
+                t0 = time.perf_counter()
+                lr = lr_at(self._progress(), tcfg, self._warmup_fraction())
+                loss = self._train_step(lr)
+                dt = time.perf_counter() - t0
+                self.step += 1
+                self.elapsed = elapsed_before + time.perf_counter() - t_start  # evals and checkpoints count
+                t_window += dt
+                loss_sum, loss_n = loss_sum + loss, loss_n + 1
+                tokens += tcfg.batch_size * tcfg.grad_accum * self.cfg.n_ctx
+                self.hooks.on_step(self.step, loss, tokens / max(t_window, 1e-9))
+                if self.step % tcfg.eval_every == 0 or self._done():
+                    record = self._evaluate(loss_sum / loss_n, tokens / max(t_window, 1e-9), lr)
+                    records.append(record)
+                    self.hooks.on_eval(record)
+                    loss_sum, loss_n, tokens, t_window = 0.0, 0, 0, 0.0
+                if self.step % every_ckpt == 0 or self._done():
+                    self.save()
+            if stop.set:
+                self.save()
+        return TrainResult(self.step, records, stop.set, time.perf_counter() - t_start)
+
+    def _train_step(self, lr: float) -> float:
+        tcfg = self.tcfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        total = 0.0
+        for _ in range(tcfg.grad_accum):
+            x, y = sample_batch(self.shards.train, self.cfg.n_ctx, tcfg.batch_size, self.rng)
+            xt = torch.from_numpy(x).to(self.device, non_blocking=True)  # (B, T)
+            yt = torch.from_numpy(y).to(self.device, non_blocking=True)  # (B, T)
+            with self.autocast:
+                loss = self.loss_fn(xt, yt)
+            (loss / tcfg.grad_accum).backward()
+            total += loss.item()
+        if tcfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total / tcfg.grad_accum
+
+    @torch.no_grad()
+    def _evaluate(self, train_loss: float, tokens_per_s: float, lr: float) -> EvalRecord:
+        """Validation loss (nats/token), perplexity and bits per byte over fixed windows."""
+        self.model.eval()
+        n_ctx, bs = self.cfg.n_ctx, self.tcfg.batch_size
+        nats, n_tok, n_bytes = 0.0, 0, 0
+        for i in range(0, len(self.windows), bs):
+            starts = self.windows[i:i + bs]
+            idx = starts[:, None] + np.arange(n_ctx + 1)[None, :]  # (B, T+1)
+            window = torch.from_numpy(self.shards.val[idx].astype(np.int64)).to(self.device)  # (B, T+1)
+            x, y = window[:, :-1], window[:, 1:]
+            with self.autocast:
+                losses = self.model.loss(x, y, reduction="none")  # (B*T,)
+            nats += losses.sum().item()
+            n_tok += losses.numel()
+            n_bytes += int(self.token_bytes[y.flatten()].sum().item())
+        val_loss = nats / n_tok
+        record = EvalRecord(step=self.step, train_loss=train_loss, val_loss=val_loss,
+                            val_ppl=math.exp(min(val_loss, 50.0)),
+                            val_bpb=nats / math.log(2) / max(n_bytes, 1), tokens_per_s=tokens_per_s,
+                            lr=lr, elapsed_s=self.elapsed)
+        log = self.dir / LOG
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(record)) + "\n")
+        return record
+
+    def save(self) -> None:
+        """Checkpoint: optimizer + RNG, weights, config.json, then trainer.json (the commit point)."""
+        rng = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        state: dict[str, Any] = {"step": self.step, "elapsed_s": self.elapsed,
+                                 "data_rng": self.rng.bit_generator.state, "train": asdict(self.tcfg)}
+        checkpoint.save_weights(self.dir, self.model, self.step)
+        checkpoint.write_config(self.dir, self.cfg, self.tok, self.step)
+        checkpoint.save_resume(self.dir, state, self.optimizer, rng)
+        self.hooks.on_checkpoint(self.step)
+

@@ -1,0 +1,102 @@
+"""The torch GPT: the KV cache reproduces a full forward, padding is masked, shapes and init are GPT-2's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gptport.config import ModelConfig
+from gptport.model import GPT, attention_mask_4d
+
+VARIANTS = [
+    {"pos_encoding": "learned", "tie_embeddings": True},
+    {"pos_encoding": "sinusoidal", "tie_embeddings": False},
+    {"pos_encoding": "learned", "tie_embeddings": False, "bias": False, "gelu": "exact"},
+]
+
+
+def tiny(**kw: object) -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=101, n_ctx=32, d_model=32, n_layer=2, n_head=4, **kw)  # type: ignore[arg-type]
+    return GPT(cfg).eval()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_prefill_then_decode_equals_one_full_forward(variant: dict[str, object]) -> None:
+    model = tiny(**variant)
+    ids = torch.randint(0, 101, (3, 20))
+    with torch.no_grad():
+        full, _ = model(ids)
+        logits, past = model(ids[:, :7])
+        steps = [logits]
+        for t in range(7, 20):
+            step, past = model(ids[:, t:t + 1], attention_mask=torch.ones(3, t + 1, dtype=torch.long), past=past)
+            steps.append(step)
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-5
+    assert past[0][0].shape == (3, 4, 20, 8)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_left_padded_row_matches_the_row_alone(variant: dict[str, object]) -> None:
+    model = tiny(**variant)
+    long_row = torch.randint(1, 101, (1, 12))
+    short_row = torch.randint(1, 101, (1, 8))
+    pad = 4
+    ids = torch.cat([long_row, torch.cat([torch.zeros(1, pad, dtype=torch.long), short_row], dim=1)])  # (2, 12)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :pad] = 0
+    nxt = torch.randint(1, 101, (2, 5))
+    with torch.no_grad():
+        batch_logits, past = model(ids, attention_mask=mask)
+        decoded = []
+        for t in range(5):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+            step, past = model(nxt[:, t:t + 1], attention_mask=mask, past=past)
+            decoded.append(step)
+        alone, _ = model(torch.cat([short_row, nxt[1:]], dim=1))  # (1, 13, V), no padding at all
+    assert torch.isfinite(batch_logits).all()
+    assert (batch_logits[1, pad:] - alone[0, :8]).abs().max().item() <= 1e-5
+    assert (torch.cat(decoded, dim=1)[1] - alone[0, 8:]).abs().max().item() <= 1e-5
+
+
+def test_training_loss_equals_cross_entropy_of_forward() -> None:
+    model = tiny()
+    ids = torch.randint(0, 101, (2, 16))
+    with torch.no_grad():
+        logits, _ = model(ids[:, :-1])
+        expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 101), ids[:, 1:].reshape(-1))
+        assert abs(model.loss(ids[:, :-1], ids[:, 1:]).item() - expected.item()) < 1e-5
+
+
+def test_mask_is_bottom_right_causal_and_hides_padding() -> None:
+    attn = torch.tensor([[0, 1, 1, 1, 1]])  # past 3 (first padded), then 2 queries
+    mask = attention_mask_4d(attn, q_len=2)[0, 0]
+    assert mask.tolist() == [[False, True, True, True, False], [False, True, True, True, True]]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_parameter_count_and_tying(variant: dict[str, object]) -> None:
+    model = tiny(**variant)
+    assert sum(p.numel() for p in model.parameters()) == model.cfg.n_params()
+    assert (model.lm_head.weight is model.wte.weight) == model.cfg.tie_embeddings
+
+
+def test_gpt2_initialisation() -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=512, n_ctx=64, d_model=256, n_layer=8, n_head=4)
+    model = GPT(cfg)
+    assert abs(model.h[0].attn.c_attn.weight.std().item() - 0.02) < 0.002
+    assert abs(model.h[0].mlp.c_proj.weight.std().item() - 0.02 / math.sqrt(16)) < 0.001
+    assert model.h[0].attn.c_attn.bias.abs().max().item() == 0.0
+
+
+def test_config_refuses_bad_shapes() -> None:
+    from gptport.errors import UsageError
+
+    with pytest.raises(UsageError, match="divisible"):
+        ModelConfig(vocab_size=10, d_model=30, n_head=4)
+    with pytest.raises(UsageError, match="pos_encoding"):
+        ModelConfig(vocab_size=10, pos_encoding="rotary")  # type: ignore[arg-type]
+    assert ModelConfig(vocab_size=10, d_model=64, n_head=4).d_ff == 256

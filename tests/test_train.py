@@ -1,0 +1,152 @@
+"""Training: determinism, exact resume, checkpoint format, and the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from gptport import data
+from gptport import tokenizer as bpe
+from gptport.config import ModelConfig, TrainConfig
+from gptport.corpus import CorpusReader, resolve_sources
+from gptport.train import Trainer
+from tests.test_cli import _assert_one_line_error, gptport
+
+SHAPE = ["--set", "n_ctx=32", "--set", "d_model=32", "--set", "n_layer=2", "--set", "n_head=2",
+         "--set", "eval_batches=2", "--batch-size", "4", "--device", "cpu"]
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path, tokenizer_dir: Path) -> Path:
+    out = tmp_path / "m"
+    shutil.copytree(tokenizer_dir, out)
+    return out
+
+
+def make_trainer(model_dir: Path, corpus_file: Path, resume: bool = False, **train: object) -> Trainer:
+    tok = bpe.load(model_dir)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=32, d_model=32, n_layer=2, n_head=2)
+    tcfg = TrainConfig(**{"batch_size": 4, "eval_every": 4, "eval_batches": 2, "warmup_steps": 2,
+                          "device": "cpu", "autocast": "fp32", **train})  # type: ignore[arg-type]
+    shards = data.prepare(model_dir, CorpusReader(resolve_sources([corpus_file])), tok, 0.1)
+    return Trainer(model_dir, cfg, tcfg, shards, tok, data.token_bytes(tok), resume=resume)
+
+
+def losses(model_dir: Path) -> list[tuple[int, float, float]]:
+    lines = (model_dir / "logs" / "train.jsonl").read_text().splitlines()
+    return [(r["step"], r["train_loss"], r["val_loss"]) for r in map(json.loads, lines)]
+
+
+def test_same_seed_gives_identical_losses(tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        d = tmp_path / name
+        shutil.copytree(tokenizer_dir, d)
+        make_trainer(d, corpus_file, steps=8).run()
+        runs.append(losses(d))
+    assert runs[0] == runs[1]
+    assert len(runs[0]) == 2 and runs[0][-1][2] < runs[0][0][2] + 1.0
+
+
+def test_resume_continues_exactly(tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for d in (straight, split):
+        shutil.copytree(tokenizer_dir, d)
+    make_trainer(straight, corpus_file, steps=12, eval_every=3).run()
+    first = make_trainer(split, corpus_file, steps=6, schedule_steps=12, eval_every=3).run()
+    assert first.step == 6
+    make_trainer(split, corpus_file, resume=True, steps=12, schedule_steps=12, eval_every=3).run()
+    with (safe_open(str(straight / "model.safetensors"), "pt") as a,
+          safe_open(str(split / "model.safetensors"), "pt") as b):
+        assert set(a.keys()) == set(b.keys())
+        for key in a.keys():
+            assert torch.equal(a.get_tensor(key), b.get_tensor(key)), key
+    assert losses(straight)[-1] == losses(split)[-1]
+
+
+def test_checkpoint_files(model_dir: Path, corpus_file: Path) -> None:
+    make_trainer(model_dir, corpus_file, steps=4).run()
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "wte.weight" in keys and "lm_head.weight" not in keys  # tied weight stored once
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["tokenizer_sha256"] == bpe.load(model_dir).sha256
+    assert config["step"] == 4 == json.loads((model_dir / "trainer.json").read_text())["step"]
+    record = json.loads((model_dir / "logs" / "train.jsonl").read_text().splitlines()[-1])
+    assert {"step", "train_loss", "val_loss", "val_ppl", "val_bpb", "tokens_per_s"} <= set(record)
+    assert not [p for p in model_dir.iterdir() if p.name.startswith(".")]
+
+
+def test_cli_trains_and_refuses_to_overwrite(model_dir: Path, corpus_file: Path) -> None:
+    args = ["train", str(corpus_file), "--model-dir", str(model_dir), "--steps", "4", "--eval-every", "2", *SHAPE]
+    r = gptport(*args)
+    assert r.returncode == 0, r.stderr
+    assert "bpb" in r.stderr and (model_dir / "model.safetensors").exists()
+    _assert_one_line_error(gptport(*args), 1, "already holds a trained model", "--resume")
+    r = gptport(*args[:5], "6", *args[6:], "--resume")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((model_dir / "config.json").read_text())["step"] == 6
+
+
+def test_cli_bad_inputs(tmp_path: Path, model_dir: Path, corpus_file: Path) -> None:
+    base = ["--steps", "2", *SHAPE]
+    empty_dir = tmp_path / "no_tokenizer"
+    empty_dir.mkdir()
+    _assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(empty_dir), *base), 1,
+                           "no tokenizer.json")
+    short = tmp_path / "short.txt"
+    short.write_text("too short\n")
+    _assert_one_line_error(gptport("train", str(short), "--model-dir", str(model_dir), *base), 1, "corpus too short")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"caf\xe9\n")
+    _assert_one_line_error(gptport("train", str(latin1), "--model-dir", str(model_dir), *base), 1,
+                           "latin1.txt", "byte offset 3")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    _assert_one_line_error(gptport("train", str(empty), "--model-dir", str(model_dir), *base), 1, "empty corpus")
+    _assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(model_dir), *base,
+                                   "--preset", "huge"), 2, "--preset 'huge'")
+    _assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(model_dir), *base,
+                                   "--set", "d_model=33"), 2, "divisible")
+    assert not (model_dir / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_and_kill_loses_at_most_one_interval(model_dir: Path, corpus_file: Path) -> None:
+    args = [sys.executable, "-m", "gptport.cli.main", "train", str(corpus_file), "--model-dir", str(model_dir),
+            "--steps", "100000", "--eval-every", "5", *SHAPE]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # wait for a couple of evals
+        if line.startswith("step") and int(line.split()[1]) >= 10:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest
+    assert "interrupted" in rest and "Traceback" not in rest
+    step = json.loads((model_dir / "trainer.json").read_text())["step"]
+    assert step >= 10 and json.loads((model_dir / "config.json").read_text())["step"] == step
+
+    proc = subprocess.Popen([*args, "--resume"], stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 60
+    while json.loads((model_dir / "trainer.json").read_text())["step"] < step + 10 and time.time() < deadline:
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL: no chance to save
+    proc.wait()
+    saved = json.loads((model_dir / "trainer.json").read_text())["step"]
+    assert saved >= step + 10 and saved % 5 == 0
+    r = gptport("train", str(corpus_file), "--model-dir", str(model_dir), "--steps", str(saved + 5),
+                "--eval-every", "5", *SHAPE, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((model_dir / "trainer.json").read_text())["step"] == saved + 5
