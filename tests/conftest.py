@@ -43,3 +43,36 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, corpus_file: Path) -
 @pytest.fixture(scope="session")
 def tok(tokenizer_dir: Path) -> bpe.BPETokenizer:
     return bpe.load(tokenizer_dir)
+
+
+def build_model_dir(out: Path, tokenizer_dir: Path, corpus: Path, steps: int, **model: object) -> Path:
+    """A model directory holding a small GPT trained for `steps` steps (0: only initialised)."""
+    import shutil
+
+    from gptport import data
+    from gptport.config import ModelConfig, TrainConfig
+    from gptport.train import Trainer
+
+    shutil.copytree(tokenizer_dir, out)
+    tok = bpe.load(out)
+    shape = {"n_ctx": 32, "d_model": 64, "n_layer": 2, "n_head": 4, **model}
+    cfg = ModelConfig(vocab_size=tok.vocab_size, **shape)  # type: ignore[arg-type]
+    tcfg = TrainConfig(steps=max(steps, 1), batch_size=16, lr=3e-3, warmup_steps=5, eval_every=max(steps, 1),
+                       eval_batches=2, device="cpu", seed=0)
+    shards = data.prepare(out, CorpusReader(resolve_sources([corpus])), tok, 0.1)
+    trainer = Trainer(out, cfg, tcfg, shards, tok, data.token_bytes(tok))
+    if steps:
+        trainer.run()
+    else:
+        trainer.save()
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
+    """A tied, learned-position model trained for 150 steps, exported to fp32, int8 and fp16."""
+    from gptport import export
+
+    out = build_model_dir(tmp_path_factory.mktemp("trained") / "m", tokenizer_dir, corpus_file, steps=150)
+    export.export(out, ["fp32", "int8", "fp16"])
+    return out

@@ -1,4 +1,4 @@
-"""Importing gptport and its torch-free modules loads neither torch nor onnxruntime."""
+"""Importing gptport loads neither torch nor onnxruntime; the inference modules never load torch."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["gptport", "gptport.tokenizer", "gptport.corpus", "gptport.cli.main"])
-def test_import_loads_no_heavy_framework(module: str) -> None:
+def loaded_after_import(module: str) -> set[str]:
     code = (f"import sys, {module}; "
-            "heavy = [m for m in ('torch', 'onnxruntime') if m in sys.modules]; "
-            "print(','.join(heavy))")
+            "print(','.join(m for m in ('torch', 'onnxruntime') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert r.stdout.strip() == "", f"{module} imported {r.stdout.strip()}"
+    return set(filter(None, r.stdout.strip().split(",")))
+
+
+@pytest.mark.parametrize("module", ["gptport", "gptport.tokenizer", "gptport.corpus", "gptport.config",
+                                    "gptport.contract", "gptport.cli.main"])
+def test_import_loads_no_framework(module: str) -> None:
+    assert loaded_after_import(module) == set()
+
+
+@pytest.mark.parametrize("module", ["gptport.runtime", "gptport.generate", "gptport.variants"])
+def test_inference_modules_load_no_torch(module: str) -> None:
+    assert "torch" not in loaded_after_import(module)

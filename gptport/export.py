@@ -1,0 +1,226 @@
+"""torch -> ONNX: the fp32 graph under the I/O contract (gptport/contract.py), validated against the
+torch model before it is renamed into place, then the requested variants."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from torch.export import Dim
+
+from gptport import __version__, atomic, contract, validate, variants
+from gptport import tokenizer as bpe
+from gptport.checkpoint import ModelCard, load_model
+from gptport.config import model_config_to_dict
+from gptport.errors import ArtifactError, UsageError, ValidationError
+from gptport.model import GPT
+from gptport.runtime import load_cpu
+
+TWO_GB = 2 * 1024**3
+
+
+@dataclass
+class ExportReport:
+    """What export wrote and measured, for the CLI's tables."""
+
+    files: dict[str, Path] = field(default_factory=dict)
+    parity: list[validate.ParityRow] = field(default_factory=list)
+    greedy_tokens: int = 0
+    gates: list[validate.GateRow] = field(default_factory=list)
+    fused: dict[str, int] = field(default_factory=dict)
+    size_ratio: float = 0.0
+
+
+def parse_precisions(text: str) -> list[str]:
+    """'fp32,int8' -> ['fp32', 'int8']; fp32 always comes first (the variants are made from it)."""
+    asked = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in asked if p not in contract.PRECISIONS]
+    if bad or not asked:
+        raise UsageError(f"--precision {text!r}: unknown {', '.join(bad) or 'empty'}; choose from "
+                         f"{', '.join(contract.PRECISIONS)}")
+    return ["fp32", *[p for p in dict.fromkeys(asked) if p != "fp32"]]
+
+
+def metadata(card: ModelCard, precision: str) -> dict[str, str]:
+    return {contract.META_CONFIG: json.dumps(model_config_to_dict(card.model)),
+            contract.META_TOKENIZER: card.tokenizer_sha256, contract.META_PRECISION: precision,
+            contract.META_VERSION: __version__, contract.META_CONTRACT: contract.CONTRACT_VERSION}
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter logs and warns about things that are not the user's concern (torchvision ops...)."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def to_onnx(model: GPT, opset: int) -> onnx.ModelProto:
+    """Export with torch.export's dynamic shapes; batch, sequence and past traced at values >= 2."""
+    cfg = model.cfg
+    B, T, P = 2, 3, min(4, max(2, cfg.n_ctx - 3))
+    ids = torch.randint(0, cfg.vocab_size, (B, T))
+    mask = torch.ones(B, P + T, dtype=torch.long)
+    pos = torch.arange(P, P + T).expand(B, T).contiguous()
+    past = [(torch.zeros(B, cfg.n_head, P, cfg.head_dim), torch.zeros(B, cfg.n_head, P, cfg.head_dim))
+            for _ in range(cfg.n_layer)]
+    batch, seq = Dim(contract.BATCH), Dim(contract.SEQUENCE)
+    past_len, total = Dim(contract.PAST), Dim(contract.TOTAL)
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
+              [({0: batch, 2: past_len}, {0: batch, 2: past_len}) for _ in range(cfg.n_layer)])
+    with _quiet_exporter():
+        program = torch.onnx.export(
+            model, (ids, mask, pos, past), dynamic_shapes=shapes, dynamo=True, opset_version=opset,
+            input_names=contract.input_names(cfg.n_layer), output_names=contract.output_names(cfg.n_layer),
+            optimize=True, verbose=False)
+    proto = program.model_proto
+    _name_total_dims(proto)
+    if cfg.tie_embeddings:
+        _untie_folded_head(proto)
+    return proto
+
+
+def _name_total_dims(proto: onnx.ModelProto) -> None:
+    """The exporter names present's length 'past_sequence + sequence'; the contract says total_sequence."""
+    for value in [*proto.graph.input, *proto.graph.output]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param.replace(" ", "") in (f"{contract.PAST}+{contract.SEQUENCE}",
+                                                  f"{contract.SEQUENCE}+{contract.PAST}"):
+                dim.dim_param = contract.TOTAL
+
+
+def _untie_folded_head(proto: onnx.ModelProto) -> None:
+    """Store the tied embedding once. The exporter either reads the head as Transpose(embedding)
+    (stored once already) or folds that transpose into a second copy of the embedding; in the latter
+    case the copy is dropped and a Transpose node, which onnxruntime folds when it loads, takes its place."""
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    head = next((n for n in graph.node if contract.LOGITS in n.output and n.op_type == "MatMul"), None)
+    gather = next((n for n in graph.node if n.op_type == "Gather" and n.input[1] == contract.INPUT_IDS), None)
+    if head is None or gather is None or gather.input[0] not in inits:
+        raise ValidationError("export: unexpected graph (no head MatMul or token Gather); cannot check tied weights")
+    if head.input[1] not in inits:
+        return  # computed from the embedding: stored once
+    folded = onnx.numpy_helper.to_array(inits[head.input[1]])
+    wte = onnx.numpy_helper.to_array(inits[gather.input[0]])
+    if folded.shape != wte.T.shape or not np.array_equal(folded, wte.T):
+        return
+    graph.initializer.remove(inits[head.input[1]])
+    transpose = onnx.helper.make_node("Transpose", [gather.input[0]], [head.input[1]], perm=[1, 0],
+                                      name="tied_head_transpose")
+    graph.node.insert(list(graph.node).index(head), transpose)
+
+
+def save(proto: onnx.ModelProto, path: Path, meta: dict[str, str]) -> None:
+    """Write `proto` with `meta` as metadata_props to `path` (external data beyond 2 GB)."""
+    onnx.helper.set_model_props(proto, meta)
+    if proto.ByteSize() > TWO_GB:
+        onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name.removeprefix(".").split(".tmp-")[0] + ".data")
+    else:
+        onnx.save_model(proto, str(path))
+
+
+def export(
+    model_dir: Path,
+    precisions: Sequence[str] = ("fp32",),
+    optimize: bool = False,
+    opset: int = 18,
+    atol: float = 1e-4,
+    force: bool = False,
+    say: Callable[[str], None] = lambda msg: None,
+) -> ExportReport:
+    """Export, validate and write model.onnx and the variants asked for. Nothing is written for a
+    precision whose checks fail; every file is renamed into place only after it passed."""
+    if opset < 18:
+        raise UsageError(f"--opset {opset}: the exporter needs opset 18 or later")
+    tok = bpe.load(model_dir)
+    model, card = load_model(model_dir, tok)
+    targets = {p: model_dir / contract.onnx_file(p) for p in precisions}
+    existing = [str(p) for p in targets.values() if p.exists()]
+    if existing and not force:
+        raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
+    report = ExportReport()
+    say("exporting fp32 graph (torch.export)")
+    proto = to_onnx(model, opset)
+    fp32_tmp = atomic.temp_name(targets["fp32"])
+    try:
+        report.size_ratio = _size_ratio(proto, model)
+        save(proto, fp32_tmp, metadata(card, "fp32"))
+        if report.size_ratio > 1.01:
+            raise ValidationError(f"export: model.onnx holds {report.size_ratio:.3f}x the parameter bytes "
+                                  "(a weight is stored twice); not written")
+        say("checking fp32 graph: onnx.checker, onnxruntime, parity, greedy decoding")
+        onnx.checker.check_model(str(fp32_tmp), full_check=True)
+        onnx_model = load_cpu(fp32_tmp)
+        report.parity = validate.parity(model, onnx_model.step(), atol=atol)
+        bad = [r for r in report.parity if not r.ok]
+        if bad:
+            raise ValidationError(f"export: fp32 parity failed on case {bad[0].case}: max |Δ logits| "
+                                  f"{bad[0].max_logits:.2e} (atol {atol:g}), max |Δ present| {bad[0].max_present:.2e}")
+        prompts = validate.prompts(model_dir, tok, card.model.n_ctx)
+        report.greedy_tokens = validate.greedy_match(model, onnx_model.step(), prompts)
+        if optimize:
+            say("optimizing with onnxruntime's transformer optimizer")
+            optimized, report.fused = variants.optimize(fp32_tmp, card.model)
+            proto = onnx.load(str(optimized))
+            optimized.unlink()
+            if card.model.tie_embeddings:
+                _untie_folded_head(proto)  # the optimizer folds the head's transpose again
+            if _size_ratio(proto, model) > 1.01:
+                raise ValidationError("export: the optimized graph stores a weight twice; not written")
+            save(proto, fp32_tmp, metadata(card, "fp32"))
+            validate.check_again(model, load_cpu(fp32_tmp).step(), atol, "optimized fp32")
+        pending = {"fp32": fp32_tmp}
+        windows = validate.heldout_windows(model_dir, model)
+        for precision in precisions[1:]:
+            say(f"making the {precision} variant")
+            tmp = atomic.temp_name(targets[precision])
+            variants.make(precision, fp32_tmp, tmp, card.model)
+            _set_meta(tmp, metadata(card, precision))
+            gate = validate.gate(model, load_cpu(tmp), windows, precision)
+            report.gates.append(gate)
+            if gate.ok:
+                pending[precision] = tmp
+            else:
+                tmp.unlink(missing_ok=True)
+        for precision, tmp in pending.items():
+            os.replace(tmp, targets[precision])
+            report.files[precision] = targets[precision]
+    finally:
+        for p in model_dir.glob(".model*.tmp-*"):
+            p.unlink(missing_ok=True)
+    return report
+
+
+def _set_meta(path: Path, meta: dict[str, str]) -> None:
+    proto = onnx.load(str(path), load_external_data=False)
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, meta)
+    onnx.save_model(proto, str(path))
+
+
+def _size_ratio(proto: onnx.ModelProto, model: GPT) -> float:
+    """Bytes of the graph's weights over the bytes of the model's parameters (tied ones once): 1.0
+    when every weight is stored once. (The file adds the graph itself: a few KiB.)"""
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    stored = sum(len(i.raw_data) or onnx.numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
+    return stored / n_bytes

@@ -1,0 +1,184 @@
+"""Checks of an exported graph against the torch model it came from: logits and KV-cache parity on
+fixed (batch, sequence, past) cases, greedy decoding, and the accuracy gate of the variants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gptport.data import DATA_DIR
+from gptport.errors import ValidationError
+from gptport.generate import Past, StepFn, empty_past, greedy, positions
+from gptport.model import GPT
+from gptport.runtime import OnnxModel
+from gptport.tokenizer import BPETokenizer
+
+PRESENT_ATOL = 1e-5
+GATE_TOP1 = 0.98
+GREEDY_TOKENS = 32
+FALLBACK_PROMPTS = ["The", "To be or not", "\n"]
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    case: str
+    max_logits: float
+    max_present: float
+    top1: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class GateRow:
+    precision: str
+    top1: float
+    mean_kl: float
+    positions: int
+    ok: bool
+    note: str = ""
+
+
+def torch_step(model: GPT) -> StepFn:
+    """The torch model as a step function over numpy arrays (the reference path)."""
+    device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
+        kv = [(torch.from_numpy(past[i]).to(device), torch.from_numpy(past[i + 1]).to(device))
+              for i in range(0, len(past), 2)]
+        logits, present = model(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
+                                torch.from_numpy(pos).to(device), kv)
+        flat = [t.float().cpu().numpy() for pair in present for t in pair]
+        return logits.float().cpu().numpy(), flat
+
+    return step
+
+
+def _cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:
+    """(name, ids, mask, pos, past) for (1,1,0), (1,n_ctx,0), (3,7,5) left-padded, (2,1,n_ctx-1)."""
+    cfg = model.cfg
+    ref = torch_step(model)
+    V, n = cfg.vocab_size, cfg.n_ctx
+
+    def ids(b: int, t: int) -> np.ndarray:
+        return rng.integers(0, V, size=(b, t), dtype=np.int64)
+
+    def empty(b: int) -> Past:
+        return empty_past(b, cfg.n_layer, cfg.n_head, cfg.head_dim)
+
+    out = []
+    for b, t in ((1, 1), (1, n)):
+        mask = np.ones((b, t), dtype=np.int64)
+        out.append((f"({b}, {t}, 0)", ids(b, t), mask, positions(mask), empty(b)))
+    if n >= 12:  # (3, 7, 5): a 5-token past in which row 1 is left-padded by 2
+        mask = np.ones((3, 5), dtype=np.int64)
+        mask[1, :2] = 0
+        _, past = ref(ids(3, 5), mask, positions(mask), empty(3))
+        full = np.concatenate([mask, np.ones((3, 7), dtype=np.int64)], axis=1)
+        out.append(("(3, 7, 5) padded", ids(3, 7), full, positions(full)[:, 5:], past))
+    mask = np.ones((2, n - 1), dtype=np.int64)
+    _, past = ref(ids(2, n - 1), mask, positions(mask), empty(2))
+    full = np.ones((2, n), dtype=np.int64)
+    out.append((f"(2, 1, {n - 1})", ids(2, 1), full, positions(full)[:, -1:], past))
+    return out
+
+
+def parity(model: GPT, step: StepFn, atol: float, seed: int = 0) -> list[ParityRow]:
+    """Max |Δ| of logits and present, and top-1 agreement, torch against `step`, case by case."""
+    ref = torch_step(model)
+    rows = []
+    for name, ids, mask, pos, past in _cases(model, np.random.default_rng(seed)):
+        want_logits, want_present = ref(ids, mask, pos, past)
+        got_logits, got_present = step(ids, mask, pos, [p.astype(np.float32) for p in past])
+        d_logits = float(np.abs(got_logits.astype(np.float32) - want_logits).max())
+        d_present = max(float(np.abs(g.astype(np.float32) - w).max()) for g, w in zip(got_present, want_present,
+                                                                                      strict=True))
+        real = mask[:, -ids.shape[1]:].astype(bool)  # (B, T): positions that are not padding
+        top1 = float((got_logits.argmax(-1) == want_logits.argmax(-1))[real].mean())
+        rows.append(ParityRow(name, d_logits, d_present, top1, d_logits <= atol and d_present <= PRESENT_ATOL))
+    return rows
+
+
+def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3) -> list[list[int]]:
+    """Prompts for the greedy check: snippets of the validation shard, else fixed strings."""
+    val = model_dir / DATA_DIR / "val.bin"
+    width = max(1, min(16, n_ctx - GREEDY_TOKENS))
+    if val.is_file():
+        dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
+        arr = np.memmap(val, dtype=dtype, mode="r")
+        if len(arr) > 3 * width:
+            starts = np.linspace(0, len(arr) - width - 1, count).astype(int)
+            return [[int(t) for t in arr[s:s + width - i * (width // 4)]] for i, s in enumerate(starts)]
+    return [tok.encode(p)[:width] or [tok.eot_id] for p in FALLBACK_PROMPTS[:count]]
+
+
+def greedy_match(model: GPT, step: StepFn, prompt_ids: list[list[int]]) -> int:
+    """Greedy-decode the prompts as one left-padded batch in torch and through `step`; the tokens must
+    be identical. Returns how many tokens were compared."""
+    cfg = model.cfg
+    n_new = min(GREEDY_TOKENS, cfg.n_ctx - max(len(p) for p in prompt_ids))
+    empty = empty_past(len(prompt_ids), cfg.n_layer, cfg.n_head, cfg.head_dim)
+    want = greedy(torch_step(model), prompt_ids, n_new, empty)
+    got = greedy(step, prompt_ids, n_new, empty)
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        if w != g:
+            first = next(j for j, (a, b) in enumerate(zip(w, g, strict=True)) if a != b)
+            raise ValidationError(f"export: greedy decoding differs from torch for prompt {i} at new token {first}")
+    return n_new * len(prompt_ids)
+
+
+def check_again(model: GPT, step: StepFn, atol: float, label: str) -> None:
+    """Parity and greedy decoding for a rewritten graph (the optimized one)."""
+    bad = [r for r in parity(model, step, atol) if not r.ok]
+    if bad:
+        raise ValidationError(f"export: {label} parity failed on case {bad[0].case}: max |Δ logits| "
+                              f"{bad[0].max_logits:.2e}, max |Δ present| {bad[0].max_present:.2e}")
+    greedy_match(model, step, [[1, 2, 3], [4], [5, 6]])
+
+
+def heldout_windows(model_dir: Path, model: GPT, count: int = 8) -> np.ndarray:
+    """(N, n_ctx) token windows of held-out text: the validation shard, else text the model generates."""
+    n = model.cfg.n_ctx
+    val = model_dir / DATA_DIR / "val.bin"
+    if val.is_file():
+        dtype = np.uint16 if model.cfg.vocab_size <= 1 << 16 else np.uint32
+        arr = np.memmap(val, dtype=dtype, mode="r")
+        if len(arr) >= n:
+            starts = np.unique(np.linspace(0, len(arr) - n, count).astype(int))
+            return np.stack([np.asarray(arr[s:s + n], dtype=np.int64) for s in starts])
+    rng = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size, (count, 1), generator=rng)
+    with torch.no_grad():
+        while ids.shape[1] < n:  # sample text from the model itself
+            logits, _ = model(ids)
+            nxt = torch.multinomial(torch.softmax(logits[:, -1].float(), -1), 1, generator=rng)
+            ids = torch.cat([ids, nxt], dim=1)
+    return ids.numpy()
+
+
+def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str) -> GateRow:
+    """Top-1 agreement and mean KL(torch fp32 || variant) over every position of the windows."""
+    step = variant.step()
+    agree, kl, total = 0, 0.0, 0
+    cfg = model.cfg
+    for row in windows:
+        ids = row[None, :]  # (1, T)
+        mask = np.ones_like(ids)
+        with torch.no_grad():
+            want = model(torch.from_numpy(ids))[0].float().numpy()[0]  # (T, V)
+        past = empty_past(1, cfg.n_layer, cfg.n_head, cfg.head_dim, variant.kv_dtype)
+        got = step(ids, mask, positions(mask), past)[0].astype(np.float32)[0]  # (T, V)
+        agree += int((want.argmax(-1) == got.argmax(-1)).sum())
+        log_p, log_q = _log_softmax(want), _log_softmax(got)
+        kl += float((np.exp(log_p) * (log_p - log_q)).sum())
+        total += len(row)
+    top1 = agree / total
+    return GateRow(precision, top1, kl / total, total, top1 >= GATE_TOP1)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))

@@ -1,0 +1,143 @@
+"""Variants of the fp32 graph made with onnxruntime's own tools: int8 and int4 weight quantization for
+the CPU provider, fp16 for CUDA and TensorRT, and the transformer optimizer's fusions. No torch here."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from gptport import contract
+from gptport.config import ModelConfig
+from gptport.errors import UsageError
+
+# Kept in float32 in the fp16 variant: LayerNorm statistics and softmax overflow in float16.
+FP16_KEEP = ["LayerNormalization", "Softmax", "ReduceMean", "Pow", "Sqrt", "Div"]
+
+
+def materialize_head(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Give a tied head a weight of its own: quantizers skip a MatMul whose weight is computed
+    (Transpose of the embedding), and at GPT-2 sizes the head is a third of the bytes read per token."""
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    head = next((n for n in graph.node if contract.LOGITS in n.output and n.op_type == "MatMul"), None)
+    producer = next((n for n in graph.node if head is not None and head.input[1] in n.output), None)
+    if producer is None or producer.op_type != "Transpose" or producer.input[0] not in inits:
+        return proto
+    wte = numpy_helper.to_array(inits[producer.input[0]])
+    graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(wte.T), producer.output[0]))
+    graph.node.remove(producer)
+    return proto
+
+
+def _quiet() -> None:
+    for name in ("onnxruntime", "onnxruntime.quantization", "root"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A weight-quantization scheme of onnxruntime's: block-wise MatMulNBits (bits, block size,
+    accuracy level 4 = int8 compute, 0 = float compute; the head may get more bits than the rest),
+    or 'dynamic' (QInt8 per-channel weights, DynamicQuantizeMatMul)."""
+
+    name: str
+    kind: str = "nbits"
+    bits: int = 8
+    block: int = 32
+    accuracy_level: int = 4
+    symmetric: bool = True
+    head_bits: int = 0  # 0: the head gets `bits` like every other MatMul
+
+
+SCHEMES = {s.name: s for s in [
+    Scheme("dynamic-int8", kind="dynamic"),
+    Scheme("nbits8-b32-acc4", bits=8, block=32, accuracy_level=4),
+    Scheme("nbits8-b128-acc4", bits=8, block=128, accuracy_level=4),
+    Scheme("nbits8-b32-acc0", bits=8, block=32, accuracy_level=0),
+    Scheme("nbits4-b32-acc4", bits=4, block=32, accuracy_level=4),
+    Scheme("nbits4-b32-acc4-head8", bits=4, block=32, accuracy_level=4, head_bits=8),
+    Scheme("nbits4-b16-acc4-head8", bits=4, block=16, accuracy_level=4, head_bits=8),
+    Scheme("nbits4-b32-acc0-head8", bits=4, block=32, accuracy_level=0, head_bits=8),
+    Scheme("nbits4-b32-asym-acc4-head8", bits=4, block=32, accuracy_level=4, symmetric=False, head_bits=8),
+]}
+# What `gptport export --precision int8/int4` ships: chosen by benchmarks/bench_quant.py (see ARCHITECTURE.md).
+DEFAULT = {"int8": "nbits8-b32-acc4", "int4": "nbits4-b32-acc4-head8"}
+
+
+def quantize(src: Path, dst: Path, scheme: Scheme) -> None:
+    """Quantize the MatMul weights of the graph at `src` (the head included) into `dst`."""
+    _quiet()
+    proto = materialize_head(onnx.load(str(src)))
+    if scheme.kind == "dynamic":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(proto, str(dst), op_types_to_quantize=["MatMul"], per_channel=True,
+                         weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True})
+        return
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    head = next(n.name for n in proto.graph.node if contract.LOGITS in n.output)
+    passes = [(scheme.bits, [head] if scheme.head_bits else [], None)]
+    if scheme.head_bits:
+        passes.append((scheme.head_bits, [], [head]))
+    for bits, exclude, include in passes:
+        q = MatMulNBitsQuantizer(proto, bits=bits, block_size=scheme.block, is_symmetric=scheme.symmetric,
+                                 accuracy_level=scheme.accuracy_level, nodes_to_exclude=exclude,
+                                 nodes_to_include=include)
+        q.process()
+        proto = q.model.model
+    onnx.save_model(proto, str(dst))
+
+
+def to_fp16(src: Path, dst: Path) -> None:
+    """float16 weights and KV cache; LayerNorm and softmax stay float32; logits stay float32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    proto = onnx.load(str(src))
+    half = convert_float_to_float16(proto, keep_io_types=[contract.LOGITS], op_block_list=FP16_KEEP,
+                                    disable_shape_infer=True)
+    _unique_node_names(half)
+    onnx.save_model(half, str(dst))
+
+
+def _unique_node_names(proto: onnx.ModelProto) -> None:
+    """The float16 converter names the Cast it inserts after the tensor it casts, so a tensor feeding
+    two blocked nodes gets two identical Casts of one name, which onnxruntime refuses. Keep one."""
+    produced: set[str] = set()
+    names: set[str] = set()
+    for node in list(proto.graph.node):
+        if node.output and all(o in produced for o in node.output):
+            proto.graph.node.remove(node)  # an identical Cast already defines this output
+            continue
+        produced.update(node.output)
+        while node.name in names:
+            node.name += "_"
+        names.add(node.name)
+
+
+def optimize(src: Path, cfg: ModelConfig) -> tuple[Path, dict[str, int]]:
+    """onnxruntime's transformer optimizer (GPT-2 fusions); the fused-operator counts it reports."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    _quiet()
+    opt = optimize_model(str(src), model_type="gpt2", num_heads=cfg.n_head, hidden_size=cfg.d_model,
+                         use_gpu=False)
+    stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
+    dst = src.with_name(src.name + ".opt")
+    opt.save_model_to_file(str(dst), use_external_data_format=False)
+    return dst, stats
+
+
+def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig) -> None:
+    """Write the `precision` variant of the fp32 graph at `fp32` to `dst`."""
+    if precision in DEFAULT:
+        quantize(fp32, dst, SCHEMES[DEFAULT[precision]])
+    elif precision == "fp16":
+        to_fp16(fp32, dst)
+    else:
+        raise UsageError(f"unknown precision {precision!r}")

@@ -1,0 +1,166 @@
+"""Export: the ONNX graph keeps the I/O contract and the torch model's numbers, variants pass the gate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gptport import contract, export
+from gptport import tokenizer as bpe
+from gptport.checkpoint import load_model
+from gptport.errors import ArtifactError, UsageError
+from gptport.generate import empty_past, positions
+from gptport.runtime import OnnxModel, load_cpu
+from gptport.validate import parity, torch_step
+from tests.conftest import build_model_dir
+from tests.test_cli import _assert_one_line_error, gptport
+
+VARIANTS = {
+    "learned-tied": {"pos_encoding": "learned", "tie_embeddings": True},
+    "sinusoidal-untied": {"pos_encoding": "sinusoidal", "tie_embeddings": False},
+    "sinusoidal-tied-nobias": {"pos_encoding": "sinusoidal", "tie_embeddings": True, "bias": False, "gelu": "exact"},
+    "learned-untied": {"pos_encoding": "learned", "tie_embeddings": False},
+}
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path,
+             corpus_file: Path) -> tuple[Path, torch.nn.Module, OnnxModel]:
+    out = build_model_dir(tmp_path_factory.mktemp(request.param) / "m", tokenizer_dir, corpus_file, steps=0,
+                          **VARIANTS[request.param])
+    export.export(out, ["fp32"])
+    model, _ = load_model(out, bpe.load(out))
+    return out, model, load_cpu(out / "model.onnx")
+
+
+def random_case(model: torch.nn.Module, data: st.DataObject) -> tuple[np.ndarray, ...]:
+    """A (B, T, P) case with random left padding, and the torch model's own past for it."""
+    cfg = model.cfg
+    B = data.draw(st.integers(1, 4), "batch")
+    T = data.draw(st.integers(1, cfg.n_ctx), "sequence")
+    P = data.draw(st.integers(0, cfg.n_ctx - T), "past")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
+    mask = np.ones((B, P + T), dtype=np.int64)
+    for row in range(B):
+        pad = data.draw(st.integers(0, P + T - 1), f"pad{row}") if data.draw(st.booleans(), f"padded{row}") else 0
+        mask[row, :pad] = 0
+    ids_past = rng.integers(0, cfg.vocab_size, (B, P), dtype=np.int64)
+    past = empty_past(B, cfg.n_layer, cfg.n_head, cfg.head_dim)
+    if P:
+        _, past = torch_step(model)(ids_past, mask[:, :P], positions(mask[:, :P]), past)
+    ids = rng.integers(0, cfg.vocab_size, (B, T), dtype=np.int64)
+    return ids, mask, positions(mask)[:, P:], past
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_parity_on_random_shapes(exported: tuple[Path, torch.nn.Module, OnnxModel], data: st.DataObject) -> None:
+    _, model, onnx_model = exported
+    ids, mask, pos, past = random_case(model, data)
+    want_logits, want_present = torch_step(model)(ids, mask, pos, past)
+    got_logits, got_present = onnx_model.step()(ids, mask, pos, past)
+    assert got_logits.shape == want_logits.shape
+    assert np.abs(got_logits - want_logits).max() <= 1e-4
+    for got, want in zip(got_present, want_present, strict=True):
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-5
+
+
+def test_graph_follows_the_contract(exported: tuple[Path, torch.nn.Module, OnnxModel]) -> None:
+    out, model, _ = exported
+    cfg = model.cfg
+    proto = onnx.load(str(out / "model.onnx"))
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*proto.graph.input, *proto.graph.output]}
+    assert [v.name for v in proto.graph.input] == contract.input_names(cfg.n_layer)
+    assert [v.name for v in proto.graph.output] == contract.output_names(cfg.n_layer)
+    assert dims["input_ids"] == ["batch", "sequence"]
+    assert dims["attention_mask"] == ["batch", "total_sequence"]
+    assert dims["past_key_values.0.key"] == ["batch", cfg.n_head, "past_sequence", cfg.head_dim]
+    assert dims["present.1.value"] == ["batch", cfg.n_head, "total_sequence", cfg.head_dim]
+    assert dims["logits"] == ["batch", "sequence", cfg.vocab_size]
+    assert proto.opset_import[0].version >= 18
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["gptport.config"])["d_model"] == cfg.d_model
+    assert meta["gptport.tokenizer_sha256"] == bpe.load(out).sha256
+    assert meta["gptport.precision"] == "fp32" and meta["gptport.version"]
+
+
+def test_weights_are_stored_once(exported: tuple[Path, torch.nn.Module, OnnxModel]) -> None:
+    out, model, _ = exported
+    proto = onnx.load(str(out / "model.onnx"))
+    stored = sum(onnx.numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert stored <= 1.01 * params
+
+
+def test_variants_pass_the_gate_and_keep_the_contract(trained_dir: Path) -> None:
+    model, _ = load_model(trained_dir, bpe.load(trained_dir))
+    for precision, kv_dtype in (("int8", np.float32), ("fp16", np.float16)):
+        variant = load_cpu(trained_dir / contract.onnx_file(precision))
+        assert variant.precision == precision
+        cfg = model.cfg
+        ids = np.arange(1, 11, dtype=np.int64)[None, :]
+        mask = np.ones_like(ids)
+        logits, present = variant.step()(ids, mask, positions(mask),
+                                         empty_past(1, cfg.n_layer, cfg.n_head, cfg.head_dim, np.dtype(kv_dtype)))
+        assert logits.dtype == np.float32 and present[0].dtype == kv_dtype
+        want, _ = torch_step(model)(ids, mask, positions(mask), empty_past(1, cfg.n_layer, cfg.n_head, cfg.head_dim))
+        assert (logits.argmax(-1) == want.argmax(-1)).mean() >= 0.8
+    int8 = onnx.load(str(trained_dir / "model.int8.onnx"))
+    head = next(n for n in int8.graph.node if "logits" in n.output)
+    assert head.op_type != "MatMul", "the head must be quantized too"
+
+
+def test_export_refuses_existing_files_and_bad_input(tmp_path: Path, trained_dir: Path) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(trained_dir, d)
+    _assert_one_line_error(gptport("export", str(d)), 1, "already exist", "--force")
+    _assert_one_line_error(gptport("export", str(d), "--precision", "fp32,int3", "--force"), 2, "int3")
+    (d / "tokenizer_meta.json").unlink()
+    (d / "tokenizer.json").write_text((d / "tokenizer.json").read_text() + " ")
+    _assert_one_line_error(gptport("export", str(d), "--force"), 1, "not the tokenizer this model was trained with")
+    empty = tmp_path / "empty"
+    shutil.copytree(trained_dir, empty, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx"))
+    _assert_one_line_error(gptport("export", str(empty)), 1, "no model.safetensors")
+    (empty / "config.json").unlink()
+    _assert_one_line_error(gptport("export", str(empty)), 1, "no config.json")
+
+
+def test_cli_export_prints_the_parity_table(tmp_path: Path, trained_dir: Path) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
+    r = gptport("export", str(d))
+    assert r.returncode == 0, r.stderr
+    for needle in ("(1, 1, 0)", "(1, 32, 0)", "(3, 7, 5) padded", "(2, 1, 31)", "greedy decoding: 93 tokens identical"):
+        assert needle in r.stderr
+    assert (d / "model.onnx").exists() and not list(d.glob(".*tmp*"))
+
+
+def test_parse_precisions() -> None:
+    assert export.parse_precisions("int8,fp16") == ["fp32", "int8", "fp16"]
+    with pytest.raises(UsageError):
+        export.parse_precisions("bf16")
+    with pytest.raises(ArtifactError):
+        load_cpu(Path("/nonexistent/model.onnx"))
+
+
+def test_optimized_graph_passes_the_same_checks(tmp_path: Path, trained_dir: Path) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
+    report = export.export(d, ["fp32"], optimize=True)
+    assert report.fused.get("SkipLayerNormalization", 0) > 0
+    assert report.size_ratio <= 1.01
+    ops = {n.op_type for n in onnx.load(str(d / "model.onnx")).graph.node}
+    assert "SkipLayerNormalization" in ops
+    model, _ = load_model(d, bpe.load(d))
+    assert all(r.ok for r in parity(model, load_cpu(d / "model.onnx").step(), atol=1e-4))
