@@ -10,6 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file; some writers use 0600
+
+
 def temp_name(path: Path) -> Path:
     """A unique hidden sibling of `path`, on the same filesystem so that the rename is atomic."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
@@ -22,6 +31,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = temp_name(target)
     try:
         yield tmp
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):

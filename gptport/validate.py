@@ -20,6 +20,7 @@ PRESENT_ATOL = 1e-5
 GATE_TOP1 = 0.98
 GREEDY_TOKENS = 32
 FALLBACK_PROMPTS = ["The", "To be or not", "\n"]
+SAMPLED_WINDOW = 128  # held-out windows sampled from the model when the directory has no validation shard
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,8 @@ def check_again(model: GPT, step: StepFn, atol: float, label: str) -> None:
 
 
 def heldout_windows(model_dir: Path, model: GPT, count: int = 8) -> np.ndarray:
-    """(N, n_ctx) token windows of held-out text: the validation shard, else text the model generates."""
+    """(N, T) token windows of held-out text: the validation shard (T = n_ctx), else text the model
+    samples itself (T = min(n_ctx, 128))."""
     n = model.cfg.n_ctx
     val = model_dir / DATA_DIR / "val.bin"
     if val.is_file():
@@ -151,11 +153,13 @@ def heldout_windows(model_dir: Path, model: GPT, count: int = 8) -> np.ndarray:
             return np.stack([np.asarray(arr[s:s + n], dtype=np.int64) for s in starts])
     rng = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.cfg.vocab_size, (count, 1), generator=rng)
-    with torch.no_grad():
-        while ids.shape[1] < n:  # sample text from the model itself
-            logits, _ = model(ids)
-            nxt = torch.multinomial(torch.softmax(logits[:, -1].float(), -1), 1, generator=rng)
+    length = min(n, SAMPLED_WINDOW)
+    with torch.no_grad():  # sample text from the model itself, through the KV cache
+        logits, past = model(ids)
+        while ids.shape[1] < length:
+            nxt = torch.multinomial(torch.softmax(logits[:, -1].float(), -1), 1, generator=rng)  # (N, 1)
             ids = torch.cat([ids, nxt], dim=1)
+            logits, past = model(nxt, attention_mask=torch.ones_like(ids), past=past)
     return ids.numpy()
 
 

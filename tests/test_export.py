@@ -164,3 +164,13 @@ def test_optimized_graph_passes_the_same_checks(tmp_path: Path, trained_dir: Pat
     assert "SkipLayerNormalization" in ops
     model, _ = load_model(d, bpe.load(d))
     assert all(r.ok for r in parity(model, load_cpu(d / "model.onnx").step(), atol=1e-4))
+
+
+def test_a_variant_is_written_only_if_it_passes_the_gate(tmp_path: Path, trained_dir: Path) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
+    report = export.export(d, ["fp32", "int4"])
+    (gate,) = report.gates
+    assert gate.precision == "int4" and 0.0 <= gate.top1 <= 1.0 and gate.mean_kl >= 0.0
+    assert (d / "model.int4.onnx").exists() == gate.ok
+    assert not list(d.glob(".*tmp*"))
