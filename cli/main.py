@@ -7,7 +7,7 @@ import sys
 from typing import Annotated, NoReturn
 
 import typer
-from gptport.cli import export_cmd, tokenizer_cmd, train_cmd
+from gptport.cli import export_cmd, generate_cmd, providers_cmd, tokenizer_cmd, train_cmd
 
 from gptport import __version__
 from gptport.errors import GptportError
@@ -41,6 +41,8 @@ def root(
 app.command("train-tokenizer", epilog=tokenizer_cmd.EXAMPLES)(tokenizer_cmd.train_tokenizer)
 app.command("train", epilog=train_cmd.EXAMPLES)(train_cmd.train)
 app.command("export", epilog=export_cmd.EXAMPLES)(export_cmd.export)
+app.command("generate", epilog=generate_cmd.EXAMPLES)(generate_cmd.generate)
+app.command("providers", epilog=providers_cmd.EXAMPLES)(providers_cmd.providers)
 
 
 def main(argv: list[str] | None = None) -> None:

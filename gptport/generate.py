@@ -1,18 +1,53 @@
 """The generation loop over any step function: an onnxruntime session or the torch model.
 
-A step function takes (input_ids (B, T), attention_mask (B, P+T), position_ids (B, T), past) as
-int64 numpy arrays and the flattened KV cache [k0, v0, k1, v1, ...] of (B, H, P, hd) arrays, and
-returns the logits (B, T, V) and the present cache. It knows only token ids. No torch here.
+A step function takes input_ids (B, T), attention_mask (B, P+T) and position_ids (B, T) as int64
+numpy arrays and the KV cache (a list, [k0, v0, k1, v1, ...], each (B, H, P, hd), in whatever form
+the engine keeps it), and returns the logits (B, T, V) as numpy and the present cache. The loop
+knows only token ids. No torch here.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-Past = list[np.ndarray]
+from gptport.sampling import Sampling, choose
+
+Past = list[Any]
 StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Past], tuple[np.ndarray, Past]]
+Overflow = Literal["slide", "stop"]
+FLOAT32 = np.dtype(np.float32)
+
+
+class Engine(Protocol):
+    """What the loop needs of a model: its context length, a step function and an empty cache."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def step(self) -> StepFn: ...
+
+    def empty_past(self, batch: int) -> Past: ...
+
+
+@dataclass
+class RowResult:
+    """One prompt's generation."""
+
+    prompt_ids: list[int]
+    new_ids: list[int] = field(default_factory=list)
+    finish_reason: str = "length"  # eot | stop | length | context
+    prefill_ms: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        steps = max(len(self.new_ids) - 1, 0)  # the first new token comes from the prefill
+        return steps / self.decode_s if self.decode_s > 0 else 0.0
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -32,17 +67,14 @@ def positions(mask: np.ndarray) -> np.ndarray:
     return np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
 
 
-FLOAT32 = np.dtype(np.float32)
-
-
 def empty_past(batch: int, n_layer: int, n_head: int, head_dim: int, dtype: np.dtype = FLOAT32) -> Past:
-    """A zero-length KV cache: (B, H, 0, hd) per key and value of each layer."""
+    """A zero-length numpy KV cache: (B, H, 0, hd) per key and value of each layer."""
     return [np.zeros((batch, n_head, 0, head_dim), dtype=dtype) for _ in range(2 * n_layer)]
 
 
 def greedy(step: StepFn, prompts: Sequence[Sequence[int]], max_new_tokens: int, past: Past) -> list[list[int]]:
-    """Greedy decoding of a left-padded batch: one prefill, then one token per step through the cache.
-    Returns the new tokens of each prompt (no stop condition: exactly max_new_tokens each)."""
+    """Greedy decoding of a left-padded batch, exactly max_new_tokens each, no stop condition (the
+    export's check of torch against ONNX)."""
     ids, mask = left_pad(prompts)
     pos = positions(mask)
     logits, past = step(ids, mask, pos, past)
@@ -57,3 +89,66 @@ def greedy(step: StepFn, prompts: Sequence[Sequence[int]], max_new_tokens: int, 
         pos = pos[:, -1:] + 1  # (B, 1)
         logits, past = step(nxt[:, None], mask, pos, past)
     return out
+
+
+def generate(
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: Sampling,
+    eot_id: int,
+    overflow: Overflow = "slide",
+    on_token: Callable[[int, int], bool] | None = None,
+) -> list[RowResult]:
+    """Generate for a batch of prompts: one prefill, then one token per step through the KV cache.
+
+    A row stops at `eot_id`, when `on_token(row, token)` returns True (a stop string), or after
+    `max_new_tokens`. Each row samples with its own generator seeded with `sampling.seed`, so it gives
+    the text it would give alone. When the sequence reaches n_ctx: `slide` re-prefills each row's most
+    recent n_ctx // 2 tokens and goes on; `stop` ends every unfinished row with reason "context".
+    """
+    step, n_ctx = engine.step(), engine.n_ctx
+    rows = [RowResult(list(p)) for p in prompts]
+    rngs = [np.random.default_rng(sampling.seed) for _ in prompts]
+    active = [True] * len(rows)
+
+    t0 = time.perf_counter()
+    ids, mask = left_pad([r.prompt_ids for r in rows])
+    pos = positions(mask)
+    logits, past = step(ids, mask, pos, engine.empty_past(len(rows)))
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+    t_decode = time.perf_counter()
+    for _ in range(max_new_tokens):
+        nxt = np.full(len(rows), eot_id, dtype=np.int64)  # (B,); finished rows feed EOT, ignored
+        for i, row in enumerate(rows):
+            if not active[i]:
+                continue
+            tok = choose(logits[i, -1], sampling, rngs[i], row.prompt_ids + row.new_ids)
+            nxt[i] = tok
+            if tok == eot_id:
+                active[i], row.finish_reason = False, "eot"
+                continue
+            row.new_ids.append(tok)
+            if on_token is not None and on_token(i, tok):
+                active[i], row.finish_reason = False, "stop"
+            elif len(row.new_ids) == max_new_tokens:
+                active[i] = False
+        if not any(active):
+            break
+        if mask.shape[1] + 1 > n_ctx:
+            if overflow == "stop":
+                for i, row in enumerate(rows):
+                    if active[i]:
+                        active[i], row.finish_reason = False, "context"
+                break
+            ids, mask = left_pad([(r.prompt_ids + r.new_ids)[-(n_ctx // 2):] for r in rows])
+            pos = positions(mask)
+            logits, past = step(ids, mask, pos, engine.empty_past(len(rows)))
+            continue
+        mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)  # (B, P+1)
+        pos = pos[:, -1:] + 1  # (B, 1)
+        logits, past = step(nxt[:, None], mask, pos, past)
+    decode_s = time.perf_counter() - t_decode
+    for row in rows:
+        row.prefill_ms, row.decode_s = prefill_ms, decode_s
+    return rows

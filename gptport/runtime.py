@@ -1,49 +1,101 @@
-"""onnxruntime sessions and KV-cache stepping. No torch here."""
+"""onnxruntime sessions per provider and KV-cache stepping. No torch here.
+
+`OnnxModel.step` is the step function of generate.py. On the CPU the cache is numpy arrays fed back
+each step; on CUDA and TensorRT it is OrtValues that stay on the GPU between steps (I/O binding):
+only the new token ids go up and the last logits come down.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from gptport import contract
-from gptport.errors import ArtifactError
+from gptport import contract, providers
+from gptport.errors import ArtifactError, ProviderError
 from gptport.generate import Past, StepFn
 
+ORT_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+                ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.NoSuchFile)
 
-@dataclass(frozen=True)
+
+@dataclass
 class OnnxModel:
-    """A loaded session and what its metadata says."""
+    """A session, what its metadata says, and the provider that really runs it."""
 
     session: ort.InferenceSession
     config: dict[str, Any]
     precision: str
     tokenizer_sha256: str
+    provider: str = "cpu"
+    notes: list[str] = field(default_factory=list)  # fallbacks taken, for the user to read
 
     @property
     def n_layer(self) -> int:
         return int(self.config["n_layer"])
 
     @property
+    def n_ctx(self) -> int:
+        return int(self.config["n_ctx"])
+
+    @property
     def kv_dtype(self) -> np.dtype:
         return np.dtype(np.float16) if self.precision == "fp16" else np.dtype(np.float32)
 
+    @property
+    def on_gpu(self) -> bool:
+        return self.provider in ("cuda", "tensorrt")
+
+    def empty_past(self, batch: int) -> Past:
+        """A zero-length cache (B, H, 0, hd) per key and value, where the step function wants it."""
+        heads = int(self.config["n_head"])
+        shape = (batch, heads, 0, int(self.config["d_model"]) // heads)
+        if not self.on_gpu:
+            return [np.zeros(shape, dtype=self.kv_dtype) for _ in range(2 * self.n_layer)]
+        return [ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.kv_dtype.type, "cuda", 0)
+                for _ in range(2 * self.n_layer)]
+
     def step(self) -> StepFn:
-        """A step function over this session (inputs and outputs as numpy arrays)."""
+        """A step function over this session: numpy in and out on the CPU, I/O binding on a GPU."""
         names_in = contract.input_names(self.n_layer)
         names_out = contract.output_names(self.n_layer)
-        run = self.session.run
+        session = self.session
+        if not self.on_gpu:
 
-        def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
-            outs = run(names_out, dict(zip(names_in, [ids, mask, pos, *past], strict=True)))
-            return outs[0], outs[1:]
+            def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
+                outs = session.run(names_out, dict(zip(names_in, [ids, mask, pos, *past], strict=True)))
+                return outs[0], outs[1:]
 
-        return step
+            return step
+        return _bound_step(session, names_in, names_out)
+
+
+def _bound_step(session: ort.InferenceSession, names_in: list[str], names_out: list[str]) -> StepFn:
+    """I/O binding: the cache (OrtValues) stays on the GPU; ids, mask and positions are tiny host copies."""
+
+    def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
+        binding = session.io_binding()
+        for name, arr in zip(names_in[:3], (ids, mask, pos), strict=True):
+            binding.bind_cpu_input(name, np.ascontiguousarray(arr))
+        for name, value in zip(names_in[3:], past, strict=True):
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        binding.bind_output(names_out[0], "cpu")
+        for name in names_out[1:]:
+            binding.bind_output(name, "cuda", 0)
+        session.run_with_iobinding(binding)
+        outs = binding.get_outputs()
+        return outs[0].numpy(), list(outs[1:])
+
+    return step
 
 
 def session_options(threads: int = 0) -> ort.SessionOptions:
@@ -55,22 +107,71 @@ def session_options(threads: int = 0) -> ort.SessionOptions:
     return opts
 
 
-def load_cpu(path: str | os.PathLike[str], threads: int = 0) -> OnnxModel:
-    """A CPU-provider session of an exported gptport graph, with its metadata read and checked."""
-    path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(f"{path}: missing; run `gptport export` first")
-    try:
-        session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
-    except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
-            ort.capi.onnxruntime_pybind11_state.InvalidProtobuf) as e:
-        raise ArtifactError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from e
-    return from_session(session, path)
-
-
-def from_session(session: ort.InferenceSession, path: Path) -> OnnxModel:
+def _metadata(session: ort.InferenceSession, path: Path) -> tuple[dict[str, Any], str, str]:
     meta = session.get_modelmeta().custom_metadata_map
     if contract.META_CONFIG not in meta:
         raise ArtifactError(f"{path}: not a gptport export (no {contract.META_CONFIG} metadata)")
-    return OnnxModel(session, json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32"),
-                     meta.get(contract.META_TOKENIZER, ""))
+    return json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32"), \
+        meta.get(contract.META_TOKENIZER, "")
+
+
+def _file_metadata(path: Path) -> tuple[dict[str, Any], str]:
+    """The config and precision in a graph's metadata, read without creating a session."""
+    import onnx
+
+    try:
+        meta = {p.key: p.value for p in onnx.load_model(str(path), load_external_data=False).metadata_props}
+    except (onnx.onnx_cpp2py_export.checker.ValidationError, OSError, ValueError) as e:
+        raise ArtifactError(f"{path}: not a readable ONNX file ({e})") from e
+    if contract.META_CONFIG not in meta:
+        raise ArtifactError(f"{path}: not a gptport export (no {contract.META_CONFIG} metadata)")
+    return json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32")
+
+
+def load_cpu(path: str | os.PathLike[str], threads: int = 0) -> OnnxModel:
+    """A CPU-provider session of an exported gptport graph, with its metadata read."""
+    return load(Path(path), "cpu", threads=threads)
+
+
+def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = False,
+         say: Callable[[str], None] = lambda msg: None) -> OnnxModel:
+    """A session on `provider`, checked with session.get_providers(). A provider that does not really
+    run fails with the reason, or with `fallback` is reported through `say` and the next one is tried."""
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing; run `gptport export` (with --precision for a variant) first")
+    order = providers.FALLBACK_ORDER[providers.FALLBACK_ORDER.index(providers.check_name(provider)):]
+    notes: list[str] = []
+    for candidate in order if fallback else order[:1]:
+        model, reason = _try(path, candidate, threads)
+        if model is not None:
+            model.notes = notes
+            return model
+        if not fallback:
+            raise ProviderError(f"--provider {candidate}: {reason}; use --fallback to go on with the next provider, "
+                                "or see `gptport providers`")
+        note = f"provider {candidate} does not run here ({reason}); falling back to {order[order.index(candidate) + 1]}"
+        notes.append(note)
+        say(note)
+    raise AssertionError("unreachable: the CPU provider is last in the fallback order")
+
+
+def _try(path: Path, provider: str, threads: int) -> tuple[OnnxModel | None, str]:
+    ort_name = providers.ORT_NAMES[provider]
+    if ort_name not in ort.get_available_providers():
+        return None, f"this onnxruntime build has no {ort_name} (install onnxruntime-gpu)"
+    opts = session_options(threads)
+    chain: list[Any] = ["CPUExecutionProvider"]
+    if provider != "cpu":
+        config, precision = _file_metadata(path)
+        chain.insert(0, (ort_name, providers.provider_options(provider, config, path, precision)))
+        if provider == "tensorrt":  # nodes TensorRT cannot take go to CUDA, not to the CPU
+            chain.insert(1, ("CUDAExecutionProvider", {"device_id": 0}))
+    with providers.captured_stderr() as log:
+        try:
+            session = ort.InferenceSession(str(path), opts, providers=chain)
+        except ORT_FAILURES as e:
+            raise ArtifactError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from e
+    if session.get_providers()[0] != ort_name:
+        return None, providers.reason_from_log(provider, log)
+    config, precision, sha = _metadata(session, path)
+    return OnnxModel(session, config, precision, sha, provider), ""

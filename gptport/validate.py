@@ -15,6 +15,7 @@ from gptport.generate import Past, StepFn, empty_past, greedy, positions
 from gptport.model import GPT
 from gptport.runtime import OnnxModel
 from gptport.tokenizer import BPETokenizer
+from gptport.torch_engine import torch_step
 
 PRESENT_ATOL = 1e-5
 GATE_TOP1 = 0.98
@@ -40,22 +41,6 @@ class GateRow:
     positions: int
     ok: bool
     note: str = ""
-
-
-def torch_step(model: GPT) -> StepFn:
-    """The torch model as a step function over numpy arrays (the reference path)."""
-    device = next(model.parameters()).device
-
-    @torch.no_grad()
-    def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
-        kv = [(torch.from_numpy(past[i]).to(device), torch.from_numpy(past[i + 1]).to(device))
-              for i in range(0, len(past), 2)]
-        logits, present = model(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
-                                torch.from_numpy(pos).to(device), kv)
-        flat = [t.float().cpu().numpy() for pair in present for t in pair]
-        return logits.float().cpu().numpy(), flat
-
-    return step
 
 
 def _cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:

@@ -70,9 +70,9 @@ def build_model_dir(out: Path, tokenizer_dir: Path, corpus: Path, steps: int, **
 
 @pytest.fixture(scope="session")
 def trained_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
-    """A tied, learned-position model trained for 150 steps, exported to fp32, int8 and fp16."""
+    """A tied, learned-position model (n_ctx 96) trained for 150 steps, exported to fp32, int8 and fp16."""
     from gptport import export
 
-    out = build_model_dir(tmp_path_factory.mktemp("trained") / "m", tokenizer_dir, corpus_file, steps=150)
+    out = build_model_dir(tmp_path_factory.mktemp("trained") / "m", tokenizer_dir, corpus_file, steps=150, n_ctx=96)
     export.export(out, ["fp32", "int8", "fp16"])
     return out

@@ -19,7 +19,8 @@ from gptport.checkpoint import load_model
 from gptport.errors import ArtifactError, UsageError
 from gptport.generate import empty_past, positions
 from gptport.runtime import OnnxModel, load_cpu
-from gptport.validate import parity, torch_step
+from gptport.torch_engine import torch_step
+from gptport.validate import parity
 from tests.conftest import build_model_dir
 from tests.test_cli import _assert_one_line_error, gptport
 
@@ -141,7 +142,7 @@ def test_cli_export_prints_the_parity_table(tmp_path: Path, trained_dir: Path) -
     shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
     r = gptport("export", str(d))
     assert r.returncode == 0, r.stderr
-    for needle in ("(1, 1, 0)", "(1, 32, 0)", "(3, 7, 5) padded", "(2, 1, 31)", "greedy decoding: 93 tokens identical"):
+    for needle in ("(1, 1, 0)", "(1, 96, 0)", "(3, 7, 5) padded", "(2, 1, 95)", "greedy decoding: 96 tokens identical"):
         assert needle in r.stderr
     assert (d / "model.onnx").exists() and not list(d.glob(".*tmp*"))
 

@@ -21,6 +21,7 @@ def test_import_loads_no_framework(module: str) -> None:
     assert loaded_after_import(module) == set()
 
 
-@pytest.mark.parametrize("module", ["gptport.runtime", "gptport.generate", "gptport.variants"])
+@pytest.mark.parametrize("module", ["gptport.runtime", "gptport.generate", "gptport.variants", "gptport.sampling",
+                                    "gptport.detok", "gptport.inference", "gptport.providers"])
 def test_inference_modules_load_no_torch(module: str) -> None:
     assert "torch" not in loaded_after_import(module)

@@ -1,0 +1,100 @@
+"""`gptport generate`: text from a model directory, on onnxruntime (no torch) or on the torch model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from gptport.cli.common import ModelDir, err
+
+EXAMPLES = """Examples:
+
+  gptport generate models/mymodel "To be or not"
+
+  gptport generate models/mymodel "ROMEO:" --temperature 0.8 --top-p 0.95 --seed 7 --max-new-tokens 200
+
+  gptport generate models/mymodel --file prompts.txt --precision int8 --json
+
+  gptport generate models/mymodel "Hello" --provider cuda --fallback
+"""
+
+
+class Overflow(str, Enum):
+    slide = "slide"
+    stop = "stop"
+
+
+def generate(
+    model_dir: ModelDir,
+    prompt: Annotated[list[str] | None, typer.Argument(help="Prompt(s); several run as one batch.",
+                                                       show_default=False)] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Prompts, one per line.")] = None,
+    provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
+    precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16 (the exported variant).")] = "fp32",
+    engine: Annotated[str, typer.Option(help="onnx, or torch (the reference; needs the train extra).")] = "onnx",
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt, at most.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="Sample from the k likeliest tokens (0: off).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Sample from the smallest set of probability p (1: off).")] = 1.0,
+    repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats (1: off).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the sampling.")] = 0,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
+    threads: Annotated[int, typer.Option(help="CPU intra-op threads (0: onnxruntime's default).")] = 0,
+    context_overflow: Annotated[Overflow, typer.Option(
+        help="At n_ctx: slide (re-prefill the last half window and go on) or stop.")] = Overflow.slide,
+    fallback: Annotated[bool, typer.Option("--fallback", help="If the provider does not run here, "
+                                           "say so and use the next one (tensorrt → cuda → cpu).")] = False,
+    no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse a prompt longer than n_ctx "
+                                              "instead of keeping its last n_ctx tokens.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
+) -> None:
+    """Generate text: one prefill, then one token per step through the KV cache."""
+    from gptport.detok import TextStream
+    from gptport.errors import UsageError
+    from gptport.generate import generate as run
+    from gptport.inference import encode_prompts, open_model, read_prompt_file
+    from gptport.sampling import Sampling
+
+    sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
+    texts = list(prompt or []) + (read_prompt_file(file) if file else [])
+    warn = lambda msg: err.print(f"[yellow]warning:[/] {msg}")  # noqa: E731
+    opened = open_model(model_dir, engine, provider, precision, threads, fallback, say=warn)
+    ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn)
+    streams = [TextStream(opened.tok, stop or []) for _ in ids]
+    live = len(ids) == 1 and not as_json
+
+    def on_token(row: int, token: int) -> bool:
+        text = streams[row].push(token)
+        if live and text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        return streams[row].stopped
+
+    results = run(opened.engine, ids, max_new_tokens, sampling, opened.tok.eot_id,
+                  overflow=context_overflow.value, on_token=on_token)
+    for i, (res, stream) in enumerate(zip(results, streams, strict=True)):
+        tail = stream.finish()
+        if as_json:
+            print(json.dumps({"prompt": texts[i], "text": stream.text, "token_ids": res.new_ids,
+                              "prompt_tokens": len(res.prompt_ids), "finish_reason": res.finish_reason,
+                              "prefill_ms": round(res.prefill_ms, 3), "decode_tok_s": round(res.decode_tok_s, 2),
+                              "engine": opened.engine_name, "provider": opened.provider,
+                              "precision": opened.precision}, ensure_ascii=False))
+        elif live:
+            sys.stdout.write(tail + "\n")
+        else:
+            err.print(f"[bold]── prompt {i + 1}:[/] {texts[i]!r}")
+            sys.stdout.write(stream.text + "\n")
+        if res.finish_reason == "context":
+            err.print(f"prompt {i + 1}: stopped at the model's context of {opened.engine.n_ctx} tokens "
+                      "(--context-overflow slide goes on)")
+    sys.stdout.flush()
+    r = results[0]
+    err.print(f"[dim]{opened.engine_name} {opened.provider} {opened.precision}: prefill {r.prefill_ms:.1f} ms, "
+              f"decode {r.decode_tok_s:,.1f} tok/s per row, batch {len(results)}[/]")

@@ -1,0 +1,106 @@
+"""Opening a model directory for inference: the tokenizer, the engine (an onnxruntime session on a
+provider, or the torch model), and the prompts as token ids, with every consistency check on the way.
+Torch is imported only for the torch engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptport import contract, runtime
+from gptport import tokenizer as bpe
+from gptport.checkpoint_paths import CONFIG
+from gptport.config import read_json
+from gptport.errors import ArtifactError, InputError, UsageError
+from gptport.generate import Engine
+
+
+@dataclass
+class Opened:
+    """An engine ready to generate, and what the user should know about it."""
+
+    engine: Engine
+    tok: bpe.BPETokenizer
+    engine_name: str  # onnx | torch
+    provider: str
+    precision: str
+
+
+def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
+               threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None) -> Opened:
+    """Load the tokenizer and the engine of `model_dir`, refusing a tokenizer that is not the model's."""
+    tok = bpe.load(model_dir)
+    card = read_json(model_dir / CONFIG) if (model_dir / CONFIG).is_file() else None
+    if card is not None and card.get("tokenizer_sha256") != tok.sha256:
+        recorded = str(card.get("tokenizer_sha256"))[:12]
+        raise ArtifactError(f"{model_dir}/tokenizer.json does not match the model (config.json records "
+                            f"tokenizer sha256 {recorded}…, the file is {tok.sha256[:12]}…)")
+    if engine == "torch":
+        return _open_torch(model_dir, tok, provider, threads)
+    if engine != "onnx":
+        raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
+    if precision not in contract.PRECISIONS:
+        raise UsageError(f"--precision {precision!r} is unknown; choose from {', '.join(contract.PRECISIONS)}")
+    path = model_dir / contract.onnx_file(precision)
+    if not path.is_file():
+        hint = "" if precision == "fp32" else f" --precision fp32,{precision}"
+        raise ArtifactError(f"{path}: missing; run `gptport export {model_dir}{hint}` first")
+    model = runtime.load(path, provider, threads=threads, fallback=fallback, say=say)
+    if model.tokenizer_sha256 != tok.sha256:
+        raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "
+                            f"than {model_dir}/tokenizer.json ({tok.sha256[:12]}…); export again")
+    if model.config.get("vocab_size") != tok.vocab_size:
+        raise ArtifactError(f"{path}: vocab_size {model.config.get('vocab_size')} != tokenizer's {tok.vocab_size}")
+    return Opened(model, tok, "onnx", model.provider, model.precision)
+
+
+def _open_torch(model_dir: Path, tok: bpe.BPETokenizer, provider: str, threads: int) -> Opened:
+    try:
+        import torch
+
+        from gptport.checkpoint import load_model
+        from gptport.torch_engine import TorchEngine
+    except ImportError as e:
+        raise UsageError(f"--engine torch needs PyTorch (pip install 'gptport[train]'): {e}") from e
+    if threads > 0:
+        torch.set_num_threads(threads)
+    device = "cuda" if provider in ("cuda", "tensorrt") else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--engine torch --provider {provider}: torch sees no CUDA GPU here")
+    model, _ = load_model(model_dir, tok, device)
+    return Opened(TorchEngine(model), tok, "torch", device, "fp32")
+
+
+def encode_prompts(tok: bpe.BPETokenizer, prompts: Sequence[str], n_ctx: int, truncate: bool = True,
+                   warn: Callable[[str], None] = lambda m: None) -> list[list[int]]:
+    """Token ids of each prompt; an empty prompt starts from <|endoftext|>. A prompt longer than n_ctx
+    keeps its last n_ctx tokens (with a warning), or is refused when `truncate` is False."""
+    if not prompts:
+        raise UsageError("no prompt: give PROMPT arguments or --file PROMPTS.txt")
+    out = []
+    for i, text in enumerate(prompts, 1):
+        ids = tok.encode(text) or [tok.eot_id]
+        if len(ids) > n_ctx:
+            if not truncate:
+                raise InputError(f"prompt {i} is {len(ids)} tokens, longer than the model's n_ctx {n_ctx} "
+                                 "(drop --no-truncate to keep its last n_ctx tokens)")
+            warn(f"prompt {i} is {len(ids)} tokens > n_ctx {n_ctx}: kept its last {n_ctx}")
+            ids = ids[-n_ctx:]
+        out.append(ids)
+    return out
+
+
+def read_prompt_file(path: Path) -> list[str]:
+    """One prompt per non-empty line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not valid UTF-8 at byte offset {e.start}") from None
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise InputError(f"{path}: empty prompt file (one prompt per line)")
+    return prompts
+

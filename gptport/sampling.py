@@ -1,0 +1,67 @@
+"""Next-token choice in numpy: greedy, temperature, top-k, top-p, repetition penalty. No torch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gptport.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 is greedy (the default); top_k 0 and top_p 1 switch those filters off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise UsageError(f"--temperature must be >= 0 (0 is greedy), not {self.temperature}")
+        if self.top_k < 0:
+            raise UsageError(f"--top-k must be >= 0 (0 is off), not {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UsageError(f"--top-p must be in (0, 1], not {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise UsageError(f"--repetition-penalty must be > 0 (1 is off), not {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def penalize(logits: np.ndarray, seen: Iterable[int], penalty: float) -> np.ndarray:
+    """CTRL's repetition penalty: a seen token's logit is divided by `penalty` if positive, else multiplied."""
+    ids = np.fromiter(set(seen), dtype=np.int64)
+    if penalty == 1.0 or ids.size == 0:
+        return logits
+    out = logits.copy()
+    picked = out[ids]
+    out[ids] = np.where(picked > 0, picked / penalty, picked * penalty)
+    return out
+
+
+def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator, seen: Iterable[int] = ()) -> int:
+    """One token id from a (V,) row of logits."""
+    logits = penalize(logits.astype(np.float64), seen, s.repetition_penalty)
+    if s.greedy:
+        return int(logits.argmax())
+    logits = logits / s.temperature
+    if 0 < s.top_k < logits.size:
+        kth = np.partition(logits, -s.top_k)[-s.top_k]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    if s.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        keep = order[: int(np.searchsorted(cumulative, s.top_p) + 1)]  # smallest set reaching top_p
+        mask = np.zeros_like(probs)
+        mask[keep] = probs[keep]
+        probs = mask / mask.sum()
+    return int(rng.choice(probs.size, p=probs))
