@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +12,9 @@ import typer
 from rich.console import Console
 
 # Status, progress and tables go to stderr; stdout carries only the payload (text, JSON).
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Not a terminal (CI logs, pipes): 160 columns rather than rich's 80, so that tables stay readable.
+err = Console(stderr=True, highlight=False, soft_wrap=True,
+              width=None if sys.stderr.isatty() else shutil.get_terminal_size((160, 24)).columns)
 
 
 

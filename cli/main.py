@@ -7,7 +7,16 @@ import sys
 from typing import Annotated, NoReturn
 
 import typer
-from gptport.cli import export_cmd, generate_cmd, providers_cmd, tokenizer_cmd, train_cmd
+from gptport.cli import (
+    bench_cmd,
+    demo_cmd,
+    eval_cmd,
+    export_cmd,
+    generate_cmd,
+    providers_cmd,
+    tokenizer_cmd,
+    train_cmd,
+)
 
 from gptport import __version__
 from gptport.errors import GptportError
@@ -43,6 +52,9 @@ app.command("train", epilog=train_cmd.EXAMPLES)(train_cmd.train)
 app.command("export", epilog=export_cmd.EXAMPLES)(export_cmd.export)
 app.command("generate", epilog=generate_cmd.EXAMPLES)(generate_cmd.generate)
 app.command("providers", epilog=providers_cmd.EXAMPLES)(providers_cmd.providers)
+app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
+app.command("eval", epilog=eval_cmd.EXAMPLES)(eval_cmd.eval_)
+app.command("demo", epilog=demo_cmd.EXAMPLES)(demo_cmd.demo)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -129,7 +129,8 @@ def _prepare(model_dir: Path, reader: CorpusReader, tok: bpe.BPETokenizer, val_f
 
 
 def _run(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, shards: Shards, tok: bpe.BPETokenizer,
-         resume: bool) -> None:
+         resume: bool) -> list[EvalRecord]:
+    """Train with a live progress bar; return the eval records."""
     from gptport.data import token_bytes
     from gptport.train import Hooks, Trainer
 
@@ -164,3 +165,4 @@ def _run(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, shards: Shards, t
     summary = f"val loss {last.val_loss:.4f}, ppl {last.val_ppl:.2f}, bpb {last.val_bpb:.4f}; " if last else ""
     err.print(f"[green]done[/]: step {result.step} in {result.seconds:.0f} s; {summary}"
               f"wrote {model_dir / paths.WEIGHTS}")
+    return result.records

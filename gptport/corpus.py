@@ -183,3 +183,24 @@ def _split(text: str, chunk_chars: int) -> Iterator[str]:
         start = cut
     if start < n:
         yield text[start:]
+
+
+def default_corpus() -> tuple[list[Source], int]:
+    """The corpus every Python installation carries: the standard library's own source files of the
+    running interpreter (site-packages excluded). Returns the UTF-8 ones and how many were skipped."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    sources, skipped = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or "dist-packages" in path.parts or not path.is_file():
+            continue
+        try:
+            path.read_bytes().decode("utf-8")
+        except (UnicodeDecodeError, OSError):
+            skipped += 1
+            continue
+        sources.append(Source(path, path.stat().st_size))
+    if not sources:
+        raise InputError(f"{root}: no standard-library sources found to use as the default corpus")
+    return sources, skipped

@@ -1,0 +1,129 @@
+"""`gptport bench`: prefill and decode speed across providers and precisions, against torch."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from gptport.cli.common import ModelDir, err
+from rich.markup import escape
+from rich.table import Table
+
+EXAMPLES = """Examples:
+
+  gptport bench models/mymodel
+
+  gptport bench models/mymodel --providers cpu,cuda,tensorrt --precisions fp32,int8,fp16 --batch 1,8
+
+  gptport bench models/mymodel --prompt-len 64,512 --gen-len 128 --json bench.json --plot bench.png
+"""
+
+
+def _ints(text: str, option: str) -> list[int]:
+    from gptport.errors import UsageError
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{option} {text!r}: expected positive integers")
+    return values
+
+
+def bench(
+    model_dir: ModelDir,
+    providers: Annotated[str, typer.Option(help="Comma-separated: cpu, cuda, tensorrt.")] = "cpu",
+    precisions: Annotated[str, typer.Option(help="Comma-separated variants: fp32, int8, int4, fp16.")] = "fp32",
+    batch: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
+    prompt_len: Annotated[str, typer.Option(help="Comma-separated prompt lengths (tokens).")] = "64",
+    gen_len: Annotated[int, typer.Option(help="Tokens generated per run.")] = 128,
+    repeat: Annotated[int, typer.Option(help="Measured runs per configuration.")] = 5,
+    warmup: Annotated[int, typer.Option(help="Unmeasured runs first.")] = 1,
+    threads: Annotated[int, typer.Option(help="CPU threads for onnxruntime and torch (0: their default).")] = 0,
+    torch_baseline: Annotated[bool, typer.Option("--torch-baseline/--no-torch-baseline",
+                                                 help="Also run the torch model (needs the train extra).")] = True,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write {machine, versions, rows} here.")] = None,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Write the rows here.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Draw tokens/s per configuration (PNG).")] = None,
+) -> None:
+    """Measure prefill and decode tokens/s, latency percentiles, memory, and the share of the memory
+    bandwidth decoding uses."""
+    from gptport import atomic
+    from gptport import bench as measure
+    from gptport.errors import UsageError
+    from gptport.providers import check_name
+
+    plan = measure.BenchPlan(
+        providers=[check_name(p.strip()) for p in providers.split(",") if p.strip()],
+        precisions=[p.strip() for p in precisions.split(",") if p.strip()],
+        batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
+        gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline)
+    if gen_len < 2 or repeat < 1 or warmup < 0:
+        raise UsageError("--gen-len must be >= 2, --repeat >= 1 and --warmup >= 0")
+    with err.status("benchmarking") as status:
+        result = measure.run(model_dir, plan, say=lambda m: status.update(escape(m)))
+    _table(result)
+    if json_path:
+        atomic.write_text(json_path, json.dumps(result, indent=2) + "\n")
+        err.print(f"wrote {json_path}")
+    if csv_path:
+        with atomic.atomic_path(csv_path) as tmp, open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(result["rows"][0]) if result["rows"] else ["engine"])
+            writer.writeheader()
+            for row in result["rows"]:
+                writer.writerow({k: (";".join(v) if isinstance(v, list) else v) for k, v in row.items()})
+        err.print(f"wrote {csv_path}")
+    if plot:
+        _plot(result, plot)
+        err.print(f"wrote {plot}")
+
+
+def _fmt(value: float | None, spec: str = ",.0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _table(result: dict) -> None:
+    m = result["machine"]
+    table = Table("engine", "provider", "prec", "batch", "prompt", "prefill tok/s", "decode tok/s", "ttft ms",
+                  "p50/p90/p99 ms", "vs torch", "bandwidth", "RSS MB",
+                  title=f"{m['cpu']}, {m['threads'] or 'default'} threads, {m['memory_read_gb_s']} GB/s read")
+    for r in result["rows"]:
+        if r["error"]:
+            continue
+        table.add_row(
+            r["engine"], r["provider"], r["precision"], str(r["batch"]), str(r["prompt_len"]),
+            f"{_fmt(r['prefill_tok_s'])} ± {_fmt(r['prefill_tok_s_std'])}",
+            f"{_fmt(r['decode_tok_s'])} ± {_fmt(r['decode_tok_s_std'])}", _fmt(r["ttft_ms"], ".1f"),
+            f"{_fmt(r['latency_ms_p50'], '.2f')}/{_fmt(r['latency_ms_p90'], '.2f')}/{_fmt(r['latency_ms_p99'], '.2f')}",
+            _fmt(r["speedup_vs_torch"], ".2f") + ("x" if r["speedup_vs_torch"] else ""),
+            _fmt(r["bandwidth_fraction"], ".0%"), _fmt(r["peak_rss_mb"]))
+    err.print(table)
+    for r in result["rows"]:
+        if r["error"]:
+            err.print(f"[red]{r['engine']} {r['provider']} {r['precision']}: not run[/]: {escape(r['error'])}")
+
+
+def _plot(result: dict, path: Path) -> None:
+    from gptport.errors import UsageError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib (pip install 'gptport[plot]')") from None
+    rows = [r for r in result["rows"] if not r["error"]]
+    labels = [f"{r['engine']} {r['provider']} {r['precision']}\nb{r['batch']} p{r['prompt_len']}" for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, len(rows) * 1.2), 4.5))
+    panels = ((axes[0], "decode_tok_s", "decode tokens/s"), (axes[1], "prefill_tok_s", "prefill tokens/s"))
+    for ax, key, title in panels:
+        ax.bar(range(len(rows)), [r[key] for r in rows], yerr=[r[key + "_std"] for r in rows], color="#4c72b0")
+        ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=30, ha="right")
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

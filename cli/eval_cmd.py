@@ -1,0 +1,58 @@
+"""`gptport eval`: perplexity and bits per byte of held-out text."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from gptport.cli.common import EncodingErrors, ModelDir, err
+
+EXAMPLES = """Examples:
+
+  gptport eval models/mymodel heldout.txt
+
+  gptport eval models/mymodel heldout.txt --precision int8 --stride 128 --json
+
+  gptport eval models/mymodel heldout.txt --engine torch
+"""
+
+
+def eval_(
+    model_dir: ModelDir,
+    text: Annotated[list[str], typer.Argument(help="Text files or directories (or '-' for stdin).",
+                                              show_default=False)],
+    engine: Annotated[str, typer.Option(help="onnx, or torch (needs the train extra).")] = "onnx",
+    provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
+    precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16.")] = "fp32",
+    stride: Annotated[int | None, typer.Option(help="Window step in tokens (default n_ctx / 2).")] = None,
+    threads: Annotated[int, typer.Option(help="CPU threads (0: the runtime's default).")] = 0,
+    glob: Annotated[str, typer.Option(help="Which files to take from directories.")] = "*.txt",
+    encoding_errors: Annotated[EncodingErrors, typer.Option(help="strict or replace.")] = EncodingErrors.strict,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+) -> None:
+    """Perplexity and bits per byte of text, over a sliding window of n_ctx tokens."""
+    from gptport.corpus import CorpusReader, resolve_sources
+    from gptport.evaluate import evaluate
+    from gptport.inference import open_model
+
+    reader = CorpusReader(resolve_sources(text, glob), encoding_errors.value)
+    body = "".join(reader.chunks())
+    opened = open_model(model_dir, engine, provider, precision, threads,
+                        say=lambda m: err.print(f"[yellow]warning:[/] {m}"))
+    with err.status("evaluating") as status:
+        result = evaluate(opened.engine, opened.tok, body, stride,
+                          progress=lambda done, total: status.update(f"evaluating: {done:,}/{total:,} tokens"))
+    payload = {**asdict(result), "engine": opened.engine_name, "provider": opened.provider,
+               "precision": opened.precision, "stride": opened.engine.n_ctx // 2 if stride is None else stride,
+               "sources": [s.name for s in reader.sources]}
+    if as_json:
+        print(json.dumps(payload))
+    else:
+        print(f"perplexity {result.perplexity:.4f}  bits/byte {result.bits_per_byte:.4f}  "
+              f"({result.tokens:,} tokens, {result.bytes:,} bytes, {result.windows} windows; "
+              f"{opened.engine_name} {opened.provider} {opened.precision})")
+
+
+

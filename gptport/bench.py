@@ -1,0 +1,274 @@
+"""Measurements: prefill and decode speed per (engine, provider, precision, batch, prompt length),
+against the torch baseline and the machine's memory read bandwidth. No torch here, except the
+optional baseline, which is imported only when asked for.
+
+Decode tokens/s counts generated tokens only (batch x steps after the first token), never the prompt.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptport import __version__, contract
+from gptport.errors import GptportError
+from gptport.generate import Engine, positions
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    providers: Sequence[str] = ("cpu",)
+    precisions: Sequence[str] = ("fp32",)
+    batches: Sequence[int] = (1,)
+    prompt_lens: Sequence[int] = (64,)
+    gen_len: int = 128
+    repeat: int = 5
+    warmup: int = 1
+    threads: int = 0
+    torch_baseline: bool = True
+
+
+@dataclass
+class Row:
+    """One configuration's figures (JSON schema of `gptport bench --json`)."""
+
+    engine: str
+    provider: str
+    precision: str
+    batch: int
+    prompt_len: int
+    gen_len: int
+    prefill_tok_s: float | None = None
+    prefill_tok_s_std: float | None = None
+    decode_tok_s: float | None = None
+    decode_tok_s_std: float | None = None
+    ttft_ms: float | None = None
+    latency_ms_p50: float | None = None
+    latency_ms_p90: float | None = None
+    latency_ms_p99: float | None = None
+    speedup_vs_torch: float | None = None
+    prefill_speedup_vs_torch: float | None = None
+    weight_bytes_per_token: int | None = None
+    bandwidth_fraction: float | None = None
+    session_s: float | None = None
+    peak_rss_mb: float | None = None
+    peak_gpu_mb: float | None = None
+    providers_ran: list[str] = field(default_factory=list)
+    samples: int = 0
+    error: str | None = None
+
+
+def measure_bandwidth(threads: int = 0, mib: int = 1024, tries: int = 5) -> float:
+    """Memory read bandwidth in bytes/s: `threads` threads summing disjoint halves of a buffer far
+    larger than the caches (numpy releases the GIL in the reduction). The best of `tries`."""
+    n_threads = threads or os.cpu_count() or 1
+    buf = np.ones(mib * (1 << 20) // 4, dtype=np.float32)
+    parts = np.array_split(buf, n_threads)
+    best = float("inf")
+    for _ in range(tries):
+        workers = [threading.Thread(target=p.sum) for p in parts]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best
+
+
+def weight_bytes_per_token(path: Path) -> int:
+    """Bytes of weights one decode step reads: every initializer except those only gathered from
+    (the token and position tables, of which a step reads one row)."""
+    import onnx
+
+    proto = onnx.load_model(str(path), load_external_data=False)
+    consumers: dict[str, set[str]] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, set()).add(node.op_type)
+    total = 0
+    for init in proto.graph.initializer:
+        ops = consumers.get(init.name, set())
+        if ops and ops <= {"Gather", "GatherBlockQuantized"}:
+            continue
+        size = next((int(e.value) for e in init.external_data if e.key == "length"), None)
+        total += size if size is not None else len(init.raw_data) or onnx.numpy_helper.to_array(init).nbytes
+    return total
+
+
+def _peak_rss_reset() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (Linux), so each row reports its own peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb() -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen_len: int, seed: int
+                    ) -> tuple[float, float, list[float]]:
+    """One greedy run on random ids: (prefill seconds, time to first token, per-step decode seconds)."""
+    step = engine.step()
+    ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_len), dtype=np.int64)
+    mask = np.ones_like(ids)
+    pos = positions(mask)
+    past = engine.empty_past(batch)
+    t0 = time.perf_counter()
+    logits, past = step(ids, mask, pos, past)
+    t_prefill = time.perf_counter() - t0
+    nxt = logits[:, -1].argmax(-1).astype(np.int64)[:, None]  # (B, 1)
+    ttft = time.perf_counter() - t0
+    steps = []
+    for _ in range(gen_len - 1):
+        mask = np.ones((batch, mask.shape[1] + 1), dtype=np.int64)
+        pos = pos[:, -1:] + 1
+        t = time.perf_counter()
+        logits, past = step(nxt, mask, pos, past)
+        nxt = logits[:, -1].argmax(-1).astype(np.int64)[:, None]
+        steps.append(time.perf_counter() - t)
+    return t_prefill, ttft, steps
+
+
+def _fill(row: Row, engine: Engine, vocab: int, plan: BenchPlan) -> None:
+    prefill, decode, ttfts, latencies = [], [], [], []
+    for i in range(plan.warmup + plan.repeat):
+        t_prefill, ttft, steps = time_generation(engine, vocab, row.batch, row.prompt_len, row.gen_len, seed=i)
+        if i < plan.warmup:
+            continue
+        prefill.append(row.batch * row.prompt_len / t_prefill)
+        decode.append(row.batch * len(steps) / sum(steps))
+        ttfts.append(ttft)
+        latencies.extend(steps)
+    lat = np.array(latencies) * 1e3
+    row.prefill_tok_s, row.decode_tok_s = statistics.mean(prefill), statistics.mean(decode)
+    row.prefill_tok_s_std = statistics.stdev(prefill) if len(prefill) > 1 else 0.0
+    row.decode_tok_s_std = statistics.stdev(decode) if len(decode) > 1 else 0.0
+    row.ttft_ms = statistics.median(ttfts) * 1e3
+    row.latency_ms_p50, row.latency_ms_p90, row.latency_ms_p99 = (float(np.percentile(lat, q)) for q in (50, 90, 99))
+    row.samples = len(decode)
+
+
+def _shapes(plan: BenchPlan, n_ctx: int) -> Iterator[tuple[int, int]]:
+    for batch in plan.batches:
+        for prompt_len in plan.prompt_lens:
+            if prompt_len + plan.gen_len <= n_ctx:
+                yield batch, prompt_len
+
+
+def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Measure every configuration of `plan`; a configuration that cannot run is a row with its error."""
+    from gptport import runtime
+
+    bandwidth = measure_bandwidth(plan.threads)
+    say(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s")
+    rows: list[Row] = []
+    config: dict[str, Any] = {}
+    for provider in plan.providers:
+        for precision in plan.precisions:
+            path = model_dir / contract.onnx_file(precision)
+            _peak_rss_reset()
+            t0 = time.perf_counter()
+            try:
+                model = runtime.load(path, provider, threads=plan.threads)
+            except GptportError as e:
+                rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, error=str(e)))
+                say(f"onnx {provider} {precision}: {e}")
+                continue
+            session_s = time.perf_counter() - t0
+            config = model.config
+            wbytes = weight_bytes_per_token(path)
+            for batch, prompt_len in _shapes(plan, model.n_ctx):
+                say(f"onnx {provider} {precision} batch {batch} prompt {prompt_len}")
+                row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, session_s=session_s,
+                          weight_bytes_per_token=wbytes, providers_ran=model.session.get_providers())
+                _fill(row, model, int(config["vocab_size"]), plan)
+                row.bandwidth_fraction = wbytes * row.decode_tok_s / row.batch / bandwidth
+                row.peak_rss_mb = _peak_rss_mb()
+                rows.append(row)
+            del model
+    if plan.torch_baseline:
+        rows.extend(_torch_rows(model_dir, plan, say))
+    _speedups(rows)
+    return {"machine": machine(bandwidth, plan.threads), "versions": versions(),
+            "model": config, "rows": [asdict(r) for r in rows]}
+
+
+def _torch_rows(model_dir: Path, plan: BenchPlan, say: Callable[[str], None]) -> list[Row]:
+    """The same loop over the torch model from model.safetensors (needs the train extra)."""
+    from gptport.inference import open_model
+
+    rows = []
+    for provider in sorted({"cuda" if p in ("cuda", "tensorrt") else "cpu" for p in plan.providers}):
+        _peak_rss_reset()
+        t0 = time.perf_counter()
+        try:
+            opened = open_model(model_dir, "torch", provider, threads=plan.threads)
+        except GptportError as e:
+            rows.append(Row("torch", provider, "fp32", 0, 0, plan.gen_len, error=str(e)))
+            continue
+        session_s = time.perf_counter() - t0
+        for batch, prompt_len in _shapes(plan, opened.engine.n_ctx):
+            say(f"torch {provider} batch {batch} prompt {prompt_len}")
+            row = Row("torch", provider, "fp32", batch, prompt_len, plan.gen_len, session_s=session_s,
+                      providers_ran=[f"torch-{opened.provider}"])
+            _fill(row, opened.engine, opened.tok.vocab_size, plan)
+            row.peak_rss_mb = _peak_rss_mb()
+            rows.append(row)
+    return rows
+
+
+def _speedups(rows: list[Row]) -> None:
+    """Each ONNX row's decode and prefill speed over the torch row of the same device, batch and prompt."""
+    base = {(r.provider, r.batch, r.prompt_len): r for r in rows if r.engine == "torch" and r.decode_tok_s}
+    for r in rows:
+        ref = base.get(("cuda" if r.provider in ("cuda", "tensorrt") else "cpu", r.batch, r.prompt_len))
+        if r.engine == "onnx" and ref and r.decode_tok_s and ref.decode_tok_s and ref.prefill_tok_s:
+            r.speedup_vs_torch = r.decode_tok_s / ref.decode_tok_s
+            r.prefill_speedup_vs_torch = (r.prefill_tok_s or 0.0) / ref.prefill_tok_s
+
+
+def machine(bandwidth: float, threads: int) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(), "threads": threads or None,
+            "memory_read_gb_s": round(bandwidth / 1e9, 2), "python": platform.python_version()}
+
+
+def versions() -> dict[str, str]:
+    """Versions of what ran, read from package metadata (torch is not imported for this)."""
+    from importlib import metadata
+
+    out = {"gptport": __version__, "numpy": np.__version__}
+    for dist in ("onnxruntime-gpu", "onnxruntime", "torch", "tokenizers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out

@@ -1,0 +1,127 @@
+"""bench and eval: the measurements and their schema, perplexity that agrees across engines."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from gptport import bench
+from gptport import tokenizer as bpe
+from gptport.errors import UsageError
+from gptport.evaluate import evaluate
+from gptport.inference import open_model
+from gptport.providers import probe
+from tests.conftest import make_text
+from tests.test_cli import _assert_one_line_error, gptport
+
+ROW_KEYS = {"engine", "provider", "precision", "batch", "prompt_len", "gen_len", "prefill_tok_s", "decode_tok_s",
+            "ttft_ms", "latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "speedup_vs_torch",
+            "bandwidth_fraction", "peak_rss_mb", "samples"}
+
+
+def test_weight_bytes_skip_the_tables_a_step_only_gathers_from(trained_dir: Path) -> None:
+    proto = onnx.load(str(trained_dir / "model.onnx"))
+    sizes = {i.name: onnx.numpy_helper.to_array(i).nbytes for i in proto.graph.initializer}
+    wpe = next(n.input[0] for n in proto.graph.node if n.op_type == "Gather" and "position_ids" in n.input)
+    assert bench.weight_bytes_per_token(trained_dir / "model.onnx") == sum(sizes.values()) - sizes[wpe]
+
+
+def test_bandwidth_is_measured() -> None:
+    assert 1e8 < bench.measure_bandwidth(threads=1, mib=64, tries=2) < 1e13
+
+
+def test_run_measures_onnx_and_torch_rows(trained_dir: Path) -> None:
+    plan = bench.BenchPlan(providers=("cpu", "tensorrt"), precisions=("fp32", "int8", "int4"), batches=(1, 2),
+                           prompt_lens=(8,), gen_len=6, repeat=2, warmup=1, threads=1)
+    result = bench.run(trained_dir, plan)
+    assert {"machine", "versions", "rows"} <= set(result) and result["machine"]["memory_read_gb_s"] > 0
+    ok = [r for r in result["rows"] if not r["error"]]
+    assert {(r["engine"], r["precision"], r["batch"]) for r in ok} == {
+        ("onnx", "fp32", 1), ("onnx", "fp32", 2), ("onnx", "int8", 1), ("onnx", "int8", 2),
+        ("torch", "fp32", 1), ("torch", "fp32", 2)}
+    for r in ok:
+        assert ROW_KEYS <= set(r) and r["samples"] == 2 and r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+        assert r["latency_ms_p50"] <= r["latency_ms_p90"] <= r["latency_ms_p99"]
+        if r["engine"] == "onnx":
+            assert r["speedup_vs_torch"] > 0 and 0 < r["bandwidth_fraction"] and r["providers_ran"]
+    errors = {(r["provider"], r["precision"]) for r in result["rows"] if r["error"]}
+    assert ("cpu", "int4") in errors  # not exported: a row that says why, not a crash
+    assert probe("tensorrt").ok or ("tensorrt", "fp32") in errors
+
+
+def test_cli_bench_writes_json_csv_and_plot(trained_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    r = gptport("bench", str(trained_dir), "--prompt-len", "8", "--gen-len", "4", "--repeat", "1",
+                "--json", f"{out}.json", "--csv", f"{out}.csv", "--plot", f"{out}.png")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(Path(f"{out}.json").read_text())
+    assert ROW_KEYS <= set(data["rows"][0])
+    with open(f"{out}.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(data["rows"])
+    assert Path(f"{out}.png").read_bytes()[:4] == b"\x89PNG"
+    assert "decode tok/s" in r.stderr
+    _assert_one_line_error(gptport("bench", str(trained_dir), "--batch", "0"), 2, "--batch")
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("heldout") / "heldout.txt"
+    path.write_text(make_text(120, seed=99))
+    return path
+
+
+def test_eval_onnx_and_torch_agree(trained_dir: Path, heldout: Path) -> None:
+    text = heldout.read_text()
+    onnx_result = evaluate(open_model(trained_dir).engine, bpe.load(trained_dir), text, stride=48)
+    torch_result = evaluate(open_model(trained_dir, "torch").engine, bpe.load(trained_dir), text, stride=48)
+    assert abs(onnx_result.perplexity / torch_result.perplexity - 1) < 1e-3
+    assert onnx_result.bytes == len(text.encode("utf-8"))
+    assert onnx_result.tokens == len(bpe.load(trained_dir).encode(text))
+    assert math.isclose(onnx_result.bits_per_byte,
+                        onnx_result.nats_per_token * onnx_result.tokens / onnx_result.bytes / math.log(2))
+    assert onnx_result.perplexity < bpe.load(trained_dir).vocab_size  # the model learned something
+
+
+def test_stride_covers_every_token_once(trained_dir: Path, heldout: Path) -> None:
+    text = heldout.read_text()
+    engine, tok = open_model(trained_dir).engine, bpe.load(trained_dir)
+    results = [evaluate(engine, tok, text, stride=s) for s in (96, 32, 1)]
+    assert len({r.tokens for r in results}) == 1
+    assert results[2].nats_per_token <= results[0].nats_per_token + 0.05  # more context never hurts much
+    with pytest.raises(UsageError, match="--stride"):
+        evaluate(engine, tok, text, stride=97)
+
+
+def test_cli_eval_json_and_variants(trained_dir: Path, heldout: Path, tmp_path: Path) -> None:
+    r = gptport("eval", str(trained_dir), str(heldout), "--json")
+    assert r.returncode == 0, r.stderr
+    fp32 = json.loads(r.stdout)
+    assert {"perplexity", "bits_per_byte", "tokens", "bytes"} <= set(fp32)
+    r = gptport("eval", str(trained_dir), str(heldout), "--json", "--precision", "int8")
+    int8 = json.loads(r.stdout)
+    assert int8["precision"] == "int8" and abs(int8["perplexity"] / fp32["perplexity"] - 1) < 0.05
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    _assert_one_line_error(gptport("eval", str(trained_dir), str(empty)), 1, "empty")
+    copy = tmp_path / "m"
+    shutil.copytree(trained_dir, copy)
+    _assert_one_line_error(gptport("eval", str(copy), str(heldout), "--stride", "0"), 2, "--stride")
+
+
+@pytest.mark.slow
+def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    r = gptport("demo", "--out", str(out), "--minutes", "0.15", "--vocab-size", "1024")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("def ") and len(r.stdout) > 10
+    for needle in ("1/6 corpus", "not UTF-8", "2/6 tokenizer", "4/6 export", "6/6 bench", "gptport demo:",
+                   "bits per byte", "decode"):
+        assert needle in r.stderr, needle
+    assert (out / "model.onnx").exists() and (out / "model.safetensors").exists()
+    _assert_one_line_error(gptport("demo", "--out", str(out), "--minutes", "0.1"), 1, "--force")
