@@ -13,6 +13,7 @@ from gptport.cli import (
     eval_cmd,
     export_cmd,
     generate_cmd,
+    hf_cmd,
     providers_cmd,
     tokenizer_cmd,
     train_cmd,
@@ -55,6 +56,8 @@ app.command("providers", epilog=providers_cmd.EXAMPLES)(providers_cmd.providers)
 app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
 app.command("eval", epilog=eval_cmd.EXAMPLES)(eval_cmd.eval_)
 app.command("demo", epilog=demo_cmd.EXAMPLES)(demo_cmd.demo)
+app.command("export-hf", epilog=hf_cmd.EXPORT_EXAMPLES)(hf_cmd.export_hf)
+app.command("import-hf", epilog=hf_cmd.IMPORT_EXAMPLES)(hf_cmd.import_hf)
 
 
 def main(argv: list[str] | None = None) -> None:

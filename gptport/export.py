@@ -18,7 +18,7 @@ import onnx
 import torch
 from torch.export import Dim
 
-from gptport import __version__, atomic, contract, validate, variants
+from gptport import __version__, atomic, contract, genai, validate, variants
 from gptport import tokenizer as bpe
 from gptport.checkpoint import ModelCard, load_model
 from gptport.config import model_config_to_dict
@@ -39,6 +39,7 @@ class ExportReport:
     gates: list[validate.GateRow] = field(default_factory=list)
     fused: dict[str, int] = field(default_factory=dict)
     size_ratio: float = 0.0
+    genai: Path | None = None
 
 
 def parse_precisions(text: str) -> list[str]:
@@ -205,6 +206,10 @@ def export(
         for precision, tmp in pending.items():
             os.replace(tmp, targets[precision])
             report.files[precision] = targets[precision]
+        report.genai = genai.write(model_dir, model_config_to_dict(card.model), card.eot_id)
+        hf_tokenizer = model_dir / bpe.HF_CONFIG_FILE
+        if not hf_tokenizer.exists():  # directories from before tokenizer_config.json was written
+            atomic.write_text(hf_tokenizer, json.dumps(bpe.hf_config(tok), indent=2) + "\n")
     finally:
         for p in model_dir.glob(".model*.tmp-*"):
             p.unlink(missing_ok=True)

@@ -28,6 +28,7 @@ EOT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "tokenizer_meta.json"
 GPT2_FILES = ("vocab.json", "merges.txt")
+HF_CONFIG_FILE = "tokenizer_config.json"  # what transformers' AutoTokenizer and onnxruntime-genai read
 MAX_VOCAB = 1_000_000
 HELDOUT_EVERY = 100  # one chunk in a hundred is held out of training to measure compression
 HELDOUT_MAX_CHARS = 4 << 20
@@ -237,7 +238,8 @@ def save(tok: BPETokenizer, model_dir: str | os.PathLike[str], report: TrainRepo
         (stage / TOKENIZER_FILE).write_text(tok.json, encoding="utf-8")
         tok.backend.model.save(str(stage))
         (stage / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        names = (TOKENIZER_FILE, *GPT2_FILES, META_FILE)
+        (stage / HF_CONFIG_FILE).write_text(json.dumps(hf_config(tok), indent=2) + "\n", encoding="utf-8")
+        names = (TOKENIZER_FILE, *GPT2_FILES, META_FILE, HF_CONFIG_FILE)
         for name in names:
             os.replace(stage / name, out / name)
     except BaseException:
@@ -247,6 +249,16 @@ def save(tok: BPETokenizer, model_dir: str | os.PathLike[str], report: TrainRepo
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return [out / n for n in names]
+
+
+def hf_config(tok: BPETokenizer) -> dict[str, object]:
+    """tokenizer_config.json: lets transformers' AutoTokenizer (GPT2TokenizerFast over tokenizer.json)
+    and onnxruntime-genai load this tokenizer with its special tokens. No prefix space and no clean-up
+    of spaces, so that decoding stays exact."""
+    extra = [t for t in tok.special_tokens if t != EOT]
+    return {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
+            "add_prefix_space": False, "add_bos_token": False, "clean_up_tokenization_spaces": False,
+            "additional_special_tokens": extra, "errors": "replace"}
 
 
 def load(model_dir: str | os.PathLike[str]) -> BPETokenizer:

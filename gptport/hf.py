@@ -1,0 +1,166 @@
+"""Moving models to and from the Hugging Face transformers GPT-2 format, without transformers itself:
+the format is a config.json and a safetensors file whose Conv1D weights are the transposes of
+gptport's Linear weights. Only safetensors are read (no pickles)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from gptport import atomic, checkpoint
+from gptport import tokenizer as bpe
+from gptport.config import ModelConfig, read_json
+from gptport.errors import ArtifactError, InputError
+from gptport.model import GPT
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+GELU_NAMES = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "exact"}
+HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older checkpoints carry
+
+
+def mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from being a transformers GPT-2 (empty when it is one)."""
+    out = []
+    if cfg.pos_encoding != "learned":
+        out.append(f"pos_encoding is {cfg.pos_encoding!r} (GPT-2 learns its positions)")
+    if cfg.gelu != "tanh":
+        out.append(f"gelu is {cfg.gelu!r} (GPT-2 uses the tanh approximation)")
+    if not cfg.bias:
+        out.append("bias is false (GPT-2 has biases in every Linear and LayerNorm)")
+    return out
+
+
+def export_hf(model_dir: Path, out: Path, force: bool = False) -> list[Path]:
+    """Write a transformers GPT-2 checkpoint (config.json, model.safetensors, tokenizer files)."""
+    tok = bpe.load(model_dir)
+    model, card = checkpoint.load_model(model_dir, tok)
+    cfg = card.model
+    problems = mismatches(cfg)
+    if problems:
+        raise InputError(f"{model_dir}: not a GPT-2 architecture: {'; '.join(problems)}")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InputError(f"{out}: exists and is not empty; pass --force to write into it")
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if cfg.tie_embeddings and name == "lm_head.weight":
+            continue
+        t = tensor.t() if name.endswith(CONV1D) else tensor
+        state[name if name == "lm_head.weight" else f"transformer.{name}"] = t.contiguous()
+    hf_config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.n_ctx, "n_embd": cfg.d_model, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+        "n_inner": cfg.d_ff, "activation_function": "gelu_new", "layer_norm_epsilon": cfg.ln_eps,
+        "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
+        "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
+        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic.atomic_path(out / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    atomic.write_text(out / "config.json", json.dumps(hf_config, indent=2) + "\n")
+    for name in (bpe.TOKENIZER_FILE, *bpe.GPT2_FILES, bpe.HF_CONFIG_FILE):
+        atomic.write_bytes(out / name, (model_dir / name).read_bytes())
+    return [out / n for n in ("config.json", "model.safetensors", bpe.TOKENIZER_FILE, bpe.HF_CONFIG_FILE)]
+
+
+def _hf_tokenizer(hf_dir: Path) -> bpe.BPETokenizer:
+    """The byte-level BPE of a GPT-2 directory: tokenizer.json, else vocab.json + merges.txt."""
+    from tokenizers import AddedToken, Tokenizer, models
+
+    path = hf_dir / bpe.TOKENIZER_FILE
+    if path.is_file():
+        try:
+            backend = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a plain Exception on a malformed file
+            raise ArtifactError(f"{path}: not a valid tokenizer file ({e})") from e
+        if type(backend.model).__name__ != "BPE":
+            raise InputError(f"{path}: a {type(backend.model).__name__} tokenizer, not byte-level BPE")
+    elif (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():
+        backend = bpe.new_backend()
+        backend.model = models.BPE.from_file(str(hf_dir / "vocab.json"), str(hf_dir / "merges.txt"))
+    else:
+        raise InputError(f"{hf_dir}: no tokenizer.json, nor vocab.json + merges.txt")
+    if backend.token_to_id(bpe.EOT) is None:
+        raise InputError(f"{hf_dir}: the tokenizer has no {bpe.EOT} token")
+    backend.add_special_tokens([AddedToken(bpe.EOT, special=True, normalized=False)])
+    return bpe.BPETokenizer(backend)
+
+
+def _model_config(hf: dict[str, Any], vocab_size: int, where: Path) -> ModelConfig:
+    if hf.get("model_type") != "gpt2" and "GPT2LMHeadModel" not in hf.get("architectures", []):
+        kind = hf.get("model_type") or ", ".join(hf.get("architectures", [])) or "unknown"
+        raise InputError(f"{where}: a {kind} checkpoint, not GPT-2 (model_type gpt2 / GPT2LMHeadModel)")
+    act = hf.get("activation_function", "gelu_new")
+    if act not in GELU_NAMES:
+        raise InputError(f"{where}: activation_function {act!r} is not a GELU gptport has")
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+        if hf.get(flag):
+            raise InputError(f"{where}: {flag} is set; gptport's GPT does not have it")
+    return ModelConfig(vocab_size=vocab_size, n_ctx=hf["n_positions"], d_model=hf["n_embd"], n_layer=hf["n_layer"],
+                       n_head=hf["n_head"], d_ff=hf.get("n_inner") or 4 * hf["n_embd"], dropout=0.0, bias=True,
+                       pos_encoding="learned", tie_embeddings=hf.get("tie_word_embeddings", True),
+                       ln_eps=hf.get("layer_norm_epsilon", 1e-5), gelu=GELU_NAMES[act])  # type: ignore[arg-type]
+
+
+def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
+    """Turn a local transformers GPT-2 directory into a gptport model directory."""
+    config_path, weights = hf_dir / "config.json", hf_dir / "model.safetensors"
+    if not config_path.is_file():
+        raise InputError(f"{hf_dir}: no config.json")
+    if not weights.is_file():
+        pickled = [p.name for p in hf_dir.glob("*.bin")]
+        hint = f" ({', '.join(pickled)} is a pickle, which gptport does not load)" if pickled else ""
+        raise InputError(f"{hf_dir}: no model.safetensors{hint}")
+    if (out / bpe.TOKENIZER_FILE).exists() and not force:
+        raise InputError(f"{out}: already holds a model; pass --force to replace it")
+    hf = read_json(config_path)
+    tok = _hf_tokenizer(hf_dir)
+    model_vocab = int(hf.get("vocab_size", 0))
+    if tok.vocab_size > model_vocab:
+        raise InputError(f"{hf_dir}: the tokenizer has {tok.vocab_size} tokens but the model's vocabulary only "
+                         f"{model_vocab}: the tokenizer does not fit the model")
+    cfg = _model_config(hf, tok.vocab_size, config_path)
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError) as e:
+        raise ArtifactError(f"{weights}: unreadable ({e})") from e
+    model = GPT(cfg)
+    mapped = {}
+    for name, tensor in state.items():
+        key = name.removeprefix("transformer.")
+        if key.endswith(HF_BUFFERS):
+            continue
+        if key in ("wte.weight", "lm_head.weight"):
+            tensor = tensor[: tok.vocab_size]  # a padded vocabulary keeps the tokenizer's rows
+        mapped[key] = tensor.t() if key.endswith(CONV1D) else tensor
+    if cfg.tie_embeddings:
+        mapped.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(mapped, strict=False)
+    missing = [k for k in missing if not (cfg.tie_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ArtifactError(f"{weights}: does not fit its config.json "
+                            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    _write(out, tok, model, cfg)
+    return cfg
+
+
+def _write(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig) -> None:
+    """Stage the whole model directory next to `out`, then move its files in."""
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".import-", dir=out))
+    try:
+        bpe.save(tok, stage, force=True)
+        with torch.no_grad():
+            checkpoint.save_weights(stage, model, 0)
+        checkpoint.write_config(stage, cfg, tok, 0)
+        for path in stage.iterdir():
+            path.replace(out / path.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
