@@ -41,7 +41,7 @@ def test_train_tokenizer_writes_the_model_dir_and_a_summary(corpus_file: Path, t
     assert r.stdout == ""  # status goes to stderr
     for word in ("vocabulary", "300 tokens", "corpus", "compression", "sha256", "MB/s"):
         assert word in r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["merges.txt", "tokenizer.json",
+    assert sorted(p.name for p in out.iterdir()) == ["merges.txt", "tokenizer.json", "tokenizer_config.json",
                                                      "tokenizer_meta.json", "vocab.json"]
 
 

@@ -61,7 +61,7 @@ def test_encode_batch_matches_encode(tok: bpe.BPETokenizer) -> None:
 
 def test_model_dir_files_and_sha256(tokenizer_dir: Path, tok: bpe.BPETokenizer) -> None:
     names = {p.name for p in tokenizer_dir.iterdir()}
-    assert {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_meta.json"} <= names
+    assert {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_meta.json", "tokenizer_config.json"} <= names
     assert not [n for n in names if n.startswith(".")], "temporary files left behind"
     meta = json.loads((tokenizer_dir / "tokenizer_meta.json").read_text())
     assert meta["sha256"] == hashlib.sha256((tokenizer_dir / "tokenizer.json").read_bytes()).hexdigest()
