@@ -25,7 +25,8 @@ def eval_(
                                               show_default=False)],
     engine: Annotated[str, typer.Option(help="onnx, or torch (needs the train extra).")] = "onnx",
     provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
-    precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16.")] = "fp32",
+    precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16; comma-separated for several "
+                                                "(e.g. fp32,int8: one figure each).")] = "fp32",
     stride: Annotated[int | None, typer.Option(help="Window step in tokens (default n_ctx / 2).")] = None,
     threads: Annotated[int, typer.Option(help="CPU threads (0: the runtime's default).")] = 0,
     glob: Annotated[str, typer.Option(help="Which files to take from directories.")] = "*.txt",
@@ -39,20 +40,22 @@ def eval_(
 
     reader = CorpusReader(resolve_sources(text, glob), encoding_errors.value)
     body = "".join(reader.chunks())
-    opened = open_model(model_dir, engine, provider, precision, threads,
-                        say=lambda m: err.print(f"[yellow]warning:[/] {m}"))
-    with err.status("evaluating") as status:
-        result = evaluate(opened.engine, opened.tok, body, stride,
-                          progress=lambda done, total: status.update(f"evaluating: {done:,}/{total:,} tokens"))
-    payload = {**asdict(result), "engine": opened.engine_name, "provider": opened.provider,
-               "precision": opened.precision, "stride": opened.engine.n_ctx // 2 if stride is None else stride,
-               "sources": [s.name for s in reader.sources]}
-    if as_json:
-        print(json.dumps(payload))
-    else:
-        print(f"perplexity {result.perplexity:.4f}  bits/byte {result.bits_per_byte:.4f}  "
-              f"({result.tokens:,} tokens, {result.bytes:,} bytes, {result.windows} windows; "
-              f"{opened.engine_name} {opened.provider} {opened.precision})")
+    precisions = [p.strip() for p in precision.split(",") if p.strip()] if engine == "onnx" else ["fp32"]
+    for one in precisions:
+        opened = open_model(model_dir, engine, provider, one, threads,
+                            say=lambda m: err.print(f"[yellow]warning:[/] {m}"))
+        with err.status(f"evaluating {engine} {one}") as status:
 
+            def progress(done: int, total: int, label: str = one) -> None:
+                status.update(f"evaluating {label}: {done:,}/{total:,} tokens")
 
-
+            result = evaluate(opened.engine, opened.tok, body, stride, progress=progress)
+        payload = {**asdict(result), "engine": opened.engine_name, "provider": opened.provider,
+                   "precision": opened.precision, "stride": opened.engine.n_ctx // 2 if stride is None else stride,
+                   "sources": [s.name for s in reader.sources]}
+        if as_json:
+            print(json.dumps(payload))
+        else:
+            print(f"{opened.engine_name} {opened.provider} {opened.precision}: perplexity {result.perplexity:.4f}  "
+                  f"bits/byte {result.bits_per_byte:.4f}  ({result.tokens:,} tokens, {result.bytes:,} bytes, "
+                  f"{result.windows} windows)")

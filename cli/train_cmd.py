@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from gptport import checkpoint_paths as paths
 from gptport import tokenizer as bpe
-from gptport.config import ModelConfig, Preset, TrainConfig, apply_overrides, load_preset, read_json
+from gptport.config import ModelConfig, Preset, TrainConfig, apply_overrides, load_preset
 from gptport.corpus import CorpusReader, resolve_sources
 from gptport.errors import InputError, UsageError
 
@@ -62,8 +62,8 @@ def train(
     if has_model and not (resume or force):
         raise InputError(f"{model_dir}: already holds a trained model; pass --resume to continue it "
                          "or --force to start over")
-    if resume and not (model_dir / paths.TRAINER).exists():
-        raise InputError(f"{model_dir}: nothing to --resume (no {paths.TRAINER})")
+    if resume and not (model_dir / paths.OPTIMIZER).exists():
+        raise InputError(f"{model_dir}: nothing to --resume (no {paths.OPTIMIZER})")
     options = {k: v for k, v in dict(
         steps=steps, minutes=minutes, schedule_steps=schedule_steps, batch_size=batch_size,
         grad_accum=grad_accum, lr=lr, eval_every=eval_every, device=device, seed=seed,
@@ -98,14 +98,14 @@ def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], opt
         tcfg = TrainConfig(**{**chosen.train, **options})
     else:
         changes = apply_overrides(Preset("resume"), sets)
-        from gptport.checkpoint import read_card
+        from gptport.checkpoint import read_card, read_resume_state
 
         cfg = read_card(model_dir).model
         differ = [k for k, v in changes.model.items() if getattr(cfg, k) != v]
         if differ:
             raise UsageError(f"--resume keeps the model's shape; --set {', '.join(differ)} differs from "
                              f"{model_dir / paths.CONFIG}")
-        saved = read_json(model_dir / paths.TRAINER).get("train", {})
+        saved = read_resume_state(model_dir).get("train", {})
         tcfg = TrainConfig(**{**saved, **changes.train, **options})
     tcfg.validate()
     return cfg, tcfg

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, safe_open, save_file
 
 from gptport import __version__, atomic
 from gptport.checkpoint_paths import CONFIG, OPTIMIZER, TRAINER, WEIGHTS
@@ -103,36 +103,58 @@ def load_model(model_dir: Path, tok: BPETokenizer, device: str | torch.device = 
     return model, card
 
 
-def save_resume(model_dir: Path, state: dict[str, Any], optimizer: torch.optim.Optimizer,
+def save_resume(model_dir: Path, state: dict[str, Any], model: GPT, optimizer: torch.optim.Optimizer,
                 tensors: dict[str, torch.Tensor]) -> None:
-    """optimizer.safetensors (optimizer moments + RNG states) then trainer.json, the commit point."""
+    """The resume state as ONE file, so that a kill at any moment leaves a consistent one:
+    optimizer.safetensors holds the weights, the optimizer moments, the RNG states, and the loop's state
+    (step, data position, settings, param groups) as JSON metadata. trainer.json repeats that JSON
+    for people to read; --resume trusts optimizer.safetensors."""
     opt = optimizer.state_dict()
     flat = {f"state.{i}.{name}": t.detach().cpu().contiguous()
             for i, entry in opt["state"].items() for name, t in entry.items() if torch.is_tensor(t)}
     flat.update({f"rng.{k}": v.cpu().contiguous() for k, v in tensors.items()})
+    flat.update({f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+                 if not (model.cfg.tie_embeddings and k == TIED_KEY)})
+    full = {**state, "param_groups": opt["param_groups"]}
+    text = json.dumps(full, indent=2)
     with atomic.atomic_path(model_dir / OPTIMIZER) as tmp:
-        save_file(flat, str(tmp), metadata={"step": str(state["step"])})
-    state = {**state, "param_groups": opt["param_groups"]}
-    atomic.write_text(model_dir / TRAINER, json.dumps(state, indent=2) + "\n")
+        save_file(flat, str(tmp), metadata={"state": text})
+    atomic.write_text(model_dir / TRAINER, text + "\n")
 
 
-def load_resume(model_dir: Path, optimizer: torch.optim.Optimizer
-                ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Restore the optimizer; return trainer.json's state and the saved RNG tensors."""
-    state = read_json(model_dir / TRAINER)
+def read_resume_state(model_dir: Path) -> dict[str, Any]:
+    """The loop's state in optimizer.safetensors (step, elapsed_s, data_rng, train, param_groups)."""
+    path = model_dir / OPTIMIZER
     try:
-        flat = load_file(str(model_dir / OPTIMIZER))
+        with safe_open(str(path), "pt") as f:
+            text = (f.metadata() or {}).get("state")
     except (SafetensorError, OSError) as e:
-        raise ArtifactError(f"{model_dir / OPTIMIZER}: unreadable ({e}); cannot --resume") from e
+        raise ArtifactError(f"{path}: unreadable ({e}); cannot --resume") from e
+    if not text:
+        raise ArtifactError(f"{path}: holds no training state; cannot --resume")
+    return json.loads(text)
+
+
+def load_resume(model_dir: Path, model: GPT, optimizer: torch.optim.Optimizer
+                ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Restore the weights and the optimizer; return the loop's state and the saved RNG tensors."""
+    state = read_resume_state(model_dir)
+    flat = load_file(str(model_dir / OPTIMIZER))
     entries: dict[int, dict[str, torch.Tensor]] = {}
+    weights: dict[str, torch.Tensor] = {}
     rng: dict[str, torch.Tensor] = {}
     for key, t in flat.items():
         kind, _, rest = key.partition(".")
         if kind == "rng":
             rng[rest] = t
+        elif kind == "model":
+            weights[rest] = t
         else:
             idx, _, name = rest.partition(".")
             entries.setdefault(int(idx), {})[name] = t
+    device = next(model.parameters()).device
+    missing, unexpected = model.load_state_dict({k: v.to(device) for k, v in weights.items()}, strict=False)
+    if [k for k in missing if k != TIED_KEY] or unexpected:
+        raise ArtifactError(f"{model_dir / OPTIMIZER}: its weights do not fit config.json; cannot --resume")
     optimizer.load_state_dict({"state": entries, "param_groups": state.pop("param_groups")})
     return state, rng
-

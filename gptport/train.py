@@ -22,7 +22,7 @@ from gptport import checkpoint
 from gptport.checkpoint_paths import LOG
 from gptport.config import ModelConfig, TrainConfig
 from gptport.data import Shards, eval_windows, sample_batch
-from gptport.errors import ArtifactError, UsageError
+from gptport.errors import UsageError
 from gptport.model import GPT
 from gptport.tokenizer import BPETokenizer
 
@@ -153,12 +153,7 @@ class Trainer:
         if card.model != self.cfg:
             raise UsageError(f"{self.dir}: --resume with a different model shape than config.json holds; "
                              "drop --preset/--set model.* or train a new directory")
-        loaded = checkpoint.load_weights(self.dir, self.cfg, self.device)
-        self.model.load_state_dict(loaded.state_dict())
-        state, rng = checkpoint.load_resume(self.dir, self.optimizer)
-        if int(state["step"]) != card.step:
-            raise ArtifactError(f"{self.dir}: {checkpoint.TRAINER} (step {state['step']}) and "
-                                f"{checkpoint.CONFIG} (step {card.step}) disagree; the last checkpoint was cut off")
+        state, rng = checkpoint.load_resume(self.dir, self.model, self.optimizer)
         self.step, self.elapsed = int(state["step"]), float(state["elapsed_s"])
         self.rng.bit_generator.state = state["data_rng"]
         torch.set_rng_state(rng["torch"])
@@ -260,14 +255,14 @@ class Trainer:
         return record
 
     def save(self) -> None:
-        """Checkpoint: optimizer + RNG, weights, config.json, then trainer.json (the commit point)."""
+        """Checkpoint: the resume state (one atomic file), then the published weights and config.json."""
         rng = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
         state: dict[str, Any] = {"step": self.step, "elapsed_s": self.elapsed,
                                  "data_rng": self.rng.bit_generator.state, "train": asdict(self.tcfg)}
+        checkpoint.save_resume(self.dir, state, self.model, self.optimizer, rng)  # one file: the resume point
         checkpoint.save_weights(self.dir, self.model, self.step)
         checkpoint.write_config(self.dir, self.cfg, self.tok, self.step)
-        checkpoint.save_resume(self.dir, state, self.optimizer, rng)
         self.hooks.on_checkpoint(self.step)
 

@@ -103,8 +103,10 @@ def test_cli_eval_json_and_variants(trained_dir: Path, heldout: Path, tmp_path: 
     assert r.returncode == 0, r.stderr
     fp32 = json.loads(r.stdout)
     assert {"perplexity", "bits_per_byte", "tokens", "bytes"} <= set(fp32)
-    r = gptport("eval", str(trained_dir), str(heldout), "--json", "--precision", "int8")
-    int8 = json.loads(r.stdout)
+    r = gptport("eval", str(trained_dir), str(heldout), "--json", "--precision", "fp32,int8,fp16")
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["precision"] for row in rows] == ["fp32", "int8", "fp16"] and rows[0] == fp32
+    int8 = rows[1]
     assert int8["precision"] == "int8" and abs(int8["perplexity"] / fp32["perplexity"] - 1) < 0.05
     empty = tmp_path / "empty.txt"
     empty.write_text("")

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from gptport import data
 from gptport import tokenizer as bpe
+from gptport.checkpoint import read_resume_state
 from gptport.config import ModelConfig, TrainConfig
 from gptport.corpus import CorpusReader, resolve_sources
 from gptport.train import Trainer
@@ -65,6 +66,9 @@ def test_resume_continues_exactly(tmp_path: Path, tokenizer_dir: Path, corpus_fi
     make_trainer(straight, corpus_file, steps=12, eval_every=3).run()
     first = make_trainer(split, corpus_file, steps=6, schedule_steps=12, eval_every=3).run()
     assert first.step == 6
+    # a kill after the resume file but before the rest: trainer.json and the published weights stale
+    (split / "trainer.json").write_text('{"step": 3}')
+    shutil.copy(straight / "model.safetensors", split / "model.safetensors")
     make_trainer(split, corpus_file, resume=True, steps=12, schedule_steps=12, eval_every=3).run()
     with (safe_open(str(straight / "model.safetensors"), "pt") as a,
           safe_open(str(split / "model.safetensors"), "pt") as b):
@@ -140,13 +144,13 @@ def test_ctrl_c_saves_and_kill_loses_at_most_one_interval(model_dir: Path, corpu
 
     proc = subprocess.Popen([*args, "--resume"], stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 60
-    while json.loads((model_dir / "trainer.json").read_text())["step"] < step + 10 and time.time() < deadline:
+    while read_resume_state(model_dir)["step"] < step + 10 and time.time() < deadline:
         time.sleep(0.05)
     proc.kill()  # SIGKILL: no chance to save
     proc.wait()
-    saved = json.loads((model_dir / "trainer.json").read_text())["step"]
+    saved = read_resume_state(model_dir)["step"]  # the authoritative resume point, whenever the kill came
     assert saved >= step + 10 and saved % 5 == 0
     r = gptport("train", str(corpus_file), "--model-dir", str(model_dir), "--steps", str(saved + 5),
                 "--eval-every", "5", *SHAPE, "--resume")
     assert r.returncode == 0, r.stderr
-    assert json.loads((model_dir / "trainer.json").read_text())["step"] == saved + 5
+    assert read_resume_state(model_dir)["step"] == saved + 5

@@ -1,0 +1,90 @@
+"""Where one decode step's time goes, node by node: onnxruntime's profiler on batch-1 decoding.
+
+Runs a prefill of 64 tokens and --steps decode steps with profiling on (2 threads), keeps the decode
+steps' events, and summarises them per operator type (time per step, node count) with the heaviest
+nodes and the time outside nodes (the executor's per-run overhead). Writes
+benchmarks/results/profile-decode-<name>.json.
+
+    python benchmarks/profile_decode.py [MODEL_DIR] [--precision fp32] [--steps 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from gptport import contract
+from gptport.generate import positions
+from gptport.runtime import session_options
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model_dir", type=Path, nargs="?", default=HERE / "work" / "decode" / "small")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    path = args.model_dir / contract.onnx_file(args.precision)
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = session_options(args.threads)
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(tmp, "decode")
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        meta = json.loads(session.get_modelmeta().custom_metadata_map[contract.META_CONFIG])
+        n_layer, heads = meta["n_layer"], meta["n_head"]
+        hd = meta["d_model"] // heads
+        names_in, names_out = contract.input_names(n_layer), contract.output_names(n_layer)
+        ids = np.random.default_rng(0).integers(0, meta["vocab_size"], (1, 64), dtype=np.int64)
+        mask = np.ones_like(ids)
+        kv_dtype = np.float16 if args.precision == "fp16" else np.float32
+        past = [np.zeros((1, heads, 0, hd), dtype=kv_dtype) for _ in range(2 * n_layer)]
+        outs = session.run(names_out, dict(zip(names_in, [ids, mask, positions(mask), *past], strict=True)))
+        for i in range(args.steps):
+            nxt = outs[0][:, -1].argmax(-1)[:, None].astype(np.int64)
+            mask = np.ones((1, 65 + i), dtype=np.int64)
+            feed = [nxt, mask, np.array([[64 + i]], dtype=np.int64), *outs[1:]]
+            outs = session.run(names_out, dict(zip(names_in, feed, strict=True)))
+        events = json.loads(Path(session.end_profiling()).read_text())
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-args.steps:]
+    start = runs[0]["ts"]
+    nodes = [e for e in events if e.get("cat") == "Node" and e["ts"] >= start and e["name"].endswith("_kernel_time")]
+    per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    per_node: dict[str, float] = defaultdict(float)
+    for e in nodes:
+        op = e["args"].get("op_name", "?")
+        per_op[op][0] += e["dur"]
+        per_op[op][1] += 1
+        per_node[f"{e['name'].removesuffix('_kernel_time')} ({op})"] += e["dur"]
+    steps = len(runs)
+    run_us = sum(r["dur"] for r in runs) / steps
+    node_us = sum(e["dur"] for e in nodes) / steps
+    ops = sorted(({"op": k, "us_per_step": v[0] / steps, "nodes": v[1] // steps, "share": v[0] / steps / run_us}
+                  for k, v in per_op.items()), key=lambda r: -r["us_per_step"])
+    top = sorted(({"node": k, "us_per_step": v / steps} for k, v in per_node.items()), key=lambda r: -r["us_per_step"])
+    result = {"model": str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else path.name,
+              "config": meta, "precision": args.precision, "threads": args.threads, "decode_steps": steps,
+              "onnxruntime": ort.__version__, "us_per_step": run_us, "us_in_nodes_per_step": node_us,
+              "us_outside_nodes_per_step": run_us - node_us, "nodes_per_step": len(nodes) // steps,
+              "by_op_type": ops, "top_nodes": top[:15]}
+    print(f"{path}: {run_us:.0f} µs per decode step, {node_us:.0f} in {len(nodes) // steps} nodes, "
+          f"{run_us - node_us:.0f} outside them")
+    for r in ops[:12]:
+        print(f"  {r['op']:<28}{r['us_per_step']:>9.1f} µs {r['share']:>6.1%}  ({r['nodes']} nodes)")
+    name = f"{args.model_dir.name}-{args.precision}"
+    out = HERE / "results" / f"profile-decode-{name}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
