@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from gptport.cli.common import ModelDir, err
-from rich.markup import escape
-from rich.table import Table
 
 EXAMPLES = """Examples:
 
@@ -52,6 +49,11 @@ def bench(
 ) -> None:
     """Measure prefill and decode tokens/s, latency percentiles, memory, and the share of the memory
     bandwidth decoding uses."""
+    import csv
+    import json
+
+    from rich.markup import escape
+
     from gptport import atomic
     from gptport import bench as measure
     from gptport.errors import UsageError
@@ -87,6 +89,9 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
 
 
 def _table(result: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     m = result["machine"]
     table = Table("engine", "provider", "prec", "batch", "prompt", "prefill tok/s", "decode tok/s", "ttft ms",
                   "p50/p90/p99 ms", "vs torch", "bandwidth", "RSS MB",

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from gptport.cli.common import err, human_bytes
-from rich.table import Table
 
 EXAMPLES = """Examples:
 
@@ -28,11 +28,10 @@ def demo(
 ) -> None:
     """Tokenizer, tiny GPT, ONNX export (fp32, int8), a sample and a short bench, on the standard
     library's own source files."""
-    from gptport.cli.bench_cmd import _table
-    from gptport.cli.train_cmd import _prepare, _run
-
     from gptport import bench, export
     from gptport import tokenizer as bpe
+    from gptport.cli.bench_cmd import _table
+    from gptport.cli.train_cmd import _prepare, _run
     from gptport.config import ModelConfig, TrainConfig, load_preset
     from gptport.corpus import CorpusReader, default_corpus
     from gptport.errors import InputError, UsageError
@@ -94,6 +93,8 @@ def demo(
 
 
 def _summary(out: Path, last, exported, result, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    from rich.table import Table
+
     table = Table("", "", title=f"gptport demo: {out} in {seconds / 60:.1f} minutes")
     for name, path in exported.files.items():
         table.add_row(f"{name} model", f"{path.name}, {human_bytes(path.stat().st_size)}")

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
+
 from gptport.cli.common import EncodingErrors, ModelDir, err
 
 EXAMPLES = """Examples:

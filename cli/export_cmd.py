@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+
 from gptport.cli.common import Force, ModelDir, err, human_bytes
-from rich.table import Table
 
 EXAMPLES = """Examples:
 
@@ -28,6 +28,8 @@ def export(
     force: Force = False,
 ) -> None:
     """Export the trained model to ONNX (model.onnx and variants), validated against torch."""
+    from rich.table import Table
+
     from gptport import export as exporter
 
     precisions = exporter.parse_precisions(precision)

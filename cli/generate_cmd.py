@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from gptport.cli.common import ModelDir, err
 
 EXAMPLES = """Examples:

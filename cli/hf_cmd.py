@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from gptport.cli.common import Force, ModelDir, err
 
 EXPORT_EXAMPLES = """Example:

@@ -7,6 +7,8 @@ import sys
 from typing import Annotated, NoReturn
 
 import typer
+
+from gptport import __version__
 from gptport.cli import (
     bench_cmd,
     demo_cmd,
@@ -18,8 +20,6 @@ from gptport.cli import (
     tokenizer_cmd,
     train_cmd,
 )
-
-from gptport import __version__
 from gptport.errors import GptportError
 
 app = typer.Typer(

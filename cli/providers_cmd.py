@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from gptport.cli.common import err
-from rich.markup import escape
-from rich.table import Table
 
 EXAMPLES = """Example:
 
@@ -15,6 +13,8 @@ EXAMPLES = """Example:
 def providers() -> None:
     """List cpu, cuda and tensorrt, whether each really initialises here, and the reason when not."""
     import onnxruntime as ort
+    from rich.markup import escape
+    from rich.table import Table
 
     from gptport.providers import ORT_NAMES, probe
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from gptport.cli.common import EncodingErrors, Force, err, human_bytes
 
 from gptport import tokenizer as bpe
+from gptport.cli.common import EncodingErrors, Force, err, human_bytes
 from gptport.corpus import CorpusReader, resolve_sources
 
 EXAMPLES = """Examples:

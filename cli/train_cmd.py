@@ -8,16 +8,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from gptport.cli.common import EncodingErrors, err, human_bytes
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from gptport import checkpoint_paths as paths
 from gptport import tokenizer as bpe
-from gptport.config import ModelConfig, Preset, TrainConfig, apply_overrides, load_preset
-from gptport.corpus import CorpusReader, resolve_sources
+from gptport.cli.common import EncodingErrors, err, human_bytes
 from gptport.errors import InputError, UsageError
 
 if TYPE_CHECKING:
+    from gptport.config import ModelConfig, TrainConfig
+    from gptport.corpus import CorpusReader
     from gptport.data import Shards
     from gptport.train import EvalRecord
 
@@ -57,6 +56,7 @@ def train(
     encoding_errors: Annotated[EncodingErrors, typer.Option(help="strict or replace.")] = EncodingErrors.strict,
 ) -> None:
     """Train the GPT of a model directory on a corpus, tokenized with the directory's tokenizer."""
+    from gptport.corpus import CorpusReader, resolve_sources
     tok = bpe.load(model_dir)
     has_model = (model_dir / paths.CONFIG).exists()
     if has_model and not (resume or force):
@@ -90,8 +90,10 @@ def train(
 
 def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], options: dict[str, Any],
              resume: bool) -> tuple[ModelConfig, TrainConfig]:
-    """New run: preset, then --set, then options. Resume: config.json's model and trainer.json's
+    """New run: preset, then --set, then options. Resume: config.json's model and the resume state's
     settings, then --set train.* and options."""
+    from gptport.config import ModelConfig, Preset, TrainConfig, apply_overrides, load_preset
+
     if not resume:
         chosen = apply_overrides(load_preset(preset), sets)
         cfg = ModelConfig(vocab_size=vocab_size, **chosen.model)
@@ -112,6 +114,8 @@ def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], opt
 
 
 def _prepare(model_dir: Path, reader: CorpusReader, tok: bpe.BPETokenizer, val_fraction: float) -> Shards:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
     from gptport import data
 
     with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.fields[done]}"),
@@ -131,6 +135,8 @@ def _prepare(model_dir: Path, reader: CorpusReader, tok: bpe.BPETokenizer, val_f
 def _run(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, shards: Shards, tok: bpe.BPETokenizer,
          resume: bool) -> list[EvalRecord]:
     """Train with a live progress bar; return the eval records."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
     from gptport.data import token_bytes
     from gptport.train import Hooks, Trainer
 
