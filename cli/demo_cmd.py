@@ -5,11 +5,15 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gptport.cli.common import err, human_bytes
+
+if TYPE_CHECKING:
+    from gptport.export import ExportReport
+    from gptport.train import EvalRecord
 
 EXAMPLES = """Examples:
 
@@ -92,7 +96,8 @@ def demo(
     _summary(out, records[-1] if records else None, exported, result, time.perf_counter() - t_start)
 
 
-def _summary(out: Path, last, exported, result, seconds: float) -> None:  # type: ignore[no-untyped-def]
+def _summary(out: Path, last: EvalRecord | None, exported: ExportReport, result: dict[str, Any],
+             seconds: float) -> None:
     from rich.table import Table
 
     table = Table("", "", title=f"gptport demo: {out} in {seconds / 60:.1f} minutes")
