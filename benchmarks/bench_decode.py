@@ -43,11 +43,13 @@ def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:
     cfg = ModelConfig(vocab_size=tok.vocab_size, **load_preset(shape).model)
     checkpoint.save_weights(d, GPT(cfg), 0)
     checkpoint.write_config(d, cfg, tok, 0)
-    gptport("export", str(d), "--force", *(["--optimize"] if optimize else []))
+    gptport("export", str(d), "--force", "--optimize" if optimize else "--no-optimize")
     card = checkpoint.read_card(d)
+    plain = WORK / f"{shape}-plain.onnx"  # the variants come from the unfused graph, as in `gptport export`
+    plain.write_bytes(export.to_onnx(checkpoint.load_weights(d, cfg).eval(), 18).SerializeToString())
     for precision in ("int8", "int4"):
         out = d / contract.onnx_file(precision)
-        variants.make(precision, d / "model.onnx", out, card.model)
+        variants.make(precision, plain, out, card.model)
         export._set_meta(out, export.metadata(card, precision))
     return d
 
@@ -58,7 +60,8 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--optimize", action="store_true", help="export with onnxruntime's transformer optimizer")
+    ap.add_argument("--no-optimize", dest="optimize", action="store_false",
+                    help="export without onnxruntime's transformer optimizer (plain ONNX ops)")
     ap.add_argument("--corpus", type=Path, default=HERE / "work" / "big_corpus.txt",
                     help="text to train the tokenizers on (bench_tokenizer.py builds it)")
     args = ap.parse_args()
@@ -66,7 +69,7 @@ def main() -> None:
         raise SystemExit(f"{args.corpus}: missing; run benchmarks/bench_tokenizer.py first, or pass --corpus")
     for shape in args.shapes.split(","):
         d = model_dir(shape, args.corpus, args.optimize)
-        out = HERE / "results" / f"decode-{shape}{'-optimized' if args.optimize else ''}.json"
+        out = HERE / "results" / f"decode-{shape}{'' if args.optimize else '-plain'}.json"
         gptport("bench", str(d), "--precisions", "fp32,int8,int4", "--batch", "1", "--prompt-len", "64",
                 "--gen-len", str(args.gen_len), "--repeat", str(args.repeat), "--threads", str(args.threads),
                 "--json", str(out))

@@ -122,11 +122,15 @@ def _unique_node_names(proto: onnx.ModelProto) -> None:
 
 def optimize(src: Path, cfg: ModelConfig) -> tuple[Path, dict[str, int]]:
     """onnxruntime's transformer optimizer (GPT-2 fusions); the fused-operator counts it reports."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     _quiet()
+    options = FusionOptions("gpt2")
+    if not cfg.bias:  # its SkipLayerNormalization fusion assumes LayerNorm has a bias (IndexError without)
+        options.enable_skip_layer_norm = False
     opt = optimize_model(str(src), model_type="gpt2", num_heads=cfg.n_head, hidden_size=cfg.d_model,
-                         use_gpu=False)
+                         optimization_options=options, use_gpu=False)
     stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
     dst = src.with_name(src.name + ".opt")
     opt.save_model_to_file(str(dst), use_external_data_format=False)
