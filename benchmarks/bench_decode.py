@@ -50,7 +50,7 @@ def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:
     for precision in ("int8", "int4"):
         out = d / contract.onnx_file(precision)
         variants.make(precision, plain, out, card.model)
-        export._set_meta(out, export.metadata(card, precision))
+        export.set_metadata(out, export.metadata(card, precision))
     return d
 
 

@@ -35,7 +35,7 @@ def demo(
     from gptport import bench, export
     from gptport import tokenizer as bpe
     from gptport.cli.bench_cmd import _table
-    from gptport.cli.train_cmd import _prepare, _run
+    from gptport.cli.train_cmd import prepare_with_progress, train_with_progress
     from gptport.config import ModelConfig, TrainConfig, load_preset
     from gptport.corpus import CorpusReader, default_corpus
     from gptport.errors import InputError, UsageError
@@ -67,9 +67,9 @@ def demo(
     preset = load_preset("tiny")
     cfg = ModelConfig(vocab_size=tok.vocab_size, **preset.model)
     tcfg = TrainConfig(**{**preset.train, "minutes": minutes})
-    shards = _prepare(out, CorpusReader(sources), tok, tcfg.val_fraction)
+    shards = prepare_with_progress(out, CorpusReader(sources), tok, tcfg.val_fraction)
     err.print(f"{cfg.n_params() / 1e6:.2f}M parameters, {minutes:g} minutes")
-    records = _run(out, cfg, tcfg, shards, tok, resume=False)
+    records = train_with_progress(out, cfg, tcfg, shards, tok, resume=False)
 
     err.rule("4/6 export to ONNX (fp32, int8)")
     with err.status("exporting") as status:

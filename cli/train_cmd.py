@@ -78,14 +78,14 @@ def train(
             (model_dir / name).unlink(missing_ok=True)
 
     reader = CorpusReader(resolve_sources(corpus, glob), encoding_errors.value)
-    shards = _prepare(model_dir, reader, tok, tcfg.val_fraction)
+    shards = prepare_with_progress(model_dir, reader, tok, tcfg.val_fraction)
     from gptport import data
 
     data.check_fits(shards, cfg.n_ctx)
     budget = f"{tcfg.minutes:g} min" if tcfg.minutes > 0 else f"{tcfg.steps} steps"
     err.print(f"Model: {cfg.n_params() / 1e6:.2f}M parameters (d_model {cfg.d_model}, {cfg.n_layer} layers, "
               f"{cfg.n_head} heads, n_ctx {cfg.n_ctx}, vocab {cfg.vocab_size}); training for {budget}")
-    _run(model_dir, cfg, tcfg, shards, tok, resume)
+    train_with_progress(model_dir, cfg, tcfg, shards, tok, resume)
 
 
 def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], options: dict[str, Any],
@@ -113,7 +113,7 @@ def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], opt
     return cfg, tcfg
 
 
-def _prepare(model_dir: Path, reader: CorpusReader, tok: bpe.BPETokenizer, val_fraction: float) -> Shards:
+def prepare_with_progress(model_dir: Path, reader: CorpusReader, tok: bpe.BPETokenizer, val_fraction: float) -> Shards:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gptport import data
@@ -132,7 +132,7 @@ def _prepare(model_dir: Path, reader: CorpusReader, tok: bpe.BPETokenizer, val_f
     return shards
 
 
-def _run(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, shards: Shards, tok: bpe.BPETokenizer,
+def train_with_progress(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, shards: Shards, tok: bpe.BPETokenizer,
          resume: bool) -> list[EvalRecord]:
     """Train with a live progress bar; return the eval records."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn

@@ -180,7 +180,7 @@ def export(
             raise ValidationError(f"export: fp32 parity failed on case {bad[0].case}: max |Δ logits| "
                                   f"{bad[0].max_logits:.2e} (atol {atol:g}), max |Δ present| {bad[0].max_present:.2e}")
         prompts = validate.prompts(model_dir, tok, card.model.n_ctx)
-        report.greedy_tokens = validate.greedy_match(model, onnx_model.step(), prompts)
+        report.greedy_tokens = validate.greedy_match(model, onnx_model, prompts)
         pending = {"fp32": fp32_tmp}
         if optimize:  # model.onnx gets the fused graph; the variants are made from the plain one
             say("optimizing with onnxruntime's transformer optimizer")
@@ -193,13 +193,13 @@ def export(
                 raise ValidationError("export: the optimized graph stores a weight twice; not written")
             pending["fp32"] = atomic.temp_name(targets["fp32"])
             save(proto, pending["fp32"], metadata(card, "fp32"))
-            validate.check_again(model, load_cpu(pending["fp32"]).step(), atol, "optimized fp32")
+            validate.check_again(model, load_cpu(pending["fp32"]), atol, "optimized fp32")
         windows = validate.heldout_windows(model_dir, model)
         for precision in precisions[1:]:
             say(f"making the {precision} variant")
             tmp = atomic.temp_name(targets[precision])
             variants.make(precision, fp32_tmp, tmp, card.model)
-            _set_meta(tmp, metadata(card, precision))
+            set_metadata(tmp, metadata(card, precision))
             gate = validate.gate(model, load_cpu(tmp), windows, precision)
             report.gates.append(gate)
             if gate.ok:
@@ -219,7 +219,8 @@ def export(
     return report
 
 
-def _set_meta(path: Path, meta: dict[str, str]) -> None:
+def set_metadata(path: Path, meta: dict[str, str]) -> None:
+    """Replace the metadata_props of the graph at `path`."""
     proto = onnx.load(str(path), load_external_data=False)
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, meta)

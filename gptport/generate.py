@@ -72,25 +72,6 @@ def empty_past(batch: int, n_layer: int, n_head: int, head_dim: int, dtype: np.d
     return [np.zeros((batch, n_head, 0, head_dim), dtype=dtype) for _ in range(2 * n_layer)]
 
 
-def greedy(step: StepFn, prompts: Sequence[Sequence[int]], max_new_tokens: int, past: Past) -> list[list[int]]:
-    """Greedy decoding of a left-padded batch, exactly max_new_tokens each, no stop condition (the
-    export's check of torch against ONNX)."""
-    ids, mask = left_pad(prompts)
-    pos = positions(mask)
-    logits, past = step(ids, mask, pos, past)
-    out: list[list[int]] = [[] for _ in prompts]
-    for i in range(max_new_tokens):
-        nxt = logits[:, -1].argmax(axis=-1).astype(np.int64)  # (B,)
-        for row, tok in enumerate(nxt):
-            out[row].append(int(tok))
-        if i == max_new_tokens - 1:
-            break
-        mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)  # (B, P+1)
-        pos = pos[:, -1:] + 1  # (B, 1)
-        logits, past = step(nxt[:, None], mask, pos, past)
-    return out
-
-
 def generate(
     engine: Engine,
     prompts: Sequence[Sequence[int]],

@@ -11,11 +11,12 @@ import torch
 
 from gptport.data import DATA_DIR
 from gptport.errors import ValidationError
-from gptport.generate import Past, StepFn, empty_past, greedy, positions
+from gptport.generate import Engine, Past, StepFn, empty_past, generate, positions
 from gptport.model import GPT
 from gptport.runtime import OnnxModel
+from gptport.sampling import Sampling
 from gptport.tokenizer import BPETokenizer
-from gptport.torch_engine import torch_step
+from gptport.torch_engine import TorchEngine, torch_step
 
 PRESENT_ATOL = 1e-5
 GATE_TOP1 = 0.98
@@ -101,28 +102,26 @@ def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3) -> l
     return [tok.encode(p)[:width] or [tok.eot_id] for p in FALLBACK_PROMPTS[:count]]
 
 
-def greedy_match(model: GPT, step: StepFn, prompt_ids: list[list[int]]) -> int:
-    """Greedy-decode the prompts as one left-padded batch in torch and through `step`; the tokens must
+def greedy_match(model: GPT, engine: Engine, prompt_ids: list[list[int]]) -> int:
+    """Greedy-decode the prompts as one left-padded batch in torch and on `engine`; the tokens must
     be identical. Returns how many tokens were compared."""
-    cfg = model.cfg
-    n_new = min(GREEDY_TOKENS, cfg.n_ctx - max(len(p) for p in prompt_ids))
-    empty = empty_past(len(prompt_ids), cfg.n_layer, cfg.n_head, cfg.head_dim)
-    want = greedy(torch_step(model), prompt_ids, n_new, empty)
-    got = greedy(step, prompt_ids, n_new, empty)
+    n_new = min(GREEDY_TOKENS, model.cfg.n_ctx - max(len(p) for p in prompt_ids))
+    want = generate(TorchEngine(model), prompt_ids, n_new, Sampling(), eot_id=-1)
+    got = generate(engine, prompt_ids, n_new, Sampling(), eot_id=-1)
     for i, (w, g) in enumerate(zip(want, got, strict=True)):
-        if w != g:
-            first = next(j for j, (a, b) in enumerate(zip(w, g, strict=True)) if a != b)
+        if w.new_ids != g.new_ids:
+            first = next(j for j, (a, b) in enumerate(zip(w.new_ids, g.new_ids, strict=True)) if a != b)
             raise ValidationError(f"export: greedy decoding differs from torch for prompt {i} at new token {first}")
     return n_new * len(prompt_ids)
 
 
-def check_again(model: GPT, step: StepFn, atol: float, label: str) -> None:
+def check_again(model: GPT, engine: OnnxModel, atol: float, label: str) -> None:
     """Parity and greedy decoding for a rewritten graph (the optimized one)."""
-    bad = [r for r in parity(model, step, atol) if not r.ok]
+    bad = [r for r in parity(model, engine.step(), atol) if not r.ok]
     if bad:
         raise ValidationError(f"export: {label} parity failed on case {bad[0].case}: max |Δ logits| "
                               f"{bad[0].max_logits:.2e}, max |Δ present| {bad[0].max_present:.2e}")
-    greedy_match(model, step, [[1, 2, 3], [4], [5, 6]])
+    greedy_match(model, engine, [[1, 2, 3], [4], [5, 6]])
 
 
 def heldout_windows(model_dir: Path, model: GPT, count: int = 8) -> np.ndarray:
