@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -104,7 +105,7 @@ def generate(
         for i, row in enumerate(rows):
             if not active[i]:
                 continue
-            tok = choose(logits[i, -1], sampling, rngs[i], row.prompt_ids + row.new_ids)
+            tok = choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids))
             nxt[i] = tok
             if tok == eot_id:
                 active[i], row.finish_reason = False, "eot"

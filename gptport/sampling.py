@@ -37,8 +37,10 @@ class Sampling:
 
 def penalize(logits: np.ndarray, seen: Iterable[int], penalty: float) -> np.ndarray:
     """CTRL's repetition penalty: a seen token's logit is divided by `penalty` if positive, else multiplied."""
+    if penalty == 1.0:
+        return logits
     ids = np.fromiter(set(seen), dtype=np.int64)
-    if penalty == 1.0 or ids.size == 0:
+    if ids.size == 0:
         return logits
     out = logits.copy()
     picked = out[ids]
@@ -48,6 +50,8 @@ def penalize(logits: np.ndarray, seen: Iterable[int], penalty: float) -> np.ndar
 
 def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator, seen: Iterable[int] = ()) -> int:
     """One token id from a (V,) row of logits."""
+    if s.greedy and s.repetition_penalty == 1.0:
+        return int(logits.argmax())  # the decode loop's common case: no copy, no history
     logits = penalize(logits.astype(np.float64), seen, s.repetition_penalty)
     if s.greedy:
         return int(logits.argmax())
