@@ -1,6 +1,7 @@
 """The README's performance table: `gptport bench` on random weights of the `small` (vocabulary 4096)
 and `gpt2-124m` (vocabulary 50257) shapes, batch 1, prompt 64, 2 threads, against torch eager and
-the machine's memory bandwidth, fp32 and the 8- and 4-bit variants, in one run per shape.
+the machine's memory bandwidth, fp32 and the 8- and 4-bit variants, each as the static-cache graph
+and as the contract graph (model*.onnx), in one run per shape.
 
 Random weights make the variants' accuracy gate meaningless, so this script writes the variants
 with gptport.variants directly (the same code `gptport export` runs after its gate).
@@ -48,9 +49,11 @@ def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:
     plain = WORK / f"{shape}-plain.onnx"  # the variants come from the unfused graph, as in `gptport export`
     plain.write_bytes(export.to_onnx(checkpoint.load_weights(d, cfg).eval(), 18).SerializeToString())
     for precision in ("int8", "int4"):
-        out = d / contract.onnx_file(precision)
-        variants.make(precision, plain, out, card.model)
-        export.set_metadata(out, export.metadata(card, precision))
+        static = d / contract.onnx_file("fp32", contract.CACHE_STATIC)
+        for cache, src in ((contract.CACHE_CONCAT, plain), (contract.CACHE_STATIC, static)):
+            out = d / contract.onnx_file(precision, cache)
+            variants.make(precision, src, out, card.model)
+            export.set_metadata(out, export.metadata(card, precision, cache))
     return d
 
 
@@ -70,7 +73,8 @@ def main() -> None:
     for shape in args.shapes.split(","):
         d = model_dir(shape, args.corpus, args.optimize)
         out = HERE / "results" / f"decode-{shape}{'' if args.optimize else '-plain'}.json"
-        gptport("bench", str(d), "--precisions", "fp32,int8,int4", "--batch", "1", "--prompt-len", "64",
+        gptport("bench", str(d), "--precisions", "fp32,int8,int4", "--kv-cache", "static,concat",
+                "--batch", "1", "--prompt-len", "64",
                 "--gen-len", str(args.gen_len), "--repeat", str(args.repeat), "--threads", str(args.threads),
                 "--json", str(out))
         result = json.loads(out.read_text())

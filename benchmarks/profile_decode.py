@@ -1,11 +1,12 @@
 """Where one decode step's time goes, node by node: onnxruntime's profiler on batch-1 decoding.
 
-Runs a prefill of 64 tokens and --steps decode steps with profiling on (2 threads), keeps the decode
+Runs a prefill of 64 tokens and --steps decode steps with profiling on (2 threads) through the step
+function `gptport generate` uses (static-cache graph by default, --kv-cache concat for model.onnx), keeps the decode
 steps' events, and summarises them per operator type (time per step, node count) with the heaviest
 nodes and the time outside nodes (the executor's per-run overhead). Writes
-benchmarks/results/profile-decode-<name>.json.
+benchmarks/results/profile-decode-<dir>-<precision>[-static].json.
 
-    python benchmarks/profile_decode.py [MODEL_DIR] [--precision fp32] [--steps 32]
+    python benchmarks/profile_decode.py [MODEL_DIR] [--precision fp32] [--kv-cache static|concat] [--steps 32]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.generate import positions
-from gptport.runtime import session_options
+from gptport.runtime import OnnxModel, session_options
 
 HERE = Path(__file__).resolve().parent
 
@@ -31,29 +32,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model_dir", type=Path, nargs="?", default=HERE / "work" / "decode" / "small")
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--kv-cache", choices=[contract.CACHE_STATIC, contract.CACHE_CONCAT], default=contract.CACHE_STATIC)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    path = args.model_dir / contract.onnx_file(args.precision)
+    path = args.model_dir / contract.onnx_file(args.precision, args.kv_cache)
     with tempfile.TemporaryDirectory() as tmp:
         opts = session_options(args.threads)
         opts.enable_profiling = True
         opts.profile_file_prefix = os.path.join(tmp, "decode")
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         meta = json.loads(session.get_modelmeta().custom_metadata_map[contract.META_CONFIG])
-        n_layer, heads = meta["n_layer"], meta["n_head"]
-        hd = meta["d_model"] // heads
-        names_in, names_out = contract.input_names(n_layer), contract.output_names(n_layer)
+        model = OnnxModel(session, meta, args.precision, "", cache=args.kv_cache)  # the step fn generate uses
+        step = model.step()
         ids = np.random.default_rng(0).integers(0, meta["vocab_size"], (1, 64), dtype=np.int64)
         mask = np.ones_like(ids)
-        kv_dtype = np.float16 if args.precision == "fp16" else np.float32
-        past = [np.zeros((1, heads, 0, hd), dtype=kv_dtype) for _ in range(2 * n_layer)]
-        outs = session.run(names_out, dict(zip(names_in, [ids, mask, positions(mask), *past], strict=True)))
+        logits, past = step(ids, mask, positions(mask), model.empty_past(1))
         for i in range(args.steps):
-            nxt = outs[0][:, -1].argmax(-1)[:, None].astype(np.int64)
+            nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
             mask = np.ones((1, 65 + i), dtype=np.int64)
-            feed = [nxt, mask, np.array([[64 + i]], dtype=np.int64), *outs[1:]]
-            outs = session.run(names_out, dict(zip(names_in, feed, strict=True)))
+            logits, past = step(nxt, mask, np.array([[64 + i]], dtype=np.int64), past)
         events = json.loads(Path(session.end_profiling()).read_text())
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-args.steps:]
     start = runs[0]["ts"]
@@ -80,7 +78,7 @@ def main() -> None:
           f"{run_us - node_us:.0f} outside them")
     for r in ops[:12]:
         print(f"  {r['op']:<28}{r['us_per_step']:>9.1f} µs {r['share']:>6.1%}  ({r['nodes']} nodes)")
-    name = f"{args.model_dir.name}-{args.precision}"
+    name = f"{args.model_dir.name}-{args.precision}" + ("-static" if args.kv_cache == contract.CACHE_STATIC else "")
     out = HERE / "results" / f"profile-decode-{name}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

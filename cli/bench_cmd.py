@@ -35,6 +35,8 @@ def bench(
     model_dir: ModelDir,
     providers: Annotated[str, typer.Option(help="Comma-separated: cpu, cuda, tensorrt.")] = "cpu",
     precisions: Annotated[str, typer.Option(help="Comma-separated variants: fp32, int8, int4, fp16.")] = "fp32",
+    kv_cache: Annotated[str, typer.Option(help="Comma-separated graphs: auto (what generate uses), static "
+                                          "(preallocated cache, CPU), concat (model.onnx).")] = "auto",
     batch: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
     prompt_len: Annotated[str, typer.Option(help="Comma-separated prompt lengths (tokens).")] = "64",
     gen_len: Annotated[int, typer.Option(help="Tokens generated per run.")] = 128,
@@ -63,7 +65,13 @@ def bench(
         providers=[check_name(p.strip()) for p in providers.split(",") if p.strip()],
         precisions=[p.strip() for p in precisions.split(",") if p.strip()],
         batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
-        gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline)
+        gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline,
+        kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()])
+    from gptport.inference import CACHES
+
+    bad = [c for c in plan.kv_caches if c not in CACHES]
+    if bad or not plan.kv_caches:
+        raise UsageError(f"--kv-cache {kv_cache!r}: choose from {', '.join(CACHES)}")
     if gen_len < 2 or repeat < 1 or warmup < 0:
         raise UsageError("--gen-len must be >= 2, --repeat >= 1 and --warmup >= 0")
     with err.status("benchmarking") as status:
@@ -93,14 +101,14 @@ def _table(result: dict) -> None:
     from rich.table import Table
 
     m = result["machine"]
-    table = Table("engine", "provider", "prec", "batch", "prompt", "prefill tok/s", "decode tok/s", "ttft ms",
+    table = Table("engine", "provider", "prec", "cache", "batch", "prompt", "prefill tok/s", "decode tok/s", "ttft ms",
                   "p50/p90/p99 ms", "vs torch", "bandwidth", "RSS MB",
                   title=f"{m['cpu']}, {m['threads'] or 'default'} threads, {m['memory_read_gb_s']} GB/s read")
     for r in result["rows"]:
         if r["error"]:
             continue
         table.add_row(
-            r["engine"], r["provider"], r["precision"], str(r["batch"]), str(r["prompt_len"]),
+            r["engine"], r["provider"], r["precision"], r["kv_cache"], str(r["batch"]), str(r["prompt_len"]),
             f"{_fmt(r['prefill_tok_s'])} ± {_fmt(r['prefill_tok_s_std'])}",
             f"{_fmt(r['decode_tok_s'])} ± {_fmt(r['decode_tok_s_std'])}", _fmt(r["ttft_ms"], ".1f"),
             f"{_fmt(r['latency_ms_p50'], '.2f')}/{_fmt(r['latency_ms_p90'], '.2f')}/{_fmt(r['latency_ms_p99'], '.2f')}",
@@ -109,7 +117,8 @@ def _table(result: dict) -> None:
     err.print(table)
     for r in result["rows"]:
         if r["error"]:
-            err.print(f"[red]{r['engine']} {r['provider']} {r['precision']}: not run[/]: {escape(r['error'])}")
+            what = f"{r['engine']} {r['provider']} {r['precision']} {r['kv_cache']}"
+            err.print(f"[red]{what}: not run[/]: {escape(r['error'])}")
 
 
 def _plot(result: dict, path: Path) -> None:
@@ -123,7 +132,8 @@ def _plot(result: dict, path: Path) -> None:
     except ImportError:
         raise UsageError("--plot needs matplotlib (pip install 'gptport[plot]')") from None
     rows = [r for r in result["rows"] if not r["error"]]
-    labels = [f"{r['engine']} {r['provider']} {r['precision']}\nb{r['batch']} p{r['prompt_len']}" for r in rows]
+    labels = [f"{r['engine']} {r['provider']} {r['precision']} {r['kv_cache']}\nb{r['batch']} p{r['prompt_len']}"
+              for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(max(8, len(rows) * 1.2), 4.5))
     panels = ((axes[0], "decode_tok_s", "decode tokens/s"), (axes[1], "prefill_tok_s", "prefill tokens/s"))
     for ax, key, title in panels:

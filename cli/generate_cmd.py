@@ -37,6 +37,9 @@ def generate(
     provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
     precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16 (the exported variant).")] = "fp32",
     engine: Annotated[str, typer.Option(help="onnx, or torch (the reference; needs the train extra).")] = "onnx",
+    kv_cache: Annotated[str, typer.Option(help="Graph: static (KV cache preallocated and appended in place, "
+                                          "CPU only), concat (model.onnx's contract) or auto (static where "
+                                          "exported and on the CPU).")] = "auto",
     max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt, at most.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option(help="Sample from the k likeliest tokens (0: off).")] = 0,
@@ -65,7 +68,7 @@ def generate(
         raise UsageError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
     texts = list(prompt or []) + (read_prompt_file(file) if file else [])
     warn = lambda msg: err.print(f"[yellow]warning:[/] {msg}")  # noqa: E731
-    opened = open_model(model_dir, engine, provider, precision, threads, fallback, say=warn)
+    opened = open_model(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache)
     ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn)
     streams = [TextStream(opened.tok, stop or []) for _ in ids]
     live = len(ids) == 1 and not as_json
@@ -86,7 +89,7 @@ def generate(
                               "prompt_tokens": len(res.prompt_ids), "finish_reason": res.finish_reason,
                               "prefill_ms": round(res.prefill_ms, 3), "decode_tok_s": round(res.decode_tok_s, 2),
                               "engine": opened.engine_name, "provider": opened.provider,
-                              "precision": opened.precision}, ensure_ascii=False))
+                              "precision": opened.precision, "kv_cache": opened.cache}, ensure_ascii=False))
         elif live:
             sys.stdout.write(tail + "\n")
         else:
@@ -97,5 +100,6 @@ def generate(
                       "(--context-overflow slide goes on)")
     sys.stdout.flush()
     r = results[0]
-    err.print(f"[dim]{opened.engine_name} {opened.provider} {opened.precision}: prefill {r.prefill_ms:.1f} ms, "
+    graph = f" {opened.cache} cache" if opened.engine_name == "onnx" else ""
+    err.print(f"[dim]{opened.engine_name} {opened.provider} {opened.precision}{graph}: prefill {r.prefill_ms:.1f} ms, "
               f"decode {r.decode_tok_s:,.1f} tok/s per row, batch {len(results)}[/]")

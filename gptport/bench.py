@@ -7,6 +7,7 @@ Decode tokens/s counts generated tokens only (batch x steps after the first toke
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import statistics
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gptport import __version__, contract
+from gptport import __version__
 from gptport.errors import GptportError
 from gptport.generate import Engine, positions
 
@@ -35,6 +36,7 @@ class BenchPlan:
     warmup: int = 1
     threads: int = 0
     torch_baseline: bool = True
+    kv_caches: Sequence[str] = ("auto",)  # auto | static | concat (inference.graph_path)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Row:
     batch: int
     prompt_len: int
     gen_len: int
+    kv_cache: str = "-"  # concat (model.onnx's contract) or static (preallocated, appended in place); torch: -
     prefill_tok_s: float | None = None
     prefill_tok_s_std: float | None = None
     decode_tok_s: float | None = None
@@ -68,20 +71,25 @@ class Row:
 
 
 def measure_bandwidth(threads: int = 0, mib: int = 1024, tries: int = 5) -> float:
-    """Memory read bandwidth in bytes/s: `threads` threads summing disjoint halves of a buffer far
-    larger than the caches (numpy releases the GIL in the reduction). The best of `tries`."""
+    """Memory read bandwidth in bytes/s: `threads` threads each reducing a disjoint part of a buffer
+    far larger than the caches (numpy releases the GIL in reductions), with three reductions (float32
+    sum and max, uint64 bitwise or: the first is compute-bound on some CPUs); the best of `tries`
+    runs of the fastest. The weights a decode step reads stream through the same memory."""
     n_threads = threads or os.cpu_count() or 1
     buf = np.ones(mib * (1 << 20) // 4, dtype=np.float32)
     parts = np.array_split(buf, n_threads)
+    kernels: list[Callable[[np.ndarray], object]] = [
+        np.sum, np.max, lambda p: np.bitwise_or.reduce(p.view(np.uint64))]  # parts are 8-byte multiples
     best = float("inf")
-    for _ in range(tries):
-        workers = [threading.Thread(target=p.sum) for p in parts]
-        t0 = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        best = min(best, time.perf_counter() - t0)
+    for kernel in kernels:
+        for _ in range(tries):
+            workers = [threading.Thread(target=kernel, args=(p,)) for p in parts]
+            t0 = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            best = min(best, time.perf_counter() - t0)
     return buf.nbytes / best
 
 
@@ -181,34 +189,35 @@ def _shapes(plan: BenchPlan, n_ctx: int) -> Iterator[tuple[int, int]]:
 def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Measure every configuration of `plan`; a configuration that cannot run is a row with its error."""
     from gptport import runtime
+    from gptport.inference import graph_path
 
     bandwidth = measure_bandwidth(plan.threads)
     say(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s")
     rows: list[Row] = []
     config: dict[str, Any] = {}
-    for provider in plan.providers:
-        for precision in plan.precisions:
-            path = model_dir / contract.onnx_file(precision)
-            _peak_rss_reset()
-            t0 = time.perf_counter()
-            try:
-                model = runtime.load(path, provider, threads=plan.threads)
-            except GptportError as e:
-                rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, error=str(e)))
-                say(f"onnx {provider} {precision}: {e}")
-                continue
-            session_s = time.perf_counter() - t0
-            config = model.config
-            wbytes = weight_bytes_per_token(path)
-            for batch, prompt_len in _shapes(plan, model.n_ctx):
-                say(f"onnx {provider} {precision} batch {batch} prompt {prompt_len}")
-                row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, session_s=session_s,
-                          weight_bytes_per_token=wbytes, providers_ran=model.session.get_providers())
-                _fill(row, model, int(config["vocab_size"]), plan)
-                row.bandwidth_fraction = wbytes * row.decode_tok_s / row.batch / bandwidth
-                row.peak_rss_mb = _peak_rss_mb()
-                rows.append(row)
-            del model
+    for provider, precision, cache in itertools.product(plan.providers, plan.precisions, plan.kv_caches):
+        _peak_rss_reset()
+        t0 = time.perf_counter()
+        try:
+            path = graph_path(model_dir, precision, provider, cache)
+            model = runtime.load(path, provider, threads=plan.threads)
+        except GptportError as e:
+            rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=cache, error=str(e)))
+            say(f"onnx {provider} {precision} {cache}: {e}")
+            continue
+        session_s = time.perf_counter() - t0
+        config = model.config
+        wbytes = weight_bytes_per_token(path)
+        for batch, prompt_len in _shapes(plan, model.n_ctx):
+            say(f"onnx {provider} {precision} {model.cache} batch {batch} prompt {prompt_len}")
+            row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, kv_cache=model.cache,
+                      session_s=session_s, weight_bytes_per_token=wbytes,
+                      providers_ran=model.session.get_providers())
+            _fill(row, model, int(config["vocab_size"]), plan)
+            row.bandwidth_fraction = wbytes * row.decode_tok_s / row.batch / bandwidth
+            row.peak_rss_mb = _peak_rss_mb()
+            rows.append(row)
+        del model
     if plan.torch_baseline:
         rows.extend(_torch_rows(model_dir, plan, say))
     _speedups(rows)

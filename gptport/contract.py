@@ -15,6 +15,8 @@ META_PRECISION = "gptport.precision"
 META_VERSION = "gptport.version"
 META_CONTRACT = "gptport.contract"
 CONTRACT_VERSION = "1"
+META_CACHE = "gptport.cache"  # absent or "concat": this contract; "static": gqa_graph.py's I/O
+CACHE_CONCAT, CACHE_STATIC = "concat", "static"
 
 PRECISIONS = ("fp32", "int8", "int4", "fp16")
 
@@ -37,6 +39,17 @@ def output_names(n_layer: int) -> list[str]:
     return [LOGITS, *present_names(n_layer)]
 
 
-def onnx_file(precision: str) -> str:
-    """model.onnx for fp32, model.{precision}.onnx for the variants."""
-    return "model.onnx" if precision == "fp32" else f"model.{precision}.onnx"
+SEQLENS_K = "seqlens_k"  # static-cache graphs: (batch,) int32, each row's cached tokens after the call - 1
+TOTAL_SEQUENCE_LENGTH = "total_sequence_length"  # static-cache graphs: () int32, the longest row's tokens
+
+
+def static_input_names(n_layer: int) -> list[str]:
+    """The static-cache graphs' inputs (gqa_graph.py); their outputs are output_names()."""
+    return [INPUT_IDS, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH, *past_names(n_layer)]
+
+
+def onnx_file(precision: str, cache: str = CACHE_CONCAT) -> str:
+    """model.onnx for fp32, model.{precision}.onnx for the variants; model.static.onnx and
+    model.{precision}.static.onnx for the static-cache graphs."""
+    stem = "model" if precision == "fp32" else f"model.{precision}"
+    return f"{stem}.onnx" if cache == CACHE_CONCAT else f"{stem}.{cache}.onnx"

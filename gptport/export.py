@@ -18,7 +18,7 @@ import onnx
 import torch
 from torch.export import Dim
 
-from gptport import __version__, atomic, contract, genai, validate, variants
+from gptport import __version__, atomic, contract, genai, gqa_graph, validate, variants
 from gptport import tokenizer as bpe
 from gptport.checkpoint import ModelCard, load_model
 from gptport.config import model_config_to_dict
@@ -27,6 +27,7 @@ from gptport.model import GPT
 from gptport.runtime import load_cpu
 
 TWO_GB = 2 * 1024**3
+STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
 
 
 @dataclass
@@ -37,6 +38,7 @@ class ExportReport:
     parity: list[validate.ParityRow] = field(default_factory=list)
     greedy_tokens: int = 0
     gates: list[validate.GateRow] = field(default_factory=list)
+    static_parity: list[validate.ParityRow] = field(default_factory=list)
     fused: dict[str, int] = field(default_factory=dict)
     size_ratio: float = 0.0
     genai: Path | None = None
@@ -52,10 +54,11 @@ def parse_precisions(text: str) -> list[str]:
     return ["fp32", *[p for p in dict.fromkeys(asked) if p != "fp32"]]
 
 
-def metadata(card: ModelCard, precision: str) -> dict[str, str]:
+def metadata(card: ModelCard, precision: str, cache: str = contract.CACHE_CONCAT) -> dict[str, str]:
     return {contract.META_CONFIG: json.dumps(model_config_to_dict(card.model)),
             contract.META_TOKENIZER: card.tokenizer_sha256, contract.META_PRECISION: precision,
-            contract.META_VERSION: __version__, contract.META_CONTRACT: contract.CONTRACT_VERSION}
+            contract.META_VERSION: __version__, contract.META_CONTRACT: contract.CONTRACT_VERSION,
+            contract.META_CACHE: cache}
 
 
 @contextlib.contextmanager
@@ -144,6 +147,7 @@ def export(
     model_dir: Path,
     precisions: Sequence[str] = ("fp32",),
     optimize: bool = True,
+    static: bool = True,
     opset: int = 18,
     atol: float = 1e-4,
     force: bool = False,
@@ -152,13 +156,17 @@ def export(
     """Export, validate and write model.onnx and the variants asked for. Nothing is written for a
     precision whose checks fail; every file is renamed into place only after it passed. With
     `optimize` (the default: it decodes faster), model.onnx is the graph fused by onnxruntime's
-    transformer optimizer; the variants are made from the plain graph, which quantizes better."""
+    transformer optimizer; the variants are made from the plain graph, which quantizes better. With
+    `static` (the default), the static-cache graphs of fp32, int8 and int4 are written beside them
+    (gqa_graph.py: the CPU's fastest decoding), checked the same way."""
     if opset < 18:
         raise UsageError(f"--opset {opset}: the exporter needs opset 18 or later")
     tok = bpe.load(model_dir)
     model, card = load_model(model_dir, tok)
     targets = {p: model_dir / contract.onnx_file(p) for p in precisions}
-    existing = [str(p) for p in targets.values() if p.exists()]
+    static_targets = {p: model_dir / contract.onnx_file(p, contract.CACHE_STATIC)
+                      for p in precisions if static and p in STATIC_PRECISIONS}
+    existing = [str(p) for p in [*targets.values(), *static_targets.values()] if p.exists()]
     if existing and not force:
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
     report = ExportReport()
@@ -206,9 +214,15 @@ def export(
                 pending[precision] = tmp
             else:
                 tmp.unlink(missing_ok=True)
-        for precision, tmp in pending.items():
-            os.replace(tmp, targets[precision])
-            report.files[precision] = targets[precision]
+        written = {p: targets[p] for p in pending}
+        if static_targets:
+            static_pending = _static_graphs(model, card, static_targets, pending, windows, prompts, atol,
+                                            report, say)
+            pending.update({f"{p} static": tmp for p, tmp in static_pending.items()})
+            written.update({f"{p} static": static_targets[p] for p in static_pending})
+        for key, tmp in pending.items():
+            os.replace(tmp, written[key])
+            report.files[key] = written[key]
         report.genai = genai.write(model_dir, model_config_to_dict(card.model), card.eot_id)
         hf_tokenizer = model_dir / bpe.HF_CONFIG_FILE
         if not hf_tokenizer.exists():  # directories from before tokenizer_config.json was written
@@ -217,6 +231,39 @@ def export(
         for p in model_dir.glob(".model*.tmp-*"):
             p.unlink(missing_ok=True)
     return report
+
+
+def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pending: dict[str, Path],
+                   windows: np.ndarray, prompts: list[list[int]], atol: float, report: ExportReport,
+                   say: Callable[[str], None]) -> dict[str, Path]:
+    """The static-cache graphs (temporary files) of the precisions in `targets` whose contract graph
+    passed: fp32 built from the weights and checked like model.onnx, int8/int4 quantized from it with
+    the same scheme and gated again."""
+    say("building the static-cache graph (GroupQueryAttention, cache preallocated at n_ctx)")
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    proto = gqa_graph.build(model_config_to_dict(card.model), weights)
+    out = {"fp32": atomic.temp_name(targets["fp32"])}
+    save(proto, out["fp32"], metadata(card, "fp32", contract.CACHE_STATIC))
+    onnx.checker.check_model(str(out["fp32"]), full_check=True)
+    engine = load_cpu(out["fp32"])
+    report.static_parity = validate.static_parity(model, engine, atol)
+    bad = [r for r in report.static_parity if not r.ok]
+    if bad:
+        raise ValidationError(f"export: static-cache graph parity failed on case {bad[0].case}: max |Δ logits| "
+                              f"{bad[0].max_logits:.2e} (atol {atol:g}), max |Δ present| {bad[0].max_present:.2e}")
+    validate.greedy_match(model, engine, prompts)
+    for precision in [p for p in targets if p != "fp32" and p in pending]:
+        say(f"making the {precision} static-cache variant")
+        tmp = atomic.temp_name(targets[precision])
+        variants.make(precision, out["fp32"], tmp, card.model)
+        set_metadata(tmp, metadata(card, precision, contract.CACHE_STATIC))
+        gate = validate.gate(model, load_cpu(tmp), windows, f"{precision} static")
+        report.gates.append(gate)
+        if gate.ok:
+            out[precision] = tmp
+        else:
+            tmp.unlink(missing_ok=True)
+    return out
 
 
 def set_metadata(path: Path, meta: dict[str, str]) -> None:

@@ -15,6 +15,9 @@ from gptport.config import read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.generate import Engine
 
+CACHE_AUTO = "auto"
+CACHES = (CACHE_AUTO, contract.CACHE_STATIC, contract.CACHE_CONCAT)
+
 
 @dataclass
 class Opened:
@@ -25,11 +28,31 @@ class Opened:
     engine_name: str  # onnx | torch
     provider: str
     precision: str
+    cache: str = contract.CACHE_CONCAT  # the KV-cache layout of the graph: concat or static
+
+
+def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACHE_AUTO) -> Path:
+    """The graph file of this precision and KV-cache layout. `auto` takes the static-cache graph on the
+    CPU provider when it was exported, the contract graph otherwise."""
+    if precision not in contract.PRECISIONS:
+        raise UsageError(f"--precision {precision!r} is unknown; choose from {', '.join(contract.PRECISIONS)}")
+    if cache not in CACHES:
+        raise UsageError(f"--kv-cache {cache!r} is unknown; choose from {', '.join(CACHES)}")
+    if cache == CACHE_AUTO:
+        static = model_dir / contract.onnx_file(precision, contract.CACHE_STATIC)
+        cache = contract.CACHE_STATIC if provider == "cpu" and static.is_file() else contract.CACHE_CONCAT
+    path = model_dir / contract.onnx_file(precision, cache)
+    if not path.is_file():
+        hint = "" if precision == "fp32" else f" --precision fp32,{precision}"
+        raise ArtifactError(f"{path}: missing; run `gptport export {model_dir}{hint}` first")
+    return path
 
 
 def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
-               threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None) -> Opened:
-    """Load the tokenizer and the engine of `model_dir`, refusing a tokenizer that is not the model's."""
+               threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
+               cache: str = CACHE_AUTO) -> Opened:
+    """Load the tokenizer and the engine of `model_dir`, refusing a tokenizer that is not the model's.
+    `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract)."""
     tok = bpe.load(model_dir)
     card = read_json(model_dir / CONFIG) if (model_dir / CONFIG).is_file() else None
     if card is not None and card.get("tokenizer_sha256") != tok.sha256:
@@ -40,19 +63,14 @@ def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", pre
         return _open_torch(model_dir, tok, provider, threads)
     if engine != "onnx":
         raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
-    if precision not in contract.PRECISIONS:
-        raise UsageError(f"--precision {precision!r} is unknown; choose from {', '.join(contract.PRECISIONS)}")
-    path = model_dir / contract.onnx_file(precision)
-    if not path.is_file():
-        hint = "" if precision == "fp32" else f" --precision fp32,{precision}"
-        raise ArtifactError(f"{path}: missing; run `gptport export {model_dir}{hint}` first")
+    path = graph_path(model_dir, precision, provider, cache)
     model = runtime.load(path, provider, threads=threads, fallback=fallback, say=say)
     if model.tokenizer_sha256 != tok.sha256:
         raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "
                             f"than {model_dir}/tokenizer.json ({tok.sha256[:12]}…); export again")
     if model.config.get("vocab_size") != tok.vocab_size:
         raise ArtifactError(f"{path}: vocab_size {model.config.get('vocab_size')} != tokenizer's {tok.vocab_size}")
-    return Opened(model, tok, "onnx", model.provider, model.precision)
+    return Opened(model, tok, "onnx", model.provider, model.precision, model.cache)
 
 
 def _open_torch(model_dir: Path, tok: bpe.BPETokenizer, provider: str, threads: int) -> Opened:

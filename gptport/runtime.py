@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from gptport import contract, providers
+from gptport import contract, providers, static_cache
 from gptport.errors import ArtifactError, ProviderError
 from gptport.generate import Past, StepFn
 
@@ -35,6 +35,8 @@ class OnnxModel:
     tokenizer_sha256: str
     provider: str = "cpu"
     notes: list[str] = field(default_factory=list)  # fallbacks taken, for the user to read
+    cache: str = contract.CACHE_CONCAT  # concat: model.onnx's contract; static: gqa_graph.py's graph
+    _buffers: static_cache.Buffers | None = field(default=None, repr=False)
 
     @property
     def n_layer(self) -> int:
@@ -53,7 +55,12 @@ class OnnxModel:
         return self.provider in ("cuda", "tensorrt")
 
     def empty_past(self, batch: int) -> Past:
-        """A zero-length cache (B, H, 0, hd) per key and value, where the step function wants it."""
+        """A zero-length cache (B, H, 0, hd) per key and value, where the step function wants it; for
+        the static-cache graph, the preallocated (B, H, n_ctx, hd) buffers."""
+        if self.cache == contract.CACHE_STATIC:
+            if self._buffers is None:
+                self._buffers = static_cache.Buffers(self.config, self.kv_dtype)
+            return self._buffers.fresh(batch)
         heads = int(self.config["n_head"])
         shape = (batch, heads, 0, int(self.config["d_model"]) // heads)
         if not self.on_gpu:
@@ -66,6 +73,8 @@ class OnnxModel:
         names_in = contract.input_names(self.n_layer)
         names_out = contract.output_names(self.n_layer)
         session = self.session
+        if self.cache == contract.CACHE_STATIC:
+            return static_cache.step_fn(session, self.n_layer)
         if not self.on_gpu:
 
             def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
@@ -107,12 +116,12 @@ def session_options(threads: int = 0) -> ort.SessionOptions:
     return opts
 
 
-def _metadata(session: ort.InferenceSession, path: Path) -> tuple[dict[str, Any], str, str]:
+def _metadata(session: ort.InferenceSession, path: Path) -> tuple[dict[str, Any], str, str, str]:
     meta = session.get_modelmeta().custom_metadata_map
     if contract.META_CONFIG not in meta:
         raise ArtifactError(f"{path}: not a gptport export (no {contract.META_CONFIG} metadata)")
     return json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32"), \
-        meta.get(contract.META_TOKENIZER, "")
+        meta.get(contract.META_TOKENIZER, ""), meta.get(contract.META_CACHE, contract.CACHE_CONCAT)
 
 
 def _file_metadata(path: Path) -> tuple[dict[str, Any], str]:
@@ -173,5 +182,7 @@ def _try(path: Path, provider: str, threads: int) -> tuple[OnnxModel | None, str
             raise ArtifactError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from e
     if session.get_providers()[0] != ort_name:
         return None, providers.reason_from_log(provider, log)
-    config, precision, sha = _metadata(session, path)
-    return OnnxModel(session, config, precision, sha, provider), ""
+    config, precision, sha, cache = _metadata(session, path)
+    if cache == contract.CACHE_STATIC and provider != "cpu":
+        return None, "the static-cache graph runs on the CPU provider only (its GroupQueryAttention is float32)"
+    return OnnxModel(session, config, precision, sha, provider, cache=cache), ""

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptport import static_cache
 from gptport.data import DATA_DIR
 from gptport.errors import ValidationError
 from gptport.generate import Engine, Past, StepFn, empty_past, generate, positions
@@ -89,6 +90,43 @@ def parity(model: GPT, step: StepFn, atol: float, seed: int = 0) -> list[ParityR
     return rows
 
 
+def static_parity(model: GPT, engine: OnnxModel, atol: float, seed: int = 0) -> list[ParityRow]:
+    """The static-cache graph against torch: a full-window prefill; a left-padded batch (lengths 7, 5
+    and 2) prefilled then stepped 3 times; a prefill of n_ctx - 1 then one step that fills the cache.
+    Logits at every real position of every call, and at the end each row's cached keys and values."""
+    ref, step, cfg = torch_step(model), engine.step(), model.cfg
+    rng = np.random.default_rng(seed)
+    n = cfg.n_ctx
+    cases = [(f"(1, {n}) + 0 steps", np.ones((1, n), dtype=np.int64), 0)]
+    if n >= 12:
+        padded = np.ones((3, 7), dtype=np.int64)
+        padded[1, :2] = padded[2, :5] = 0
+        cases.append(("(3, 7) padded + 3 steps", padded, 3))
+    cases.append((f"(2, {n - 1}) + 1 step", np.ones((2, n - 1), dtype=np.int64), 1))
+    rows = []
+    for name, mask, steps in cases:
+        B = mask.shape[0]
+        ids, pos = rng.integers(0, cfg.vocab_size, size=mask.shape, dtype=np.int64), positions(mask)
+        want, want_past = ref(ids, mask, pos, empty_past(B, cfg.n_layer, cfg.n_head, cfg.head_dim))
+        got, got_past = step(ids, mask, pos, engine.empty_past(B))
+        real = mask.astype(bool)  # (B, T)
+        d_logits = float(np.abs(got[real] - want[real]).max())
+        agree, total = int((got.argmax(-1) == want.argmax(-1))[real].sum()), int(real.sum())
+        for _ in range(steps):
+            ids = rng.integers(0, cfg.vocab_size, size=(B, 1), dtype=np.int64)
+            mask, pos = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1), pos[:, -1:] + 1
+            want, want_past = ref(ids, mask, pos, want_past)
+            got, got_past = step(ids, mask, pos, got_past)
+            d_logits = max(d_logits, float(np.abs(got - want).max()))
+            agree, total = agree + int((got.argmax(-1) == want.argmax(-1)).sum()), total + B
+        lengths, P = got_past.lengths, mask.shape[1]  # each row's cache: its first `length` positions
+        d_present = max(float(np.abs(g[b, :, :lengths[b]] - w[b, :, P - lengths[b]:]).max())
+                        for g, w in zip(static_cache.cache_arrays(got_past), want_past, strict=True)
+                        for b in range(B))
+        rows.append(ParityRow(name, d_logits, d_present, agree / total, d_logits <= atol and d_present <= PRESENT_ATOL))
+    return rows
+
+
 def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3) -> list[list[int]]:
     """Prompts for the greedy check: snippets of the validation shard, else fixed strings."""
     val = model_dir / DATA_DIR / "val.bin"
@@ -151,13 +189,12 @@ def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str) ->
     """Top-1 agreement and mean KL(torch fp32 || variant) over every position of the windows."""
     step = variant.step()
     agree, kl, total = 0, 0.0, 0
-    cfg = model.cfg
     for row in windows:
         ids = row[None, :]  # (1, T)
         mask = np.ones_like(ids)
         with torch.no_grad():
             want = model(torch.from_numpy(ids))[0].float().numpy()[0]  # (T, V)
-        past = empty_past(1, cfg.n_layer, cfg.n_head, cfg.head_dim, variant.kv_dtype)
+        past = variant.empty_past(1)
         got = step(ids, mask, positions(mask), past)[0].astype(np.float32)[0]  # (T, V)
         agree += int((want.argmax(-1) == got.argmax(-1)).sum())
         log_p, log_q = _log_softmax(want), _log_softmax(got)

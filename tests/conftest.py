@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,27 @@ def trained_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, c
     out = build_model_dir(tmp_path_factory.mktemp("trained") / "m", tokenizer_dir, corpus_file, steps=150, n_ctx=96)
     export.export(out, ["fp32", "int8", "fp16"])
     return out
+
+
+VARIANTS = {
+    "learned-tied": {"pos_encoding": "learned", "tie_embeddings": True},
+    "sinusoidal-untied": {"pos_encoding": "sinusoidal", "tie_embeddings": False},
+    "sinusoidal-tied-nobias": {"pos_encoding": "sinusoidal", "tie_embeddings": True, "bias": False, "gelu": "exact"},
+    "learned-untied": {"pos_encoding": "learned", "tie_embeddings": False},
+}
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path,
+             corpus_file: Path) -> tuple[Path, Any, Any]:
+    """A model of each config variant (initialised, not trained), exported to fp32: (dir, torch model,
+    model.onnx's engine)."""
+    from gptport import export
+    from gptport.checkpoint import load_model
+    from gptport.runtime import load_cpu
+
+    out = build_model_dir(tmp_path_factory.mktemp(request.param) / "m", tokenizer_dir, corpus_file, steps=0,
+                          **VARIANTS[request.param])
+    export.export(out, ["fp32"])
+    model, _ = load_model(out, bpe.load(out))
+    return out, model, load_cpu(out / "model.onnx")

@@ -22,7 +22,7 @@ from tests.test_cli import _assert_one_line_error, gptport
 
 ROW_KEYS = {"engine", "provider", "precision", "batch", "prompt_len", "gen_len", "prefill_tok_s", "decode_tok_s",
             "ttft_ms", "latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "speedup_vs_torch",
-            "bandwidth_fraction", "peak_rss_mb", "samples"}
+            "bandwidth_fraction", "peak_rss_mb", "samples", "kv_cache"}
 
 
 def test_weight_bytes_skip_the_tables_a_step_only_gathers_from(trained_dir: Path) -> None:
@@ -48,6 +48,7 @@ def test_run_measures_onnx_and_torch_rows(trained_dir: Path) -> None:
     for r in ok:
         assert ROW_KEYS <= set(r) and r["samples"] == 2 and r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
         assert r["latency_ms_p50"] <= r["latency_ms_p90"] <= r["latency_ms_p99"]
+        assert r["kv_cache"] == ("static" if r["engine"] == "onnx" else "-")  # auto: the static graph on the CPU
         if r["engine"] == "onnx":
             assert r["speedup_vs_torch"] > 0 and 0 < r["bandwidth_fraction"] and r["providers_ran"]
     errors = {(r["provider"], r["precision"]) for r in result["rows"] if r["error"]}

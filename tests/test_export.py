@@ -21,25 +21,7 @@ from gptport.generate import empty_past, positions
 from gptport.runtime import OnnxModel, load_cpu
 from gptport.torch_engine import torch_step
 from gptport.validate import parity
-from tests.conftest import build_model_dir
 from tests.test_cli import _assert_one_line_error, gptport
-
-VARIANTS = {
-    "learned-tied": {"pos_encoding": "learned", "tie_embeddings": True},
-    "sinusoidal-untied": {"pos_encoding": "sinusoidal", "tie_embeddings": False},
-    "sinusoidal-tied-nobias": {"pos_encoding": "sinusoidal", "tie_embeddings": True, "bias": False, "gelu": "exact"},
-    "learned-untied": {"pos_encoding": "learned", "tie_embeddings": False},
-}
-
-
-@pytest.fixture(scope="session", params=list(VARIANTS))
-def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path,
-             corpus_file: Path) -> tuple[Path, torch.nn.Module, OnnxModel]:
-    out = build_model_dir(tmp_path_factory.mktemp(request.param) / "m", tokenizer_dir, corpus_file, steps=0,
-                          **VARIANTS[request.param])
-    export.export(out, ["fp32"])
-    model, _ = load_model(out, bpe.load(out))
-    return out, model, load_cpu(out / "model.onnx")
 
 
 def random_case(model: torch.nn.Module, data: st.DataObject) -> tuple[np.ndarray, ...]:
@@ -142,9 +124,10 @@ def test_cli_export_prints_the_parity_table(tmp_path: Path, trained_dir: Path) -
     shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
     r = gptport("export", str(d))
     assert r.returncode == 0, r.stderr
-    for needle in ("(1, 1, 0)", "(1, 96, 0)", "(3, 7, 5) padded", "(2, 1, 95)", "greedy decoding: 96 tokens identical"):
+    for needle in ("(1, 1, 0)", "(1, 96, 0)", "(3, 7, 5) padded", "(2, 1, 95)", "greedy decoding: 96 tokens identical",
+                   "static-cache graph", "(3, 7) padded + 3 steps", "(2, 95) + 1 step"):
         assert needle in r.stderr
-    assert (d / "model.onnx").exists() and not list(d.glob(".*tmp*"))
+    assert (d / "model.onnx").exists() and (d / "model.static.onnx").exists() and not list(d.glob(".*tmp*"))
 
 
 def test_parse_precisions() -> None:
@@ -158,7 +141,8 @@ def test_parse_precisions() -> None:
 def test_optimized_graph_passes_the_same_checks(tmp_path: Path, trained_dir: Path) -> None:
     d = tmp_path / "m"
     shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
-    report = export.export(d, ["fp32"], optimize=True)
+    report = export.export(d, ["fp32"], optimize=True, static=False)
+    assert not (d / "model.static.onnx").exists() and not report.static_parity
     assert report.fused.get("SkipLayerNormalization", 0) > 0
     assert report.size_ratio <= 1.01
     ops = {n.op_type for n in onnx.load(str(d / "model.onnx")).graph.node}
@@ -171,7 +155,10 @@ def test_a_variant_is_written_only_if_it_passes_the_gate(tmp_path: Path, trained
     d = tmp_path / "m"
     shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
     report = export.export(d, ["fp32", "int4"])
-    (gate,) = report.gates
+    gate, *static = report.gates
     assert gate.precision == "int4" and 0.0 <= gate.top1 <= 1.0 and gate.mean_kl >= 0.0
     assert (d / "model.int4.onnx").exists() == gate.ok
+    assert len(static) == int(gate.ok)  # the static-cache int4 graph is made only after its twin passed
+    for g in static:
+        assert g.precision == "int4 static" and (d / "model.int4.static.onnx").exists() == g.ok
     assert not list(d.glob(".*tmp*"))

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from gptport import tokenizer as bpe
+from gptport.errors import ArtifactError, UsageError
 from gptport.generate import generate
-from gptport.inference import encode_prompts, open_model
+from gptport.inference import encode_prompts, graph_path, open_model
 from gptport.sampling import Sampling
 from tests.test_cli import _assert_one_line_error, gptport
 
@@ -24,31 +25,55 @@ def prompt_ids(trained_dir: Path) -> list[list[int]]:
     return [tok.encode(p) for p in PROMPTS]
 
 
-def run(model_dir: Path, ids: list[list[int]], n: int = 64, engine: str = "onnx", **kw: object) -> list[list[int]]:
-    opened = open_model(model_dir, engine)
+CACHES = pytest.mark.parametrize("cache", ["static", "concat"])
+
+
+def run(model_dir: Path, ids: list[list[int]], n: int = 64, engine: str = "onnx", cache: str = "auto",
+        **kw: object) -> list[list[int]]:
+    opened = open_model(model_dir, engine, cache=cache)
     sampling = Sampling(**kw)  # type: ignore[arg-type]
     return [r.new_ids for r in generate(opened.engine, ids, n, sampling, eot_id=-1)]
 
 
-def test_batch_gives_what_each_prompt_gives_alone(trained_dir: Path, prompt_ids: list[list[int]]) -> None:
-    batched = run(trained_dir, prompt_ids, n=48)
-    alone = [run(trained_dir, [p], n=48)[0] for p in prompt_ids]
+@CACHES
+def test_batch_gives_what_each_prompt_gives_alone(trained_dir: Path, prompt_ids: list[list[int]], cache: str) -> None:
+    batched = run(trained_dir, prompt_ids, n=48, cache=cache)
+    alone = [run(trained_dir, [p], n=48, cache=cache)[0] for p in prompt_ids]
     assert batched == alone
-    sampled = run(trained_dir, prompt_ids, n=48, temperature=0.9, top_k=20, seed=5)
-    assert sampled == [run(trained_dir, [p], n=48, temperature=0.9, top_k=20, seed=5)[0] for p in prompt_ids]
+    sampled = run(trained_dir, prompt_ids, n=48, cache=cache, temperature=0.9, top_k=20, seed=5)
+    assert sampled == [run(trained_dir, [p], n=48, cache=cache, temperature=0.9, top_k=20, seed=5)[0]
+                       for p in prompt_ids]
     assert sampled != batched
 
 
-def test_onnx_and_torch_engines_give_identical_greedy_tokens(trained_dir: Path, prompt_ids: list[list[int]]) -> None:
-    onnx_batched = run(trained_dir, prompt_ids, 64)
+@CACHES
+def test_onnx_and_torch_engines_give_identical_greedy_tokens(trained_dir: Path, prompt_ids: list[list[int]],
+                                                             cache: str) -> None:
+    onnx_batched = run(trained_dir, prompt_ids, 64, cache=cache)
     assert onnx_batched == run(trained_dir, prompt_ids, 64, engine="torch")
     for p, want in zip(prompt_ids, onnx_batched, strict=True):
         assert run(trained_dir, [p], 64, engine="torch")[0] == want
+        assert run(trained_dir, [p], 64, cache=cache)[0] == want
     assert all(len(x) == 64 for x in onnx_batched)
 
 
-def test_context_overflow_slides_or_stops(trained_dir: Path, prompt_ids: list[list[int]]) -> None:
-    opened = open_model(trained_dir)
+def test_auto_takes_the_static_cache_graph_on_the_cpu(trained_dir: Path, tmp_path: Path) -> None:
+    assert open_model(trained_dir).cache == "static"
+    assert open_model(trained_dir, precision="int8").cache == "static"
+    assert open_model(trained_dir, precision="fp16").cache == "concat"  # no static fp16 graph is exported
+    assert graph_path(trained_dir, "fp32", "cuda").name == "model.onnx"
+    d = tmp_path / "m"
+    shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.static.onnx"))
+    assert open_model(d).cache == "concat"
+    with pytest.raises(ArtifactError, match="model.static.onnx: missing"):
+        graph_path(d, "fp32", "cpu", "static")
+    with pytest.raises(UsageError, match="--kv-cache 'ring'"):
+        graph_path(d, "fp32", "cpu", "ring")
+
+
+@CACHES
+def test_context_overflow_slides_or_stops(trained_dir: Path, prompt_ids: list[list[int]], cache: str) -> None:
+    opened = open_model(trained_dir, cache=cache)
     n_ctx = opened.engine.n_ctx
     slid = generate(opened.engine, prompt_ids[:1], n_ctx + 20, Sampling(), eot_id=-1)[0]
     assert len(slid.new_ids) == n_ctx + 20 and slid.finish_reason == "length"

@@ -22,6 +22,7 @@ def test_import_loads_no_framework(module: str) -> None:
 
 
 @pytest.mark.parametrize("module", ["gptport.runtime", "gptport.generate", "gptport.variants", "gptport.sampling",
-                                    "gptport.detok", "gptport.inference", "gptport.providers"])
+                                    "gptport.detok", "gptport.inference", "gptport.providers",
+                                    "gptport.static_cache", "gptport.gqa_graph", "gptport.bench"])
 def test_inference_modules_load_no_torch(module: str) -> None:
     assert "torch" not in loaded_after_import(module)

@@ -1,0 +1,147 @@
+"""The static-cache graph: the same GPT written directly in onnxruntime's operators, with one
+GroupQueryAttention (com.microsoft) per layer that appends each step's keys and values in place to a
+cache preallocated at n_ctx. No torch here: it is built from model.safetensors and config.json.
+
+Why a second graph: the contract graph (model.onnx) concatenates past and new keys, so every decode
+step allocates and copies the whole cache, and it is made of ~230 small nodes. This one has ~10
+nodes per layer and, with the cache bound as both input and output (runtime.StaticModel), copies
+nothing per step. It is onnxruntime-specific (GroupQueryAttention: CPU in float32, CUDA in float16),
+so it sits beside model.onnx rather than replacing it.
+
+I/O, B = batch, S = new tokens, C = n_ctx (the cache length), rows right-aligned at position 0:
+    input_ids (B, S) int64, position_ids (B, S) int64,
+    seqlens_k (B,) int32: tokens in the cache after this call, minus one,
+    total_sequence_length () int32: the longest row's tokens after this call (S on a prefill),
+    past_key_values.{i}.key/.value (B, H, C, hd) -> present.{i}.key/.value (B, H, C, hd), same buffer,
+    -> logits (B, S, V).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from gptport import contract
+
+SEQLENS_K, TOTAL_SEQUENCE_LENGTH = contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH
+CACHE = "max_sequence"  # the cache's length dimension: n_ctx at run time
+OPSET = 21
+IR_VERSION = 10  # what onnxruntime 1.20 and later read (onnx writes newer ones by default)
+
+
+def sinusoidal_table(n_ctx: int, d_model: int) -> np.ndarray:
+    """model.sinusoidal for positions 0..n_ctx-1, as a (n_ctx, D) float32 table."""
+    half = d_model // 2
+    inv_freq = np.exp(np.arange(half, dtype=np.float32) * np.float32(-math.log(10000.0) / half))  # (D/2,)
+    angles = np.arange(n_ctx, dtype=np.float32)[:, None] * inv_freq  # (C, D/2)
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=-1).astype(np.float32)  # (C, D)
+
+
+class _Builder:
+    """Nodes and initializers, with unique names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "",
+           **attrs: Any) -> list[str]:
+        self._count += 1
+        name = f"{op_type}_{self._count}"
+        outs = [f"{name}_out{i}" for i in range(outputs)] if isinstance(outputs, int) else outputs
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain, **attrs))
+        return outs
+
+    def matmul(self, x: str, weights: Mapping[str, np.ndarray], prefix: str, out: str | None = None
+               ) -> tuple[str, str]:
+        """x @ W.T and the name of the bias ("" without one), left for the next op to add. W is
+        stored (in, out), a constant MatMul weight, which is what the quantizers look for."""
+        w = self.const(f"{prefix}.weight_t", weights[f"{prefix}.weight"].T)
+        bias = weights.get(f"{prefix}.bias")
+        y = self.op("MatMul", [x, w], [out] if out else 1)[0]
+        return y, self.const(f"{prefix}.bias", bias) if bias is not None else ""
+
+    def linear(self, x: str, weights: Mapping[str, np.ndarray], prefix: str, out: str | None = None) -> str:
+        """x @ W.T (+ b)."""
+        if f"{prefix}.bias" not in weights:
+            return self.matmul(x, weights, prefix, out)[0]
+        y, bias = self.matmul(x, weights, prefix)
+        return self.op("Add", [y, bias], [out] if out else 1)[0]
+
+    def skip_layer_norm(self, x: str, delta: str, bias: str, weights: Mapping[str, np.ndarray], prefix: str,
+                        eps: float) -> tuple[str, str]:
+        """x + delta (+ bias) and its LayerNorm, one fused op: -> (normalized, sum)."""
+        beta = self.const(f"{prefix}.bias", weights[f"{prefix}.bias"]) if f"{prefix}.bias" in weights else ""
+        inputs = [delta, x, self.const(f"{prefix}.weight", weights[f"{prefix}.weight"]), beta, bias]
+        out = self.op("SkipLayerNormalization", inputs, 4, domain="com.microsoft", epsilon=eps)
+        return out[0], out[3]
+
+    def gelu(self, x: str, bias: str, kind: str) -> str:
+        """GELU(x + bias): FastGelu (tanh) or BiasGelu (exact), with the bias folded in."""
+        if kind == "tanh":
+            return self.op("FastGelu", [x, bias] if bias else [x], domain="com.microsoft")[0]
+        if bias:
+            return self.op("BiasGelu", [x, bias], domain="com.microsoft")[0]
+        return self.op("Gelu", [x], approximate="none")[0]
+
+
+def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """The static-cache graph of a GPT with this config (config.json's "model") and these weights
+    (model.safetensors as numpy, GPT-2 names; the head is wte.weight when the embeddings are tied)."""
+    n_layer, n_head, d_model = int(config["n_layer"]), int(config["n_head"]), int(config["d_model"])
+    n_ctx, eps = int(config["n_ctx"]), float(config["ln_eps"])
+    head_dim = d_model // n_head
+    w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+    g = _Builder()
+
+    x = g.op("Gather", [g.const("wte.weight", w["wte.weight"]), contract.INPUT_IDS])[0]  # (B, S, D)
+    table = w["wpe.weight"] if config["pos_encoding"] == "learned" else sinusoidal_table(n_ctx, d_model)
+    delta = g.op("Gather", [g.const("positions", table), contract.POSITION_IDS])[0]  # (B, S, D)
+    delta_bias = ""
+    for i in range(n_layer):
+        p = f"h.{i}"
+        h, x = g.skip_layer_norm(x, delta, delta_bias, w, f"{p}.ln_1", eps)  # x += delta; h = LN(x)
+        qkv = g.linear(h, w, f"{p}.attn.c_attn")  # (B, S, 3D): q | k | v, heads contiguous
+        past_k, past_v = contract.past_names(n_layer)[2 * i: 2 * i + 2]
+        present_k, present_v = contract.present_names(n_layer)[2 * i: 2 * i + 2]
+        attn = g.op("GroupQueryAttention", [qkv, "", "", past_k, past_v, SEQLENS_K, TOTAL_SEQUENCE_LENGTH],
+                    [f"{p}.attn", present_k, present_v], domain="com.microsoft",
+                    num_heads=n_head, kv_num_heads=n_head, scale=1.0 / math.sqrt(head_dim))[0]  # (B, S, D)
+        delta, delta_bias = g.matmul(attn, w, f"{p}.attn.c_proj")
+        h, x = g.skip_layer_norm(x, delta, delta_bias, w, f"{p}.ln_2", eps)
+        f = g.gelu(*g.matmul(h, w, f"{p}.mlp.c_fc"), config["gelu"])  # (B, S, 4D)
+        delta, delta_bias = g.matmul(f, w, f"{p}.mlp.c_proj")
+    h, _ = g.skip_layer_norm(x, delta, delta_bias, w, "ln_f", eps)
+    if config["tie_embeddings"]:  # stored once; onnxruntime folds the Transpose when it loads the graph
+        head = g.op("Transpose", ["wte.weight"], perm=[1, 0])[0]  # (D, V)
+        g.op("MatMul", [h, head], [contract.LOGITS])  # (B, S, V)
+    else:
+        g.linear(h, w, "lm_head", out=contract.LOGITS)  # (B, S, V)
+
+    batch, seq = contract.BATCH, contract.SEQUENCE
+    kv_shape = [batch, n_head, CACHE, head_dim]
+    inputs = [
+        helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [batch, seq]),
+        helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [batch, seq]),
+        helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, [batch]),
+        helper.make_tensor_value_info(TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+        *[helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.past_names(n_layer)],
+    ]
+    outputs = [
+        helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [batch, seq, int(config["vocab_size"])]),
+        *[helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.present_names(n_layer)],
+    ]
+    graph = helper.make_graph(g.nodes, "gptport_static_cache", inputs, outputs, g.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                   helper.make_opsetid("com.microsoft", 1)],
+                             producer_name="gptport", ir_version=IR_VERSION)

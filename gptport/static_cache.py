@@ -1,0 +1,108 @@
+"""Stepping the static-cache graph (gqa_graph.py): the KV cache is preallocated at n_ctx once, bound
+as both past and present of every step (I/O binding), and GroupQueryAttention writes each new key and
+value into it in place: no per-step allocation or copy of the cache. No torch here.
+
+The graph wants each row's tokens from cache position 0 (right padding); the generation loop speaks
+the contract's left-padded ids, mask and positions. The step function translates: on a prefill it
+rotates each left-padded row to the front and rotates the logits back, after that each row's length
+is its mask's sum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from gptport import contract
+from gptport.generate import Past, StepFn
+
+
+class StaticCache(list):  # type: ignore[type-arg]
+    """[k0, v0, k1, v1, ...] OrtValues of (B, H, n_ctx, hd), and each row's cached token count
+    (None until the prefill). `stale` once a later Buffers.fresh() handed its buffers out again."""
+
+    lengths: np.ndarray | None = None
+    stale: bool = False
+
+
+class Buffers:
+    """An engine's cache buffers, allocated once per batch size and reused: a fresh cache costs no
+    allocation and no page faults (a prefill writes every position it will read). One live cache per
+    engine: fresh() makes the previous cache of that batch size stale, and stepping it an error."""
+
+    def __init__(self, config: dict[str, Any], dtype: np.dtype) -> None:
+        heads, self.layers = int(config["n_head"]), int(config["n_layer"])
+        self.shape = (heads, int(config["n_ctx"]), int(config["d_model"]) // heads)  # (H, C, hd)
+        self.dtype = dtype
+        self._live: dict[int, StaticCache] = {}
+
+    def fresh(self, batch: int) -> StaticCache:
+        """An empty cache of n_ctx positions per row, on the CPU."""
+        old = self._live.get(batch)
+        if old is None:
+            cache = StaticCache(ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, *self.shape), dtype=self.dtype))
+                                for _ in range(2 * self.layers))
+        else:
+            old.stale = True
+            cache = StaticCache(old)
+        self._live[batch] = cache
+        return cache
+
+
+def _rotation(lengths: np.ndarray, width: int) -> np.ndarray:
+    """(B, T) indices that move each row's last `lengths[b]` entries to its front."""
+    return (np.arange(width)[None, :] + (width - lengths)[:, None]) % width
+
+
+def step_fn(session: ort.InferenceSession, n_layer: int) -> StepFn:
+    """The contract's step function (left-padded ids, mask and positions) over a static-cache session."""
+    pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
+
+    def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
+        if not isinstance(past, StaticCache):
+            raise TypeError("the static-cache graph steps only on the cache its engine's empty_past() made")
+        if past.stale:
+            raise ValueError("this static cache was handed out again by a later empty_past(); one live cache "
+                             "per engine and batch size")
+        B, T = ids.shape
+        lengths = np.maximum(mask.sum(axis=1), 1).astype(np.int64)  # (B,) tokens after this call
+        prefill = past.lengths is None
+        padded = prefill and bool((lengths < T).any())
+        if padded:  # left-padded (B, T) rows -> each row's tokens from position 0
+            turn = _rotation(lengths, T)  # (B, T)
+            ids, pos = np.take_along_axis(ids, turn, axis=1), np.take_along_axis(pos, turn, axis=1)
+        if prefill:
+            total = T
+        elif B > 1 and T > 1:
+            raise ValueError("the static-cache graph takes several new tokens after a prefill only at batch 1")
+        else:
+            total = int(lengths.max())
+        binding = session.io_binding()
+        binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(ids, dtype=np.int64))
+        binding.bind_cpu_input(contract.POSITION_IDS, np.ascontiguousarray(pos, dtype=np.int64))
+        binding.bind_cpu_input(contract.SEQLENS_K, (lengths - 1).astype(np.int32))
+        binding.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
+        for name, value in zip(pasts, past, strict=True):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(contract.LOGITS, "cpu")
+        for name, value in zip(presents, past, strict=True):
+            binding.bind_ortvalue_output(name, value)  # the same buffer: appended in place
+        session.run_with_iobinding(binding)
+        logits = binding.get_outputs()[0].numpy()  # (B, T, V)
+        if padded:  # back to the caller's left padding; padded positions get zeros
+            back = np.argsort(turn, axis=1)  # (B, T)
+            logits = np.take_along_axis(logits, back[:, :, None], axis=1)
+            logits[np.arange(T)[None, :] < (T - lengths)[:, None]] = 0.0
+        past.lengths = lengths
+        return logits, past
+
+    return step
+
+
+def cache_arrays(past: StaticCache) -> list[np.ndarray]:
+    """The cache as numpy, each row's cached positions first: for checks against the torch cache."""
+    if past.lengths is None:
+        raise ValueError("nothing cached yet")
+    return [value.numpy() for value in past]

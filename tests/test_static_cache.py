@@ -1,0 +1,109 @@
+"""The static-cache graph: torch's numbers for every config variant, the cache appended in place with
+no copy, random padded batches decoded step by step, stale caches refused, the int8 variant gated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gptport import contract
+from gptport import tokenizer as bpe
+from gptport.checkpoint import load_model
+from gptport.generate import empty_past, positions
+from gptport.runtime import load_cpu
+from gptport.static_cache import cache_arrays
+from gptport.torch_engine import torch_step
+from gptport.validate import static_parity
+
+
+def static_engine(model_dir: Path, precision: str = "fp32") -> Any:
+    engine = load_cpu(model_dir / contract.onnx_file(precision, contract.CACHE_STATIC))
+    assert engine.cache == contract.CACHE_STATIC and engine.precision == precision
+    return engine
+
+
+def test_every_config_variant_matches_torch(exported: tuple[Path, Any, Any]) -> None:
+    out, model, _ = exported
+    rows = static_parity(model, static_engine(out), atol=1e-4)
+    assert len(rows) == 3 and all(r.ok and r.top1 == 1.0 for r in rows), rows
+    ops = {n.op_type for n in onnx.load(str(out / "model.static.onnx")).graph.node}
+    assert "GroupQueryAttention" in ops and "Concat" not in ops
+
+
+def test_weights_are_stored_once(exported: tuple[Path, Any, Any]) -> None:
+    out, model, _ = exported
+    proto = onnx.load(str(out / "model.static.onnx"))
+    stored = sum(onnx.numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
+    params = sum(p.numel() * 4 for p in model.parameters())  # tied weights counted once
+    sinusoid = model.cfg.n_ctx * model.cfg.d_model * 4 if model.cfg.pos_encoding == "sinusoidal" else 0
+    assert stored <= 1.001 * params + sinusoid
+
+
+def test_the_cache_is_appended_in_place(trained_dir: Path) -> None:
+    engine, step = static_engine(trained_dir), None
+    step = engine.step()
+    past = engine.empty_past(2)
+    buffers = [v.data_ptr() for v in past]
+    cfg = engine.config
+    assert past[0].shape() == [2, cfg["n_head"], cfg["n_ctx"], cfg["d_model"] // cfg["n_head"]]
+    mask = np.array([[0, 1, 1], [1, 1, 1]], dtype=np.int64)
+    ids = np.array([[0, 5, 6], [7, 8, 9]], dtype=np.int64)
+    logits, past = step(ids, mask, positions(mask), past)
+    assert np.all(logits[0, 0] == 0) and np.all(np.isfinite(logits))  # padded position: zeros
+    for _ in range(3):
+        mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
+        logits, present = step(np.array([[3], [4]]), mask, positions(mask)[:, -1:], past)
+        assert present is past and [v.data_ptr() for v in present] == buffers  # no new cache, no copy
+    assert list(past.lengths) == [5, 6]
+    again = engine.empty_past(2)  # reuses the buffers; the old cache may no longer step
+    assert [v.data_ptr() for v in again] == buffers
+    with pytest.raises(ValueError, match="handed out again"):
+        step(np.array([[3], [4]]), np.ones((2, 7), dtype=np.int64), np.array([[6], [6]]), past)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_padded_batches_decode_like_torch(trained_dir: Path, data: st.DataObject) -> None:
+    model, _ = load_model(trained_dir, bpe.load(trained_dir))
+    engine, cfg = static_engine(trained_dir), model.cfg
+    B = data.draw(st.integers(1, 4), "batch")
+    T = data.draw(st.integers(1, 24), "prompt")
+    steps = data.draw(st.integers(0, 6), "steps")
+    mask = np.ones((B, T), dtype=np.int64)
+    for row in range(B):
+        mask[row, :data.draw(st.integers(0, T - 1), f"pad{row}")] = 0
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
+    ids, pos = rng.integers(0, cfg.vocab_size, (B, T), dtype=np.int64), positions(mask)
+    ref, step = torch_step(model), engine.step()
+    want, want_past = ref(ids, mask, pos, empty_past(B, cfg.n_layer, cfg.n_head, cfg.head_dim))
+    got, past = step(ids, mask, pos, engine.empty_past(B))
+    real = mask.astype(bool)
+    assert np.abs(got[real] - want[real]).max() <= 1e-4
+    for _ in range(steps):
+        ids = rng.integers(0, cfg.vocab_size, (B, 1), dtype=np.int64)
+        mask, pos = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1), pos[:, -1:] + 1
+        want, want_past = ref(ids, mask, pos, want_past)
+        got, past = step(ids, mask, pos, past)
+        assert np.abs(got - want).max() <= 1e-4
+    for g, w in zip(cache_arrays(past), want_past, strict=True):
+        for b, n in enumerate(past.lengths):
+            np.testing.assert_allclose(g[b, :, :n], w[b, :, w.shape[2] - n:], atol=1e-5)
+
+
+def test_int8_static_variant_was_gated_and_decodes_like_its_contract_twin(trained_dir: Path) -> None:
+    engine = static_engine(trained_dir, "int8")
+    twin = load_cpu(trained_dir / "model.int8.onnx")
+    ids = np.arange(1, 17, dtype=np.int64)[None, :]
+    mask = np.ones_like(ids)
+    got, _ = engine.step()(ids, mask, positions(mask), engine.empty_past(1))
+    want, _ = twin.step()(ids, mask, positions(mask), twin.empty_past(1))
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9  # same weights, same quantizer, other graph
+    proto = onnx.load(str(trained_dir / "model.int8.static.onnx"))
+    assert {n.op_type for n in proto.graph.node} >= {"MatMulNBits", "GroupQueryAttention"}
