@@ -72,14 +72,14 @@ class Row:
 
 def measure_bandwidth(threads: int = 0, mib: int = 1024, tries: int = 5) -> float:
     """Memory read bandwidth in bytes/s: `threads` threads each reducing a disjoint part of a buffer
-    far larger than the caches (numpy releases the GIL in reductions), with three reductions (float32
-    sum and max, uint64 bitwise or: the first is compute-bound on some CPUs); the best of `tries`
-    runs of the fastest. The weights a decode step reads stream through the same memory."""
+    far larger than the caches (numpy releases the GIL in reductions), with four reductions (float32
+    sum and max, uint64 bitwise or, BLAS dot: the first is compute-bound on some CPUs); the best of
+    `tries` runs of the fastest. The weights a decode step reads stream through the same memory."""
     n_threads = threads or os.cpu_count() or 1
     buf = np.ones(mib * (1 << 20) // 4, dtype=np.float32)
     parts = np.array_split(buf, n_threads)
-    kernels: list[Callable[[np.ndarray], object]] = [
-        np.sum, np.max, lambda p: np.bitwise_or.reduce(p.view(np.uint64))]  # parts are 8-byte multiples
+    kernels: list[Callable[[np.ndarray], object]] = [  # parts are 8-byte multiples
+        np.sum, np.max, lambda p: np.bitwise_or.reduce(p.view(np.uint64)), lambda p: np.dot(p, p)]
     best = float("inf")
     for kernel in kernels:
         for _ in range(tries):

@@ -25,6 +25,7 @@ class StaticCache(list):  # type: ignore[type-arg]
 
     lengths: np.ndarray | None = None
     stale: bool = False
+    binding: ort.IOBinding | None = None  # the cache bound as past and present, reused step after step
 
 
 class Buffers:
@@ -79,16 +80,19 @@ def step_fn(session: ort.InferenceSession, n_layer: int) -> StepFn:
             raise ValueError("the static-cache graph takes several new tokens after a prefill only at batch 1")
         else:
             total = int(lengths.max())
-        binding = session.io_binding()
+        binding = past.binding
+        if binding is None:
+            past.binding = binding = session.io_binding()
+            for name, value in zip(pasts, past, strict=True):
+                binding.bind_ortvalue_input(name, value)
+            binding.bind_output(contract.LOGITS, "cpu")  # output 0; rebinding it below keeps its place
+            for name, value in zip(presents, past, strict=True):
+                binding.bind_ortvalue_output(name, value)  # the same buffer: appended in place
         binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(ids, dtype=np.int64))
         binding.bind_cpu_input(contract.POSITION_IDS, np.ascontiguousarray(pos, dtype=np.int64))
         binding.bind_cpu_input(contract.SEQLENS_K, (lengths - 1).astype(np.int32))
         binding.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
-        for name, value in zip(pasts, past, strict=True):
-            binding.bind_ortvalue_input(name, value)
-        binding.bind_output(contract.LOGITS, "cpu")
-        for name, value in zip(presents, past, strict=True):
-            binding.bind_ortvalue_output(name, value)  # the same buffer: appended in place
+        binding.bind_output(contract.LOGITS, "cpu")  # afresh each call: its shape changes after the prefill
         session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()  # (B, T, V)
         if padded:  # back to the caller's left padding; padded positions get zeros
