@@ -52,6 +52,8 @@ def export(
             table.add_row(r.case, f"{r.max_logits:.2e}", f"{r.max_present:.2e}", f"{r.top1:.2%}",
                           "✓" if r.ok else "✗")
         err.print(table)
+    if report.static_skipped:
+        err.print(f"[yellow]no static-cache graph:[/] {report.static_skipped}; generate uses model.onnx")
     err.print(f"greedy decoding: {report.greedy_tokens} tokens identical in torch and ONNX; "
               f"weights stored {report.size_ratio:.3f}x the parameter bytes")
     if report.fused:

@@ -39,6 +39,7 @@ class ExportReport:
     greedy_tokens: int = 0
     gates: list[validate.GateRow] = field(default_factory=list)
     static_parity: list[validate.ParityRow] = field(default_factory=list)
+    static_skipped: str = ""  # why no static-cache graph was written, when one could not be
     fused: dict[str, int] = field(default_factory=dict)
     size_ratio: float = 0.0
     genai: Path | None = None
@@ -164,12 +165,13 @@ def export(
     tok = bpe.load(model_dir)
     model, card = load_model(model_dir, tok)
     targets = {p: model_dir / contract.onnx_file(p) for p in precisions}
+    report = ExportReport()
+    report.static_skipped = gqa_graph.unsupported(model_config_to_dict(card.model)) if static else ""
     static_targets = {p: model_dir / contract.onnx_file(p, contract.CACHE_STATIC)
-                      for p in precisions if static and p in STATIC_PRECISIONS}
+                      for p in precisions if static and not report.static_skipped and p in STATIC_PRECISIONS}
     existing = [str(p) for p in [*targets.values(), *static_targets.values()] if p.exists()]
     if existing and not force:
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
-    report = ExportReport()
     say("exporting fp32 graph (torch.export)")
     proto = to_onnx(model, opset)
     fp32_tmp = atomic.temp_name(targets["fp32"])

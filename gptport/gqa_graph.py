@@ -34,6 +34,14 @@ OPSET = 21
 IR_VERSION = 10  # what onnxruntime 1.20 and later read (onnx writes newer ones by default)
 
 
+def unsupported(config: Mapping[str, Any]) -> str:
+    """Why this config cannot have a static-cache graph ("" when it can)."""
+    head_dim = int(config["d_model"]) // int(config["n_head"])
+    if head_dim % 8:
+        return f"GroupQueryAttention needs a head size that is a multiple of 8 (this model's is {head_dim})"
+    return ""
+
+
 def sinusoidal_table(n_ctx: int, d_model: int) -> np.ndarray:
     """model.sinusoidal for positions 0..n_ctx-1, as a (n_ctx, D) float32 table."""
     half = d_model // 2

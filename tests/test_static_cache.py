@@ -107,3 +107,16 @@ def test_int8_static_variant_was_gated_and_decodes_like_its_contract_twin(traine
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9  # same weights, same quantizer, other graph
     proto = onnx.load(str(trained_dir / "model.int8.static.onnx"))
     assert {n.op_type for n in proto.graph.node} >= {"MatMulNBits", "GroupQueryAttention"}
+
+
+def test_a_head_size_groupqueryattention_cannot_take_skips_the_static_graph(
+        tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
+    from gptport import export
+    from gptport.inference import open_model
+    from tests.conftest import build_model_dir
+
+    d = build_model_dir(tmp_path / "m", tokenizer_dir, corpus_file, steps=0, d_model=48, n_head=4)  # head size 12
+    report = export.export(d, ["fp32"])
+    assert "multiple of 8" in report.static_skipped and "12" in report.static_skipped
+    assert (d / "model.onnx").exists() and not (d / "model.static.onnx").exists()
+    assert open_model(d).cache == contract.CACHE_CONCAT  # auto falls back to the contract graph
