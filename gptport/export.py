@@ -207,15 +207,9 @@ def export(
         windows = validate.heldout_windows(model_dir, model)
         for precision in precisions[1:]:
             say(f"making the {precision} variant")
-            tmp = atomic.temp_name(targets[precision])
-            variants.make(precision, fp32_tmp, tmp, card.model)
-            set_metadata(tmp, metadata(card, precision))
-            gate = validate.gate(model, load_cpu(tmp), windows, precision)
-            report.gates.append(gate)
-            if gate.ok:
+            tmp = _gated_variant(model, card, precision, fp32_tmp, targets[precision], windows, report)
+            if tmp is not None:
                 pending[precision] = tmp
-            else:
-                tmp.unlink(missing_ok=True)
         written = {p: targets[p] for p in pending}
         if static_targets:
             static_pending = _static_graphs(model, card, static_targets, pending, windows, prompts, atol,
@@ -256,16 +250,27 @@ def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pendin
     validate.greedy_match(model, engine, prompts)
     for precision in [p for p in targets if p != "fp32" and p in pending]:
         say(f"making the {precision} static-cache variant")
-        tmp = atomic.temp_name(targets[precision])
-        variants.make(precision, out["fp32"], tmp, card.model)
-        set_metadata(tmp, metadata(card, precision, contract.CACHE_STATIC))
-        gate = validate.gate(model, load_cpu(tmp), windows, f"{precision} static")
-        report.gates.append(gate)
-        if gate.ok:
+        tmp = _gated_variant(model, card, precision, out["fp32"], targets[precision], windows, report,
+                             contract.CACHE_STATIC)
+        if tmp is not None:
             out[precision] = tmp
-        else:
-            tmp.unlink(missing_ok=True)
     return out
+
+
+def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, target: Path, windows: np.ndarray,
+                   report: ExportReport, cache: str = contract.CACHE_CONCAT) -> Path | None:
+    """The `precision` variant of the graph at `fp32`, under a temporary name next to `target`, if it
+    passes the accuracy gate (recorded in `report`); None, and nothing left behind, if not."""
+    tmp = atomic.temp_name(target)
+    variants.make(precision, fp32, tmp, card.model)
+    set_metadata(tmp, metadata(card, precision, cache))
+    label = precision if cache == contract.CACHE_CONCAT else f"{precision} {cache}"
+    gate = validate.gate(model, load_cpu(tmp), windows, label)
+    report.gates.append(gate)
+    if gate.ok:
+        return tmp
+    tmp.unlink(missing_ok=True)
+    return None
 
 
 def set_metadata(path: Path, meta: dict[str, str]) -> None:
