@@ -28,7 +28,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gptport import contract
 
-SEQLENS_K, TOTAL_SEQUENCE_LENGTH = contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH
 CACHE = "max_sequence"  # the cache's length dimension: n_ctx at run time
 OPSET = 21
 IR_VERSION = 10  # what onnxruntime 1.20 and later read (onnx writes newer ones by default)
@@ -122,7 +121,8 @@ def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.
         qkv = g.linear(h, w, f"{p}.attn.c_attn")  # (B, S, 3D): q | k | v, heads contiguous
         past_k, past_v = contract.past_names(n_layer)[2 * i: 2 * i + 2]
         present_k, present_v = contract.present_names(n_layer)[2 * i: 2 * i + 2]
-        attn = g.op("GroupQueryAttention", [qkv, "", "", past_k, past_v, SEQLENS_K, TOTAL_SEQUENCE_LENGTH],
+        lengths = [contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH]
+        attn = g.op("GroupQueryAttention", [qkv, "", "", past_k, past_v, *lengths],
                     [f"{p}.attn", present_k, present_v], domain="com.microsoft",
                     num_heads=n_head, kv_num_heads=n_head, scale=1.0 / math.sqrt(head_dim))[0]  # (B, S, D)
         delta, delta_bias = g.matmul(attn, w, f"{p}.attn.c_proj")
@@ -141,8 +141,8 @@ def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.
     inputs = [
         helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [batch, seq]),
         helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [batch, seq]),
-        helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, [batch]),
-        helper.make_tensor_value_info(TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+        helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [batch]),
+        helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
         *[helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.past_names(n_layer)],
     ]
     outputs = [

@@ -70,11 +70,11 @@ class OnnxModel:
 
     def step(self) -> StepFn:
         """A step function over this session: numpy in and out on the CPU, I/O binding on a GPU."""
+        if self.cache == contract.CACHE_STATIC:
+            return static_cache.step_fn(self.session, self.n_layer)
         names_in = contract.input_names(self.n_layer)
         names_out = contract.output_names(self.n_layer)
         session = self.session
-        if self.cache == contract.CACHE_STATIC:
-            return static_cache.step_fn(session, self.n_layer)
         if not self.on_gpu:
 
             def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:

@@ -52,9 +52,9 @@ class Buffers:
         return cache
 
 
-def _rotation(lengths: np.ndarray, width: int) -> np.ndarray:
-    """(B, T) indices that move each row's last `lengths[b]` entries to its front."""
-    return (np.arange(width)[None, :] + (width - lengths)[:, None]) % width
+def _rotation(shift: np.ndarray, width: int) -> np.ndarray:
+    """(B, T) indices that rotate each row left by `shift[b]` (right for a negative shift)."""
+    return (np.arange(width)[None, :] + shift[:, None]) % width
 
 
 def step_fn(session: ort.InferenceSession, n_layer: int) -> StepFn:
@@ -72,7 +72,7 @@ def step_fn(session: ort.InferenceSession, n_layer: int) -> StepFn:
         prefill = past.lengths is None
         padded = prefill and bool((lengths < T).any())
         if padded:  # left-padded (B, T) rows -> each row's tokens from position 0
-            turn = _rotation(lengths, T)  # (B, T)
+            turn = _rotation(T - lengths, T)  # (B, T): each row's real tokens to the front
             ids, pos = np.take_along_axis(ids, turn, axis=1), np.take_along_axis(pos, turn, axis=1)
         if prefill:
             total = T
@@ -96,7 +96,7 @@ def step_fn(session: ort.InferenceSession, n_layer: int) -> StepFn:
         session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()  # (B, T, V)
         if padded:  # back to the caller's left padding; padded positions get zeros
-            back = np.argsort(turn, axis=1)  # (B, T)
+            back = _rotation(lengths - T, T)  # (B, T): the inverse rotation
             logits = np.take_along_axis(logits, back[:, :, None], axis=1)
             logits[np.arange(T)[None, :] < (T - lengths)[:, None]] = 0.0
         past.lengths = lengths

@@ -46,7 +46,7 @@ def test_weights_are_stored_once(exported: tuple[Path, Any, Any]) -> None:
 
 
 def test_the_cache_is_appended_in_place(trained_dir: Path) -> None:
-    engine, step = static_engine(trained_dir), None
+    engine = static_engine(trained_dir)
     step = engine.step()
     past = engine.empty_past(2)
     buffers = [v.data_ptr() for v in past]
