@@ -139,7 +139,7 @@ def _peak_rss_mb() -> float | None:
 def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen_len: int, seed: int
                     ) -> tuple[float, float, list[float]]:
     """One greedy run on random ids: (prefill seconds, time to first token, per-step decode seconds)."""
-    step = engine.step()
+    step = engine.step(last_only=True)
     ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_len), dtype=np.int64)
     mask = np.ones_like(ids)
     pos = positions(mask)

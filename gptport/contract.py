@@ -41,11 +41,12 @@ def output_names(n_layer: int) -> list[str]:
 
 SEQLENS_K = "seqlens_k"  # static-cache graphs: (batch,) int32, each row's cached tokens after the call - 1
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"  # static-cache graphs: () int32, the longest row's tokens
+LOGITS_INDEX = "logits_index"  # static-cache graphs: (batch, L) int64, the new positions that get logits
 
 
 def static_input_names(n_layer: int) -> list[str]:
     """The static-cache graphs' inputs (gqa_graph.py); their outputs are output_names()."""
-    return [INPUT_IDS, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH, *past_names(n_layer)]
+    return [INPUT_IDS, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH, LOGITS_INDEX, *past_names(n_layer)]
 
 
 def onnx_file(precision: str, cache: str = CACHE_CONCAT) -> str:

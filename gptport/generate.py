@@ -30,7 +30,7 @@ class Engine(Protocol):
     @property
     def n_ctx(self) -> int: ...
 
-    def step(self) -> StepFn: ...
+    def step(self, last_only: bool = False) -> StepFn: ...
 
     def empty_past(self, batch: int) -> Past: ...
 
@@ -89,7 +89,7 @@ def generate(
     the text it would give alone. When the sequence reaches n_ctx: `slide` re-prefills each row's most
     recent n_ctx // 2 tokens and goes on; `stop` ends every unfinished row with reason "context".
     """
-    step, n_ctx = engine.step(), engine.n_ctx
+    step, n_ctx = engine.step(last_only=True), engine.n_ctx
     rows = [RowResult(list(p)) for p in prompts]
     rngs = [np.random.default_rng(sampling.seed) for _ in prompts]
     active = [True] * len(rows)

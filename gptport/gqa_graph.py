@@ -3,7 +3,7 @@ GroupQueryAttention (com.microsoft) per layer that appends each step's keys and 
 cache preallocated at n_ctx. No torch here: it is built from model.safetensors and config.json.
 
 Why a second graph: the contract graph (model.onnx) concatenates past and new keys, so every decode
-step allocates and copies the whole cache, and it is made of ~230 small nodes. This one has ~10
+step allocates and copies the whole cache, and it is made of ~230 small nodes. This one has ~14
 nodes per layer and, with the cache bound as both input and output (runtime.StaticModel), copies
 nothing per step. It is onnxruntime-specific (GroupQueryAttention: CPU in float32, CUDA in float16),
 so it sits beside model.onnx rather than replacing it.
@@ -12,8 +12,10 @@ I/O, B = batch, S = new tokens, C = n_ctx (the cache length), rows right-aligned
     input_ids (B, S) int64, position_ids (B, S) int64,
     seqlens_k (B,) int32: tokens in the cache after this call, minus one,
     total_sequence_length () int32: the longest row's tokens after this call (S on a prefill),
+    logits_index (B, L) int64: the new positions (0..S-1) whose logits are wanted: all of them to
+        score a text, each row's last to generate (the head then runs on L = 1 row, not S),
     past_key_values.{i}.key/.value (B, H, C, hd) -> present.{i}.key/.value (B, H, C, hd), same buffer,
-    -> logits (B, S, V).
+    -> logits (B, L, V).
 """
 
 from __future__ import annotations
@@ -85,13 +87,19 @@ class _Builder:
         y, bias = self.matmul(x, weights, prefix)
         return self.op("Add", [y, bias], [out] if out else 1)[0]
 
-    def skip_layer_norm(self, x: str, delta: str, bias: str, weights: Mapping[str, np.ndarray], prefix: str,
-                        eps: float) -> tuple[str, str]:
-        """x + delta (+ bias) and its LayerNorm, one fused op: -> (normalized, sum)."""
-        beta = self.const(f"{prefix}.bias", weights[f"{prefix}.bias"]) if f"{prefix}.bias" in weights else ""
-        inputs = [delta, x, self.const(f"{prefix}.weight", weights[f"{prefix}.weight"]), beta, bias]
-        out = self.op("SkipLayerNormalization", inputs, 4, domain="com.microsoft", epsilon=eps)
-        return out[0], out[3]
+    def add_layer_norm(self, x: str, delta: str, bias: str, weights: Mapping[str, np.ndarray], prefix: str,
+                       eps: float) -> tuple[str, str]:
+        """x + delta (+ bias) and its LayerNorm: -> (normalized, sum). Add and LayerNormalization rather
+        than the fused SkipLayerNormalization, whose CPU kernel is 2x slower (benchmarks/results)."""
+        if bias:  # onto the MatMul's output first: onnxruntime folds it into a quantized MatMulNBits
+            delta = self.op("Add", [delta, bias])[0]
+        total = self.op("Add", [x, delta])[0]
+        return self.layer_norm(total, weights, prefix, eps), total
+
+    def layer_norm(self, x: str, weights: Mapping[str, np.ndarray], prefix: str, eps: float) -> str:
+        beta = [self.const(f"{prefix}.bias", weights[f"{prefix}.bias"])] if f"{prefix}.bias" in weights else []
+        gamma = self.const(f"{prefix}.weight", weights[f"{prefix}.weight"])
+        return self.op("LayerNormalization", [x, gamma, *beta], axis=-1, epsilon=eps)[0]
 
     def gelu(self, x: str, bias: str, kind: str) -> str:
         """GELU(x + bias): FastGelu (tanh) or BiasGelu (exact), with the bias folded in."""
@@ -117,7 +125,7 @@ def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.
     delta_bias = ""
     for i in range(n_layer):
         p = f"h.{i}"
-        h, x = g.skip_layer_norm(x, delta, delta_bias, w, f"{p}.ln_1", eps)  # x += delta; h = LN(x)
+        h, x = g.add_layer_norm(x, delta, delta_bias, w, f"{p}.ln_1", eps)  # x += delta; h = LN(x)
         qkv = g.linear(h, w, f"{p}.attn.c_attn")  # (B, S, 3D): q | k | v, heads contiguous
         past_k, past_v = contract.past_names(n_layer)[2 * i: 2 * i + 2]
         present_k, present_v = contract.present_names(n_layer)[2 * i: 2 * i + 2]
@@ -126,15 +134,20 @@ def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.
                     [f"{p}.attn", present_k, present_v], domain="com.microsoft",
                     num_heads=n_head, kv_num_heads=n_head, scale=1.0 / math.sqrt(head_dim))[0]  # (B, S, D)
         delta, delta_bias = g.matmul(attn, w, f"{p}.attn.c_proj")
-        h, x = g.skip_layer_norm(x, delta, delta_bias, w, f"{p}.ln_2", eps)
+        h, x = g.add_layer_norm(x, delta, delta_bias, w, f"{p}.ln_2", eps)
         f = g.gelu(*g.matmul(h, w, f"{p}.mlp.c_fc"), config["gelu"])  # (B, S, 4D)
         delta, delta_bias = g.matmul(f, w, f"{p}.mlp.c_proj")
-    h, _ = g.skip_layer_norm(x, delta, delta_bias, w, "ln_f", eps)
+    if delta_bias:
+        delta = g.op("Add", [delta, delta_bias])[0]
+    x = g.op("Add", [x, delta])[0]  # (B, S, D)
+    index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", np.array([-1], dtype=np.int64))])[0]
+    x = g.op("GatherND", [x, index], batch_dims=1)[0]  # (B, L, D): only the positions asked for
+    h = g.layer_norm(x, w, "ln_f", eps)
     if config["tie_embeddings"]:  # stored once; onnxruntime folds the Transpose when it loads the graph
         head = g.op("Transpose", ["wte.weight"], perm=[1, 0])[0]  # (D, V)
-        g.op("MatMul", [h, head], [contract.LOGITS])  # (B, S, V)
+        g.op("MatMul", [h, head], [contract.LOGITS])  # (B, L, V)
     else:
-        g.linear(h, w, "lm_head", out=contract.LOGITS)  # (B, S, V)
+        g.linear(h, w, "lm_head", out=contract.LOGITS)  # (B, L, V)
 
     batch, seq = contract.BATCH, contract.SEQUENCE
     kv_shape = [batch, n_head, CACHE, head_dim]
@@ -143,10 +156,11 @@ def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.
         helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [batch, seq]),
         helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [batch]),
         helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+        helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, [batch, "logits"]),
         *[helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.past_names(n_layer)],
     ]
     outputs = [
-        helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [batch, seq, int(config["vocab_size"])]),
+        helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [batch, "logits", int(config["vocab_size"])]),
         *[helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.present_names(n_layer)],
     ]
     graph = helper.make_graph(g.nodes, "gptport_static_cache", inputs, outputs, g.inits)

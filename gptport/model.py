@@ -135,6 +135,7 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,  # (B, P+T), 1 = real token
         position_ids: Tensor | None = None,  # (B, T)
         past: list[KV] | None = None,  # per layer (B, H, P, hd) each
+        last_only: bool = False,  # logits of the last position only (left padding: every row's last token)
     ) -> tuple[Tensor, list[KV]]:
         B, T = input_ids.shape
         P = 0 if not past else past[0][0].shape[2]
@@ -144,7 +145,9 @@ class GPT(nn.Module):
             position_ids = default_position_ids(attention_mask, T)
         mask = attention_mask_4d(attention_mask, T)  # (B, 1, T, P+T)
         x, present = self._trunk(input_ids, position_ids, mask, past)
-        return self.lm_head(x), present  # (B, T, V)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, D)
+        return self.lm_head(x), present  # (B, T, V), or (B, 1, V)
 
     def loss(self, input_ids: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
         """Next-token cross-entropy (nats) of a batch without padding or cache: the mean, or

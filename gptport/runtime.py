@@ -68,10 +68,11 @@ class OnnxModel:
         return [ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.kv_dtype.type, "cuda", 0)
                 for _ in range(2 * self.n_layer)]
 
-    def step(self) -> StepFn:
-        """A step function over this session: numpy in and out on the CPU, I/O binding on a GPU."""
+    def step(self, last_only: bool = False) -> StepFn:
+        """A step function over this session: numpy in and out on the CPU, I/O binding on a GPU.
+        `last_only`: logits (B, 1, V) of each row's last token (the static graph computes only those)."""
         if self.cache == contract.CACHE_STATIC:
-            return static_cache.step_fn(self.session, self.n_layer)
+            return static_cache.step_fn(self.session, self.n_layer, last_only)
         names_in = contract.input_names(self.n_layer)
         names_out = contract.output_names(self.n_layer)
         session = self.session
@@ -79,13 +80,14 @@ class OnnxModel:
 
             def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
                 outs = session.run(names_out, dict(zip(names_in, [ids, mask, pos, *past], strict=True)))
-                return outs[0], outs[1:]
+                return (outs[0][:, -1:] if last_only else outs[0]), outs[1:]
 
             return step
-        return _bound_step(session, names_in, names_out)
+        return _bound_step(session, names_in, names_out, last_only)
 
 
-def _bound_step(session: ort.InferenceSession, names_in: list[str], names_out: list[str]) -> StepFn:
+def _bound_step(session: ort.InferenceSession, names_in: list[str], names_out: list[str], last_only: bool
+                ) -> StepFn:
     """I/O binding: the cache (OrtValues) stays on the GPU; ids, mask and positions are tiny host copies."""
 
     def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
@@ -102,7 +104,8 @@ def _bound_step(session: ort.InferenceSession, names_in: list[str], names_out: l
             binding.bind_output(name, "cuda", 0)
         session.run_with_iobinding(binding)
         outs = binding.get_outputs()
-        return outs[0].numpy(), list(outs[1:])
+        logits = outs[0].numpy()  # (B, T, V)
+        return (logits[:, -1:] if last_only else logits), list(outs[1:])
 
     return step
 

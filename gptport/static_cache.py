@@ -57,8 +57,9 @@ def _rotation(shift: np.ndarray, width: int) -> np.ndarray:
     return (np.arange(width)[None, :] + shift[:, None]) % width
 
 
-def step_fn(session: ort.InferenceSession, n_layer: int) -> StepFn:
-    """The contract's step function (left-padded ids, mask and positions) over a static-cache session."""
+def step_fn(session: ort.InferenceSession, n_layer: int, last_only: bool = False) -> StepFn:
+    """The contract's step function (left-padded ids, mask and positions) over a static-cache session.
+    `last_only`: logits (B, 1, V) of each row's last token, the head computed for those rows only."""
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
 
     def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
@@ -92,10 +93,15 @@ def step_fn(session: ort.InferenceSession, n_layer: int) -> StepFn:
         binding.bind_cpu_input(contract.POSITION_IDS, np.ascontiguousarray(pos, dtype=np.int64))
         binding.bind_cpu_input(contract.SEQLENS_K, (lengths - 1).astype(np.int32))
         binding.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
+        if last_only:  # each row's last token: its length - 1 once rotated to the front
+            index = (lengths - 1 if padded else np.full(B, T - 1, dtype=np.int64))[:, None]  # (B, 1)
+        else:
+            index = np.broadcast_to(np.arange(T, dtype=np.int64), (B, T))  # (B, T)
+        binding.bind_cpu_input(contract.LOGITS_INDEX, np.ascontiguousarray(index))
         binding.bind_output(contract.LOGITS, "cpu")  # afresh each call: its shape changes after the prefill
         session.run_with_iobinding(binding)
-        logits = binding.get_outputs()[0].numpy()  # (B, T, V)
-        if padded:  # back to the caller's left padding; padded positions get zeros
+        logits = binding.get_outputs()[0].numpy()  # (B, T, V), or (B, 1, V) with last_only
+        if padded and not last_only:  # back to the caller's left padding; padded positions get zeros
             back = _rotation(lengths - T, T)  # (B, T): the inverse rotation
             logits = np.take_along_axis(logits, back[:, :, None], axis=1)
             logits[np.arange(T)[None, :] < (T - lengths)[:, None]] = 0.0

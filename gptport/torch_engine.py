@@ -9,8 +9,9 @@ from gptport.generate import Past, StepFn
 from gptport.model import GPT
 
 
-def torch_step(model: GPT) -> StepFn:
-    """The torch model as a step function over numpy arrays (float32 cache)."""
+def torch_step(model: GPT, last_only: bool = False) -> StepFn:
+    """The torch model as a step function over numpy arrays (float32 cache); `last_only`: logits
+    (B, 1, V) of the last position, the head computed for it alone (as the ONNX engines do)."""
     device = next(model.parameters()).device
 
     @torch.no_grad()
@@ -18,7 +19,7 @@ def torch_step(model: GPT) -> StepFn:
         kv = [(torch.from_numpy(np.asarray(past[i])).to(device), torch.from_numpy(np.asarray(past[i + 1])).to(device))
               for i in range(0, len(past), 2)]
         logits, present = model(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
-                                torch.from_numpy(pos).to(device), kv)
+                                torch.from_numpy(pos).to(device), kv, last_only=last_only)
         flat = [t.float().cpu().numpy() for pair in present for t in pair]
         return logits.float().cpu().numpy(), flat
 
@@ -35,8 +36,8 @@ class TorchEngine:
     def n_ctx(self) -> int:
         return self.model.cfg.n_ctx
 
-    def step(self) -> StepFn:
-        return torch_step(self.model)
+    def step(self, last_only: bool = False) -> StepFn:
+        return torch_step(self.model, last_only)
 
     def empty_past(self, batch: int) -> Past:
         cfg = self.model.cfg

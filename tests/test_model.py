@@ -61,6 +61,18 @@ def test_left_padded_row_matches_the_row_alone(variant: dict[str, object]) -> No
     assert (torch.cat(decoded, dim=1)[1] - alone[0, 8:]).abs().max().item() <= 1e-5
 
 
+def test_last_only_is_the_last_column_of_a_full_forward() -> None:
+    model = tiny()
+    ids = torch.randint(1, 101, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0  # left padding: the last column is still every row's last token
+    with torch.no_grad():
+        full, past = model(ids, attention_mask=mask)
+        last, last_past = model(ids, attention_mask=mask, last_only=True)
+    assert last.shape == (2, 1, 101) and (last - full[:, -1:]).abs().max().item() <= 1e-6
+    assert all(torch.equal(a, b) for pa, pb in zip(past, last_past, strict=True) for a, b in zip(pa, pb, strict=True))
+
+
 def test_training_loss_equals_cross_entropy_of_forward() -> None:
     model = tiny()
     ids = torch.randint(0, 101, (2, 16))

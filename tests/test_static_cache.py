@@ -81,17 +81,21 @@ def test_random_padded_batches_decode_like_torch(trained_dir: Path, data: st.Dat
         mask[row, :data.draw(st.integers(0, T - 1), f"pad{row}")] = 0
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
     ids, pos = rng.integers(0, cfg.vocab_size, (B, T), dtype=np.int64), positions(mask)
-    ref, step = torch_step(model), engine.step()
+    last_engine = static_engine(trained_dir)  # the generation loop's way: the head on each row's last token
+    ref, step, last = torch_step(model), engine.step(), last_engine.step(last_only=True)
     want, want_past = ref(ids, mask, pos, empty_past(B, cfg.n_layer, cfg.n_head, cfg.head_dim))
     got, past = step(ids, mask, pos, engine.empty_past(B))
+    got_last, last_past = last(ids, mask, pos, last_engine.empty_past(B))
     real = mask.astype(bool)
     assert np.abs(got[real] - want[real]).max() <= 1e-4
+    assert got_last.shape == (B, 1, cfg.vocab_size) and np.abs(got_last - want[:, -1:]).max() <= 1e-4
     for _ in range(steps):
         ids = rng.integers(0, cfg.vocab_size, (B, 1), dtype=np.int64)
         mask, pos = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1), pos[:, -1:] + 1
         want, want_past = ref(ids, mask, pos, want_past)
         got, past = step(ids, mask, pos, past)
-        assert np.abs(got - want).max() <= 1e-4
+        got_last, last_past = last(ids, mask, pos, last_past)
+        assert np.abs(got - want).max() <= 1e-4 and np.abs(got_last - want).max() <= 1e-4
     for g, w in zip(cache_arrays(past), want_past, strict=True):
         for b, n in enumerate(past.lengths):
             np.testing.assert_allclose(g[b, :, :n], w[b, :, w.shape[2] - n:], atol=1e-5)
