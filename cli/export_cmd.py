@@ -59,15 +59,16 @@ def export(
     if report.fused:
         err.print("fused operators: " + ", ".join(f"{k} {v}" for k, v in report.fused.items()))
     if report.gates:
-        gates = Table("variant", "top-1 agreement", "mean KL (nats)", "positions", "written",
-                      title="variants against fp32 torch on held-out text (gate: top-1 ≥ 98%)")
+        gates = Table("variant", "scheme", "top-1 agreement", "mean KL (nats)", "positions", "written",
+                      title="variants against fp32 torch on held-out text (gate: top-1 ≥ 98%; "
+                            "a scheme that misses it gives way to the next)")
         for g in report.gates:
-            gates.add_row(g.precision, f"{g.top1:.2%}", f"{g.mean_kl:.2e}", str(g.positions),
+            gates.add_row(g.precision, g.scheme or "—", f"{g.top1:.2%}", f"{g.mean_kl:.2e}", str(g.positions),
                           "✓" if g.ok else f"✗ {g.note}".strip())
         err.print(gates)
     for path in report.files.values():
         err.print(f"wrote {path} ({human_bytes(path.stat().st_size)})")
-    failed = [g.precision for g in report.gates if not g.ok]
+    failed = list(dict.fromkeys(g.precision for g in report.gates if g.precision not in report.schemes))
     if failed:
         from gptport.errors import ValidationError
 

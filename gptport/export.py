@@ -10,7 +10,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,8 @@ class ExportReport:
     files: dict[str, Path] = field(default_factory=dict)
     parity: list[validate.ParityRow] = field(default_factory=list)
     greedy_tokens: int = 0
-    gates: list[validate.GateRow] = field(default_factory=list)
+    gates: list[validate.GateRow] = field(default_factory=list)  # every scheme tried, in order
+    schemes: dict[str, str] = field(default_factory=dict)  # written variant ("int8", "int8 static") -> scheme
     static_parity: list[validate.ParityRow] = field(default_factory=list)
     static_skipped: str = ""  # why no static-cache graph was written, when one could not be
     fused: dict[str, int] = field(default_factory=dict)
@@ -207,7 +208,8 @@ def export(
         windows = validate.heldout_windows(model_dir, model)
         for precision in precisions[1:]:
             say(f"making the {precision} variant")
-            tmp = _gated_variant(model, card, precision, fp32_tmp, targets[precision], windows, report)
+            tmp = _gated_variant(model, card, precision, fp32_tmp, targets[precision], windows, report,
+                                 variants.LADDER.get(precision, ("",)))
             if tmp is not None:
                 pending[precision] = tmp
         written = {p: targets[p] for p in pending}
@@ -233,8 +235,8 @@ def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pendin
                    windows: np.ndarray, prompts: list[list[int]], atol: float, report: ExportReport,
                    say: Callable[[str], None]) -> dict[str, Path]:
     """The static-cache graphs (temporary files) of the precisions in `targets` whose contract graph
-    passed: fp32 built from the weights and checked like model.onnx, int8/int4 quantized from it with
-    the same scheme and gated again."""
+    passed: fp32 built from the weights and checked like model.onnx, int8/int4 quantized from it,
+    starting with the scheme their contract twin shipped, and gated again."""
     say("building the static-cache graph (GroupQueryAttention, cache preallocated at n_ctx)")
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     proto = gqa_graph.build(model_config_to_dict(card.model), weights)
@@ -250,25 +252,29 @@ def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pendin
     validate.greedy_match(model, engine, prompts)
     for precision in [p for p in targets if p != "fp32" and p in pending]:
         say(f"making the {precision} static-cache variant")
+        ladder = variants.LADDER[precision]
         tmp = _gated_variant(model, card, precision, out["fp32"], targets[precision], windows, report,
-                             contract.CACHE_STATIC)
+                             ladder[ladder.index(report.schemes[precision]):], contract.CACHE_STATIC)
         if tmp is not None:
             out[precision] = tmp
     return out
 
 
 def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, target: Path, windows: np.ndarray,
-                   report: ExportReport, cache: str = contract.CACHE_CONCAT) -> Path | None:
-    """The `precision` variant of the graph at `fp32`, under a temporary name next to `target`, if it
-    passes the accuracy gate (recorded in `report`); None, and nothing left behind, if not."""
+                   report: ExportReport, schemes: Sequence[str], cache: str = contract.CACHE_CONCAT) -> Path | None:
+    """The `precision` variant of the graph at `fp32`, under a temporary name next to `target`, made
+    with the first of `schemes` that passes the accuracy gate (each try recorded in `report`); None,
+    and nothing left behind, if none does."""
     tmp = atomic.temp_name(target)
-    variants.make(precision, fp32, tmp, card.model)
-    set_metadata(tmp, metadata(card, precision, cache))
     label = precision if cache == contract.CACHE_CONCAT else f"{precision} {cache}"
-    gate = validate.gate(model, load_cpu(tmp), windows, label)
-    report.gates.append(gate)
-    if gate.ok:
-        return tmp
+    for scheme in schemes:
+        variants.make(precision, fp32, tmp, card.model, scheme)
+        set_metadata(tmp, metadata(card, precision, cache))
+        gate = replace(validate.gate(model, load_cpu(tmp), windows, label), scheme=scheme)
+        report.gates.append(gate)
+        if gate.ok:
+            report.schemes[label] = scheme
+            return tmp
     tmp.unlink(missing_ok=True)
     return None
 

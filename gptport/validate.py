@@ -43,6 +43,7 @@ class GateRow:
     positions: int
     ok: bool
     note: str = ""
+    scheme: str = ""  # the quantization scheme gated (variants.SCHEMES), "" for fp16
 
 
 def _cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:

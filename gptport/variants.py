@@ -65,8 +65,10 @@ SCHEMES = {s.name: s for s in [
     Scheme("nbits4-b32-acc0-head8", bits=4, block=32, accuracy_level=0, head_bits=8),
     Scheme("nbits4-b32-asym-acc4-head8", bits=4, block=32, accuracy_level=4, symmetric=False, head_bits=8),
 ]}
-# What `gptport export --precision int8/int4` ships: chosen by benchmarks/bench_quant.py (see ARCHITECTURE.md).
-DEFAULT = {"int8": "nbits8-b32-acc4", "int4": "nbits4-b32-acc4-head8"}
+# What `gptport export --precision int8/int4` tries, in order: the first scheme that passes the accuracy
+# gate ships. Block 128 is faster than block 32 (benchmarks/bench_decode.py) but a little less accurate
+# (benchmarks/bench_quant.py), so block 32 is the fallback. See ARCHITECTURE.md.
+LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4"), "int4": ("nbits4-b32-acc4-head8",)}
 
 
 def quantize(src: Path, dst: Path, scheme: Scheme) -> None:
@@ -77,7 +79,9 @@ def quantize(src: Path, dst: Path, scheme: Scheme) -> None:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         quantize_dynamic(proto, str(dst), op_types_to_quantize=["MatMul"], per_channel=True,
-                         weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True})
+                         weight_type=QuantType.QInt8,
+                         extra_options={"MatMulConstBOnly": True,  # float: contrib ops stop shape inference
+                                        "DefaultTensorType": onnx.TensorProto.FLOAT})
         return
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -137,10 +141,11 @@ def optimize(src: Path, cfg: ModelConfig) -> tuple[Path, dict[str, int]]:
     return dst, stats
 
 
-def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig) -> None:
-    """Write the `precision` variant of the fp32 graph at `fp32` to `dst`."""
-    if precision in DEFAULT:
-        quantize(fp32, dst, SCHEMES[DEFAULT[precision]])
+def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig, scheme: str = "") -> None:
+    """Write the `precision` variant of the fp32 graph at `fp32` to `dst`; int8 and int4 with
+    `scheme` (a SCHEMES name), by default the first of the precision's LADDER."""
+    if precision in LADDER:
+        quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]])
     elif precision == "fp16":
         to_fp16(fp32, dst)
     else:

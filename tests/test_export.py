@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -13,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptport import contract, export
+from gptport import contract, export, validate, variants
 from gptport import tokenizer as bpe
 from gptport.checkpoint import load_model
 from gptport.errors import ArtifactError, UsageError
@@ -149,6 +151,27 @@ def test_optimized_graph_passes_the_same_checks(tmp_path: Path, trained_dir: Pat
     assert "SkipLayerNormalization" in ops
     model, _ = load_model(d, bpe.load(d))
     assert all(r.ok for r in parity(model, load_cpu(d / "model.onnx").step(), atol=1e-4))
+
+
+def test_a_scheme_that_misses_the_gate_gives_way_to_the_next(tmp_path: Path, trained_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
+    real_gate, calls = validate.gate, []
+
+    def first_fails(*args: Any, **kwargs: Any) -> validate.GateRow:
+        row = real_gate(*args, **kwargs)
+        calls.append(row)
+        return dataclasses.replace(row, ok=False) if len(calls) == 1 else row
+
+    monkeypatch.setattr(validate, "gate", first_fails)
+    report = export.export(d, ["fp32", "int8"])
+    first, second = variants.LADDER["int8"][:2]
+    assert [(g.precision, g.scheme, g.ok) for g in report.gates] == [
+        ("int8", first, False), ("int8", second, True), ("int8 static", second, True)]  # the twin's rung first
+    assert report.schemes == {"int8": second, "int8 static": second}
+    assert (d / "model.int8.onnx").exists() and (d / "model.int8.static.onnx").exists()
+    assert not list(d.glob(".*tmp*"))
 
 
 def test_a_variant_is_written_only_if_it_passes_the_gate(tmp_path: Path, trained_dir: Path) -> None:
