@@ -7,7 +7,7 @@ Random weights make the variants' accuracy gate meaningless, so this script writ
 with gptport.variants directly (the same code `gptport export` runs after its gate).
 Writes benchmarks/results/decode-<shape>.json.
 
-    python benchmarks/bench_decode.py [--shapes small,gpt2-124m] [--gen-len 128] [--repeat 5]
+    python benchmarks/bench_decode.py [--shapes small,gpt2-124m] [--gen-len 128] [--repeat 15]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="small,gpt2-124m")
     ap.add_argument("--gen-len", type=int, default=128)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-optimize", dest="optimize", action="store_false",
                     help="export without onnxruntime's transformer optimizer (plain ONNX ops)")

@@ -37,6 +37,7 @@ class BenchPlan:
     threads: int = 0
     torch_baseline: bool = True
     kv_caches: Sequence[str] = ("auto",)  # auto | static | concat (inference.graph_path)
+    probe_mib: int = 1024  # the bandwidth probe's buffer: far larger than the caches
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Row:
     speedup_vs_torch: float | None = None
     prefill_speedup_vs_torch: float | None = None
     weight_bytes_per_token: int | None = None
+    bandwidth_gb_s: float | None = None  # CPU rows: read bandwidth probed just before and after the row, mean
     bandwidth_fraction: float | None = None
     session_s: float | None = None
     peak_rss_mb: float | None = None
@@ -160,10 +162,18 @@ def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen
     return t_prefill, ttft, steps
 
 
-def _fill(row: Row, engine: Engine, vocab: int, plan: BenchPlan) -> None:
+def _fill(row: Row, engine: Engine, vocab: int, plan: BenchPlan,
+          probe: Callable[[], float] | None = None) -> None:
+    """The row's figures over plan.repeat runs after plan.warmup; with `probe`, the memory bandwidth is
+    measured before the warm-up (whose run refills the caches the probe flushed) and after the last
+    run, and the row gets the mean. Peak RSS: the engine's creation and its runs, not the probe's."""
     prefill, decode, ttfts, latencies = [], [], [], []
+    peaks = [_peak_rss_mb()]  # the session's creation
+    bandwidths = [probe()] if probe is not None else []
+    _peak_rss_reset()  # forget the probe's buffer
     for i in range(plan.warmup + plan.repeat):
         t_prefill, ttft, steps = time_generation(engine, vocab, row.batch, row.prompt_len, row.gen_len, seed=i)
+        peaks.append(_peak_rss_mb())
         if i < plan.warmup:
             continue
         prefill.append(row.batch * row.prompt_len / t_prefill)
@@ -177,6 +187,9 @@ def _fill(row: Row, engine: Engine, vocab: int, plan: BenchPlan) -> None:
     row.ttft_ms = statistics.median(ttfts) * 1e3
     row.latency_ms_p50, row.latency_ms_p90, row.latency_ms_p99 = (float(np.percentile(lat, q)) for q in (50, 90, 99))
     row.samples = len(decode)
+    row.peak_rss_mb = max((p for p in peaks if p is not None), default=None)
+    if probe is not None:
+        row.bandwidth_gb_s = statistics.mean([*bandwidths, probe()]) / 1e9
 
 
 def _shapes(plan: BenchPlan, n_ctx: int) -> Iterator[tuple[int, int]]:
@@ -191,8 +204,12 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
     from gptport import runtime
     from gptport.inference import graph_path
 
-    bandwidth = measure_bandwidth(plan.threads)
+    bandwidth = measure_bandwidth(plan.threads, plan.probe_mib)
     say(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s")
+
+    def probe() -> float:  # a shared host's bandwidth drifts: each CPU row probes it around its runs
+        return measure_bandwidth(plan.threads, plan.probe_mib)
+
     rows: list[Row] = []
     config: dict[str, Any] = {}
     for provider, precision, cache in itertools.product(plan.providers, plan.precisions, plan.kv_caches):
@@ -213,9 +230,9 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
             row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, kv_cache=model.cache,
                       session_s=session_s, weight_bytes_per_token=wbytes,
                       providers_ran=model.session.get_providers())
-            _fill(row, model, int(config["vocab_size"]), plan)
-            row.bandwidth_fraction = wbytes * row.decode_tok_s / row.batch / bandwidth
-            row.peak_rss_mb = _peak_rss_mb()
+            _fill(row, model, int(config["vocab_size"]), plan, probe if provider == "cpu" else None)
+            if row.bandwidth_gb_s:
+                row.bandwidth_fraction = wbytes * row.decode_tok_s / row.batch / (row.bandwidth_gb_s * 1e9)
             rows.append(row)
         del model
     if plan.torch_baseline:
@@ -244,7 +261,6 @@ def _torch_rows(model_dir: Path, plan: BenchPlan, say: Callable[[str], None]) ->
             row = Row("torch", provider, "fp32", batch, prompt_len, plan.gen_len, session_s=session_s,
                       providers_ran=[f"torch-{opened.provider}"])
             _fill(row, opened.engine, opened.tok.vocab_size, plan)
-            row.peak_rss_mb = _peak_rss_mb()
             rows.append(row)
     return rows
 

@@ -38,7 +38,7 @@ def test_bandwidth_is_measured() -> None:
 
 def test_run_measures_onnx_and_torch_rows(trained_dir: Path) -> None:
     plan = bench.BenchPlan(providers=("cpu", "tensorrt"), precisions=("fp32", "int8", "int4"), batches=(1, 2),
-                           prompt_lens=(8,), gen_len=6, repeat=2, warmup=1, threads=1)
+                           prompt_lens=(8,), gen_len=6, repeat=2, warmup=1, threads=1, probe_mib=64)
     result = bench.run(trained_dir, plan)
     assert {"machine", "versions", "rows"} <= set(result) and result["machine"]["memory_read_gb_s"] > 0
     ok = [r for r in result["rows"] if not r["error"]]
@@ -51,6 +51,8 @@ def test_run_measures_onnx_and_torch_rows(trained_dir: Path) -> None:
         assert r["kv_cache"] == ("static" if r["engine"] == "onnx" else "-")  # auto: the static graph on the CPU
         if r["engine"] == "onnx":
             assert r["speedup_vs_torch"] > 0 and 0 < r["bandwidth_fraction"] and r["providers_ran"]
+            used = r["weight_bytes_per_token"] * r["decode_tok_s"] / r["batch"]  # against the row's own probe
+            assert r["bandwidth_fraction"] == pytest.approx(used / (r["bandwidth_gb_s"] * 1e9))
     errors = {(r["provider"], r["precision"]) for r in result["rows"] if r["error"]}
     assert ("cpu", "int4") in errors  # not exported: a row that says why, not a crash
     assert probe("tensorrt").ok or ("tensorrt", "fp32") in errors
