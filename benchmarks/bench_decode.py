@@ -4,8 +4,7 @@ the machine's memory bandwidth, fp32 and the 8- and 4-bit variants, each as the 
 and as the contract graph (model*.onnx), in one run per shape.
 
 Random weights make the variants' accuracy gate meaningless, so this script writes the variants
-(and the int8 static graph's prompt graph) with gptport.variants directly (the same code `gptport
-export` runs before its gate).
+with gptport.variants directly (the same code `gptport export` runs after its gate).
 Writes benchmarks/results/decode-<shape>.json.
 
     python benchmarks/bench_decode.py [--shapes small,gpt2-124m] [--gen-len 128] [--repeat 15]
@@ -49,15 +48,12 @@ def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:
     card = checkpoint.read_card(d)
     plain = WORK / f"{shape}-plain.onnx"  # the variants come from the unfused graph, as in `gptport export`
     plain.write_bytes(export.to_onnx(checkpoint.load_weights(d, cfg).eval(), 18).SerializeToString())
-    static = d / contract.onnx_file("fp32", contract.CACHE_STATIC)
     for precision in ("int8", "int4"):
+        static = d / contract.onnx_file("fp32", contract.CACHE_STATIC)
         for cache, src in ((contract.CACHE_CONCAT, plain), (contract.CACHE_STATIC, static)):
             out = d / contract.onnx_file(precision, cache)
             variants.make(precision, src, out, card.model)
             export.set_metadata(out, export.metadata(card, precision, cache))
-    companion = d / contract.prefill_file("int8")  # the int8 static graph's prompt graph, as export writes it
-    variants.quantize(static, companion, variants.SCHEMES["prefill-int8"])
-    export.set_metadata(companion, export.metadata(card, "int8", contract.CACHE_STATIC))
     return d
 
 

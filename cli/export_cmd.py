@@ -64,14 +64,13 @@ def export(
                             "a scheme that misses it gives way to the next)")
         for g in report.gates:
             gates.add_row(g.precision, g.scheme or "—", f"{g.top1:.2%}", f"{g.mean_kl:.2e}", str(g.positions),
-                          "✓" if g.ok else ("✗ (optional)" if g.optional else f"✗ {g.note}".strip()))
+                          "✓" if g.ok else f"✗ {g.note}".strip())
         err.print(gates)
     for path in report.files.values():
         err.print(f"wrote {path} ({human_bytes(path.stat().st_size)})")
     for path in report.removed:
         err.print(f"removed {path} (an earlier export's; this one did not pass its gate)")
-    failed = list(dict.fromkeys(g.precision for g in report.gates
-                                if g.precision not in report.schemes and not g.optional))
+    failed = list(dict.fromkeys(g.precision for g in report.gates if g.precision not in report.schemes))
     if failed:
         from gptport.errors import ValidationError
 

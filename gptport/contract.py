@@ -49,12 +49,6 @@ def static_input_names(n_layer: int) -> list[str]:
     return [INPUT_IDS, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH, LOGITS_INDEX, *past_names(n_layer)]
 
 
-def prefill_file(precision: str) -> str:
-    """The static-cache graph that takes the calls with several new tokens (a prompt's prefill) in
-    place of model.{precision}.static.onnx, where export wrote one: same I/O, other kernels."""
-    return f"model.{precision}.prefill.static.onnx"
-
-
 def onnx_file(precision: str, cache: str = CACHE_CONCAT) -> str:
     """model.onnx for fp32, model.{precision}.onnx for the variants; model.static.onnx and
     model.{precision}.static.onnx for the static-cache graphs."""

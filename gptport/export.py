@@ -28,7 +28,6 @@ from gptport.runtime import load_cpu
 
 TWO_GB = 2 * 1024**3
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
-PREFILL = "int8 prefill"  # the int8 static graph's companion for prompts (contract.prefill_file)
 
 
 @dataclass
@@ -172,8 +171,6 @@ def export(
     report.static_skipped = gqa_graph.unsupported(model_config_to_dict(card.model)) if static else ""
     static_targets = {p: model_dir / contract.onnx_file(p, contract.CACHE_STATIC)
                       for p in precisions if static and not report.static_skipped and p in STATIC_PRECISIONS}
-    if "int8" in static_targets:
-        static_targets[PREFILL] = model_dir / contract.prefill_file("int8")
     existing = [str(p) for p in [*targets.values(), *static_targets.values()] if p.exists()]
     if existing and not force:
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
@@ -220,9 +217,8 @@ def export(
         if static_targets:
             static_pending = _static_graphs(model, card, static_targets, pending, windows, prompts, atol,
                                             report, say)
-            label = {p: p if p == PREFILL else f"{p} static" for p in static_pending}
-            pending.update({label[p]: tmp for p, tmp in static_pending.items()})
-            written.update({label[p]: static_targets[p] for p in static_pending})
+            pending.update({f"{p} static": tmp for p, tmp in static_pending.items()})
+            written.update({f"{p} static": static_targets[p] for p in static_pending})
         for key, tmp in pending.items():
             os.replace(tmp, written[key])
             report.files[key] = written[key]
@@ -259,39 +255,14 @@ def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pendin
         raise ValidationError(f"export: static-cache graph parity failed on case {bad[0].case}: max |Δ logits| "
                               f"{bad[0].max_logits:.2e} (atol {atol:g}), max |Δ present| {bad[0].max_present:.2e}")
     validate.greedy_match(model, engine, prompts)
-    for precision in [p for p in targets if p not in ("fp32", PREFILL) and p in pending]:
+    for precision in [p for p in targets if p != "fp32" and p in pending]:
         say(f"making the {precision} static-cache variant")
         ladder = variants.LADDER[precision]
         tmp = _gated_variant(model, card, precision, out["fp32"], targets[precision], windows, report,
                              ladder[ladder.index(report.schemes[precision]):], contract.CACHE_STATIC)
         if tmp is not None:
             out[precision] = tmp
-    if PREFILL in targets and "int8" in out:
-        say("making the int8 prefill graph (int8 GEMMs for prompts)")
-        tmp = _prefill_companion(model, card, out["fp32"], out["int8"], targets[PREFILL], windows, report)
-        if tmp is not None:
-            out[PREFILL] = tmp
     return out
-
-
-def _prefill_companion(model: GPT, card: ModelCard, fp32: Path, int8: Path, target: Path, windows: np.ndarray,
-                       report: ExportReport) -> Path | None:
-    """The int8 static graph's companion for calls with several new tokens (variants' "prefill-int8":
-    DynamicQuantizeMatMul's int8 GEMMs, ~1.4x faster prompts), under a temporary name, if the pair
-    passes the accuracy gate the way generation runs them: prompt through it, then token by token
-    through the int8 graph. Optional: a miss is reported, not an error."""
-    tmp = atomic.temp_name(target)
-    variants.quantize(fp32, tmp, variants.SCHEMES["prefill-int8"])
-    set_metadata(tmp, metadata(card, "int8", contract.CACHE_STATIC))
-    pair = load_cpu(int8)
-    pair.prefill_session = load_cpu(tmp).session
-    gate = replace(validate.gate(model, pair, windows, PREFILL, split=True), scheme="prefill-int8", optional=True)
-    report.gates.append(gate)
-    if gate.ok:
-        report.schemes[PREFILL] = gate.scheme
-        return tmp
-    tmp.unlink(missing_ok=True)
-    return None
 
 
 def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, target: Path, windows: np.ndarray,

@@ -36,7 +36,6 @@ class OnnxModel:
     provider: str = "cpu"
     notes: list[str] = field(default_factory=list)  # fallbacks taken, for the user to read
     cache: str = contract.CACHE_CONCAT  # concat: model.onnx's contract; static: gqa_graph.py's graph
-    prefill_session: ort.InferenceSession | None = None  # static only: the companion for several new tokens
     _buffers: static_cache.Buffers | None = field(default=None, repr=False)
 
     @property
@@ -73,7 +72,7 @@ class OnnxModel:
         """A step function over this session: numpy in and out on the CPU, I/O binding on a GPU.
         `last_only`: logits (B, 1, V) of each row's last token (the static graph computes only those)."""
         if self.cache == contract.CACHE_STATIC:
-            return static_cache.step_fn(self.session, self.n_layer, last_only, self.prefill_session)
+            return static_cache.step_fn(self.session, self.n_layer, last_only)
         names_in = contract.input_names(self.n_layer)
         names_out = contract.output_names(self.n_layer)
         session = self.session
@@ -189,11 +188,4 @@ def _try(path: Path, provider: str, threads: int) -> tuple[OnnxModel | None, str
     config, precision, sha, cache = _metadata(session, path)
     if cache == contract.CACHE_STATIC and provider != "cpu":
         return None, "the static-cache graph runs on the CPU provider only (its GroupQueryAttention is float32)"
-    model = OnnxModel(session, config, precision, sha, provider, cache=cache)
-    companion = path.with_name(contract.prefill_file(precision))
-    if cache == contract.CACHE_STATIC and companion.is_file() and companion != path:
-        try:
-            model.prefill_session = ort.InferenceSession(str(companion), opts, providers=chain)
-        except ORT_FAILURES as e:
-            raise ArtifactError(f"{companion}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from e
-    return model, ""
+    return OnnxModel(session, config, precision, sha, provider, cache=cache), ""

@@ -10,7 +10,6 @@ is its mask's sum.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -26,11 +25,7 @@ class StaticCache(list):  # type: ignore[type-arg]
 
     lengths: np.ndarray | None = None
     stale: bool = False
-    bindings: dict[int, ort.IOBinding]  # per session (by id): the cache bound as past and present, reused
-
-    def __init__(self, values: Iterable[ort.OrtValue] = ()) -> None:
-        super().__init__(values)
-        self.bindings = {}
+    binding: ort.IOBinding | None = None  # the cache bound as past and present, reused step after step
 
 
 class Buffers:
@@ -62,11 +57,9 @@ def _rotation(shift: np.ndarray, width: int) -> np.ndarray:
     return (np.arange(width)[None, :] + shift[:, None]) % width
 
 
-def step_fn(session: ort.InferenceSession, n_layer: int, last_only: bool = False,
-            prompts: ort.InferenceSession | None = None) -> StepFn:
+def step_fn(session: ort.InferenceSession, n_layer: int, last_only: bool = False) -> StepFn:
     """The contract's step function (left-padded ids, mask and positions) over a static-cache session.
-    `last_only`: logits (B, 1, V) of each row's last token, the head computed for those rows only.
-    `prompts`: a second session over the same cache for the calls with several new tokens."""
+    `last_only`: logits (B, 1, V) of each row's last token, the head computed for those rows only."""
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
 
     def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
@@ -88,10 +81,9 @@ def step_fn(session: ort.InferenceSession, n_layer: int, last_only: bool = False
             raise ValueError("the static-cache graph takes several new tokens after a prefill only at batch 1")
         else:
             total = int(lengths.max())
-        runner = prompts if prompts is not None and T > 1 else session
-        binding = past.bindings.get(id(runner))
+        binding = past.binding
         if binding is None:
-            binding = past.bindings[id(runner)] = runner.io_binding()
+            past.binding = binding = session.io_binding()
             for name, value in zip(pasts, past, strict=True):
                 binding.bind_ortvalue_input(name, value)
             binding.bind_output(contract.LOGITS, "cpu")  # output 0; rebinding it below keeps its place
@@ -107,7 +99,7 @@ def step_fn(session: ort.InferenceSession, n_layer: int, last_only: bool = False
             index = np.broadcast_to(np.arange(T, dtype=np.int64), (B, T))  # (B, T)
         binding.bind_cpu_input(contract.LOGITS_INDEX, np.ascontiguousarray(index))
         binding.bind_output(contract.LOGITS, "cpu")  # afresh each call: its shape changes after the prefill
-        runner.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()  # (B, T, V), or (B, 1, V) with last_only
         if padded and not last_only:  # back to the caller's left padding; padded positions get zeros
             back = _rotation(lengths - T, T)  # (B, T): the inverse rotation

@@ -44,7 +44,6 @@ class GateRow:
     ok: bool
     note: str = ""
     scheme: str = ""  # the quantization scheme gated (variants.SCHEMES), "" for fp16
-    optional: bool = False  # a speed-up export may go without (the prefill companion): no error if it misses
 
 
 def _cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:
@@ -187,10 +186,8 @@ def heldout_windows(model_dir: Path, model: GPT, count: int = 8) -> np.ndarray:
     return ids.numpy()
 
 
-def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str, split: bool = False) -> GateRow:
-    """Top-1 agreement and mean KL(torch fp32 || variant) over every position of the windows, each
-    window one prefill, or with `split` the way generation goes: its first half prefilled, the rest
-    decoded token by token through the cache."""
+def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str) -> GateRow:
+    """Top-1 agreement and mean KL(torch fp32 || variant) over every position of the windows."""
     step = variant.step()
     agree, kl, total = 0, 0.0, 0
     for row in windows:
@@ -198,13 +195,8 @@ def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str, sp
         mask = np.ones_like(ids)
         with torch.no_grad():
             want = model(torch.from_numpy(ids))[0].float().numpy()[0]  # (T, V)
-        first = len(row) // 2 if split else len(row)
-        logits, past = step(ids[:, :first], mask[:, :first], positions(mask[:, :first]), variant.empty_past(1))
-        pieces = [logits]
-        for t in range(first, len(row)):
-            logits, past = step(ids[:, t:t + 1], mask[:, :t + 1], np.array([[t]], dtype=np.int64), past)
-            pieces.append(logits)
-        got = np.concatenate(pieces, axis=1).astype(np.float32)[0]  # (T, V)
+        past = variant.empty_past(1)
+        got = step(ids, mask, positions(mask), past)[0].astype(np.float32)[0]  # (T, V)
         agree += int((want.argmax(-1) == got.argmax(-1)).sum())
         log_p, log_q = _log_softmax(want), _log_softmax(got)
         kl += float((np.exp(log_p) * (log_p - log_q)).sum())

@@ -3,7 +3,6 @@ no copy, random padded batches decoded step by step, stale caches refused, the i
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptport import contract, export, variants
+from gptport import contract
 from gptport import tokenizer as bpe
-from gptport.checkpoint import load_model, read_card
+from gptport.checkpoint import load_model
 from gptport.generate import empty_past, positions
 from gptport.runtime import load_cpu
 from gptport.static_cache import cache_arrays
@@ -112,40 +111,6 @@ def test_int8_static_variant_was_gated_and_decodes_like_its_contract_twin(traine
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9  # same weights, same quantizer, other graph
     proto = onnx.load(str(trained_dir / "model.int8.static.onnx"))
     assert {n.op_type for n in proto.graph.node} >= {"MatMulNBits", "GroupQueryAttention"}
-
-
-def test_the_prompt_graph_takes_prompts_and_the_int8_graph_takes_tokens(
-        tmp_path: Path, trained_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    d = tmp_path / "m"
-    shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns(contract.prefill_file("int8")))
-    companion = d / contract.prefill_file("int8")
-    variants.quantize(d / "model.static.onnx", companion, variants.SCHEMES["prefill-int8"])
-    export.set_metadata(companion, export.metadata(read_card(d), "int8", contract.CACHE_STATIC))
-    ops = {n.op_type for n in onnx.load(str(companion)).graph.node}
-    assert {"MatMulInteger", "MatMulNBits"} <= ops  # int8 GEMMs; block-wise after GELU and for the head
-    engine, alone = static_engine(d, "int8"), static_engine(d, "int8")
-    alone.prefill_session = None
-    assert engine.prefill_session is not None
-    runs = {"prompt": 0, "token": 0}
-    for key, session in (("prompt", engine.prefill_session), ("token", engine.session)):
-        def counted(binding: Any, run: Any = session.run_with_iobinding, key: str = key) -> None:
-            runs[key] += 1
-            run(binding)
-        monkeypatch.setattr(session, "run_with_iobinding", counted)
-    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=np.int64)
-    ids = np.arange(10, dtype=np.int64).reshape(2, 5) + 1
-    step, past = engine.step(), engine.empty_past(2)
-    got, past = step(ids, mask, positions(mask), past)
-    prompt_only = load_cpu(companion)  # the companion is a static graph of its own: same numbers
-    want, _ = prompt_only.step()(ids, mask, positions(mask), prompt_only.empty_past(2))
-    np.testing.assert_allclose(got, want, atol=1e-6)
-    twin, twin_past = alone.step(), alone.empty_past(2)
-    plain, twin_past = twin(ids, mask, positions(mask), twin_past)
-    assert (plain.argmax(-1) == got.argmax(-1))[mask.astype(bool)].mean() >= 0.9  # both int8, other kernels
-    for _ in range(3):
-        mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
-        got, past = step(np.array([[3], [4]]), mask, positions(mask)[:, -1:], past)
-    assert runs == {"prompt": 1, "token": 3}
 
 
 def test_a_head_size_groupqueryattention_cannot_take_skips_the_static_graph(
