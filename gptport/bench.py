@@ -62,7 +62,7 @@ class Row:
     speedup_vs_torch: float | None = None
     prefill_speedup_vs_torch: float | None = None
     weight_bytes_per_token: int | None = None
-    bandwidth_gb_s: float | None = None  # CPU rows: read bandwidth probed just before and after the row, mean
+    bandwidth_gb_s: float | None = None  # CPU rows: read bandwidth, mean of probes before the warm-up and after
     bandwidth_fraction: float | None = None
     session_s: float | None = None
     peak_rss_mb: float | None = None

@@ -4,7 +4,7 @@ cache preallocated at n_ctx. No torch here: it is built from model.safetensors a
 
 Why a second graph: the contract graph (model.onnx) concatenates past and new keys, so every decode
 step allocates and copies the whole cache, and it is made of ~230 small nodes. This one has ~14
-nodes per layer and, with the cache bound as both input and output (runtime.StaticModel), copies
+nodes per layer and, with the cache bound as both input and output (static_cache.step_fn), copies
 nothing per step. It is onnxruntime-specific (GroupQueryAttention: CPU in float32, CUDA in float16),
 so it sits beside model.onnx rather than replacing it.
 
