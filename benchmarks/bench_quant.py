@@ -19,12 +19,10 @@ import platform
 import statistics
 from pathlib import Path
 
-from gptport import contract, export, gqa_graph, validate, variants
+from gptport import contract, export, validate, variants
 from gptport import tokenizer as bpe
 from gptport.bench import time_generation
-from gptport.checkpoint import ModelCard, load_model
-from gptport.config import model_config_to_dict
-from gptport.model import GPT
+from gptport.checkpoint import load_model
 from gptport.runtime import OnnxModel, load_cpu
 
 HERE = Path(__file__).resolve().parent
@@ -39,15 +37,6 @@ def speeds(model: OnnxModel, prompt_len: int, gen: int, repeat: int) -> tuple[fl
         prefill.append(prompt_len / t_prefill)
         decode.append(len(steps) / sum(steps))
     return statistics.median(prefill[1:]), statistics.median(decode[1:])
-
-
-def static_graph(model: GPT, card: ModelCard, work: Path) -> Path:
-    """The fp32 static-cache graph (what the CPU runs by default), built from the weights."""
-    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    out = work / "static.onnx"
-    export.save(gqa_graph.build(model_config_to_dict(card.model), weights), out,
-                export.metadata(card, "fp32", contract.CACHE_STATIC))
-    return out
 
 
 def main() -> None:
@@ -66,7 +55,8 @@ def main() -> None:
     prompt_len = min(64, card.model.n_ctx - args.gen)
     work = HERE / "work" / "quant"
     work.mkdir(parents=True, exist_ok=True)
-    fp32 = static_graph(model, card, work)
+    fp32 = work / "static.onnx"  # the fp32 static-cache graph: what the CPU runs by default
+    export.save_static(model, card, fp32)
     rows = [{"scheme": "fp32", "bytes": fp32.stat().st_size, "top1": 1.0, "mean_kl": 0.0, "passes": True}]
     rows[0]["prefill_tok_s"], rows[0]["decode_tok_s"] = speeds(load_cpu(fp32, args.threads), prompt_len,
                                                              args.gen, args.repeat)

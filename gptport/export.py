@@ -243,10 +243,8 @@ def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pendin
     passed: fp32 built from the weights and checked like model.onnx, int8/int4 quantized from it,
     starting with the scheme their contract twin shipped, and gated again."""
     say("building the static-cache graph (GroupQueryAttention, cache preallocated at n_ctx)")
-    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    proto = gqa_graph.build(model_config_to_dict(card.model), weights)
     out = {"fp32": atomic.temp_name(targets["fp32"])}
-    save(proto, out["fp32"], metadata(card, "fp32", contract.CACHE_STATIC))
+    save_static(model, card, out["fp32"])
     onnx.checker.check_model(str(out["fp32"]), full_check=True)
     engine = load_cpu(out["fp32"])
     report.static_parity = validate.static_parity(model, engine, atol)
@@ -263,6 +261,13 @@ def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pendin
         if tmp is not None:
             out[precision] = tmp
     return out
+
+
+def save_static(model: GPT, card: ModelCard, path: Path) -> None:
+    """The fp32 static-cache graph (gqa_graph.py) of the model's weights, with its metadata, at `path`."""
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    proto = gqa_graph.build(model_config_to_dict(card.model), weights)
+    save(proto, path, metadata(card, "fp32", contract.CACHE_STATIC))
 
 
 def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, target: Path, windows: np.ndarray,

@@ -42,7 +42,6 @@ class GateRow:
     mean_kl: float
     positions: int
     ok: bool
-    note: str = ""
     scheme: str = ""  # the quantization scheme gated (variants.SCHEMES), "" for fp16
 
 
