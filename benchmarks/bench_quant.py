@@ -23,7 +23,7 @@ from gptport import contract, export, validate, variants
 from gptport import tokenizer as bpe
 from gptport.bench import time_generation
 from gptport.checkpoint import load_model
-from gptport.runtime import OnnxModel, load_cpu
+from gptport.onnx_engine import OnnxModel, load_cpu
 
 HERE = Path(__file__).resolve().parent
 

@@ -24,8 +24,8 @@ import numpy as np
 import onnxruntime as ort
 
 from gptport import contract
-from gptport.generate import positions
-from gptport.runtime import OnnxModel, session_options
+from gptport.engine import positions
+from gptport.onnx_engine import OnnxModel, session_options
 
 HERE = Path(__file__).resolve().parent
 

@@ -67,7 +67,7 @@ def bench(
         batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
         gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline,
         kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()])
-    from gptport.inference import CACHES
+    from gptport.loader import CACHES
 
     bad = [c for c in plan.kv_caches if c not in CACHES]
     if bad or not plan.kv_caches:

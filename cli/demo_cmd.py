@@ -40,7 +40,7 @@ def demo(
     from gptport.corpus import CorpusReader, default_corpus
     from gptport.errors import InputError, UsageError
     from gptport.generate import generate
-    from gptport.inference import open_model
+    from gptport.loader import open_model
     from gptport.sampling import Sampling
 
     if minutes <= 0:

@@ -37,7 +37,7 @@ def eval_(
     """Perplexity and bits per byte of text, over a sliding window of n_ctx tokens."""
     from gptport.corpus import CorpusReader, resolve_sources
     from gptport.evaluate import evaluate
-    from gptport.inference import open_model
+    from gptport.loader import open_model
 
     reader = CorpusReader(resolve_sources(text, glob), encoding_errors.value)
     body = "".join(reader.chunks())

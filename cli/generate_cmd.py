@@ -60,7 +60,7 @@ def generate(
     from gptport.detok import TextStream
     from gptport.errors import UsageError
     from gptport.generate import generate as run
-    from gptport.inference import encode_prompts, open_model, read_prompt_file
+    from gptport.loader import encode_prompts, open_model, read_prompt_file
     from gptport.sampling import Sampling
 
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from gptport import __version__
+from gptport.engine import Engine, positions
 from gptport.errors import GptportError
-from gptport.generate import Engine, positions
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class BenchPlan:
     warmup: int = 1
     threads: int = 0
     torch_baseline: bool = True
-    kv_caches: Sequence[str] = ("auto",)  # auto | static | concat (inference.graph_path)
+    kv_caches: Sequence[str] = ("auto",)  # auto | static | concat (loader.graph_path)
     probe_mib: int = 1024  # the bandwidth probe's buffer: far larger than the caches
 
 
@@ -201,8 +201,8 @@ def _shapes(plan: BenchPlan, n_ctx: int) -> Iterator[tuple[int, int]]:
 
 def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Measure every configuration of `plan`; a configuration that cannot run is a row with its error."""
-    from gptport import runtime
-    from gptport.inference import graph_path
+    from gptport import onnx_engine
+    from gptport.loader import graph_path
 
     bandwidth = measure_bandwidth(plan.threads, plan.probe_mib)
     say(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s")
@@ -217,7 +217,7 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
         t0 = time.perf_counter()
         try:
             path = graph_path(model_dir, precision, provider, cache)
-            model = runtime.load(path, provider, threads=plan.threads)
+            model = onnx_engine.load(path, provider, threads=plan.threads)
         except GptportError as e:
             rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=cache, error=str(e)))
             say(f"onnx {provider} {precision} {cache}: {e}")
@@ -244,7 +244,7 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
 
 def _torch_rows(model_dir: Path, plan: BenchPlan, say: Callable[[str], None]) -> list[Row]:
     """The same loop over the torch model from model.safetensors (needs the train extra)."""
-    from gptport.inference import open_model
+    from gptport.loader import open_model
 
     rows = []
     for provider in sorted({"cuda" if p in ("cuda", "tensorrt") else "cpu" for p in plan.providers}):

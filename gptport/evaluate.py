@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gptport.data import token_bytes
+from gptport.engine import Engine, positions
 from gptport.errors import InputError, UsageError
-from gptport.generate import Engine, positions
 from gptport.tokenizer import BPETokenizer
 
 

@@ -24,7 +24,7 @@ from gptport.checkpoint import ModelCard, load_model
 from gptport.config import model_config_to_dict
 from gptport.errors import ArtifactError, UsageError, ValidationError
 from gptport.model import GPT
-from gptport.runtime import load_cpu
+from gptport.onnx_engine import load_cpu
 
 TWO_GB = 2 * 1024**3
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32

@@ -1,9 +1,5 @@
-"""The generation loop over any step function: an onnxruntime session or the torch model.
-
-A step function takes input_ids (B, T), attention_mask (B, P+T) and position_ids (B, T) as int64
-numpy arrays and the KV cache (a list, [k0, v0, k1, v1, ...], each (B, H, P, hd), in whatever form
-the engine keeps it), and returns the logits (B, T, V) as numpy and the present cache. The loop
-knows only token ids. No torch here.
+"""The generation loop over any engine (engine.py): an onnxruntime session or the torch model. The
+loop knows only token ids. No torch here.
 """
 
 from __future__ import annotations
@@ -12,28 +8,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 import numpy as np
 
+from gptport.engine import Engine, left_pad, positions
 from gptport.sampling import Sampling, choose
 
-Past = list[Any]
-StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Past], tuple[np.ndarray, Past]]
 Overflow = Literal["slide", "stop"]
-FLOAT32 = np.dtype(np.float32)
-
-
-class Engine(Protocol):
-    """What the loop needs of a model: its context length, a step function and an empty cache."""
-
-    @property
-    def n_ctx(self) -> int: ...
-
-    def step(self, last_only: bool = False) -> StepFn: ...
-
-    def empty_past(self, batch: int) -> Past: ...
-
 
 @dataclass
 class RowResult:
@@ -49,28 +31,6 @@ class RowResult:
     def decode_tok_s(self) -> float:
         steps = max(len(self.new_ids) - 1, 0)  # the first new token comes from the prefill
         return steps / self.decode_s if self.decode_s > 0 else 0.0
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Left-padded ids (B, T) and attention mask (B, T) for prompts of different lengths."""
-    width = max(len(p) for p in prompts)
-    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)  # (B, T)
-    mask = np.zeros((len(prompts), width), dtype=np.int64)  # (B, T)
-    for row, p in enumerate(prompts):
-        if len(p):
-            ids[row, width - len(p):] = p
-            mask[row, width - len(p):] = 1
-    return ids, mask
-
-
-def positions(mask: np.ndarray) -> np.ndarray:
-    """Positions that skip left padding: (B, T) mask -> (B, T) positions."""
-    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
-
-
-def empty_past(batch: int, n_layer: int, n_head: int, head_dim: int, dtype: np.dtype = FLOAT32) -> Past:
-    """A zero-length numpy KV cache: (B, H, 0, hd) per key and value of each layer."""
-    return [np.zeros((batch, n_head, 0, head_dim), dtype=dtype) for _ in range(2 * n_layer)]
 
 
 def generate(

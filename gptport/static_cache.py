@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from gptport import contract
-from gptport.generate import Past, StepFn
+from gptport.engine import Past, StepFn
 
 
 class StaticCache(list):  # type: ignore[type-arg]

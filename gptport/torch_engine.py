@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gptport.generate import Past, StepFn
+from gptport.engine import Past, StepFn
 from gptport.model import GPT
 
 

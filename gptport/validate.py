@@ -11,10 +11,11 @@ import torch
 
 from gptport import static_cache
 from gptport.data import DATA_DIR
+from gptport.engine import Engine, Past, StepFn, empty_past, positions
 from gptport.errors import ValidationError
-from gptport.generate import Engine, Past, StepFn, empty_past, generate, positions
+from gptport.generate import generate
 from gptport.model import GPT
-from gptport.runtime import OnnxModel
+from gptport.onnx_engine import OnnxModel
 from gptport.sampling import Sampling
 from gptport.tokenizer import BPETokenizer
 from gptport.torch_engine import TorchEngine, torch_step

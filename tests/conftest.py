@@ -94,7 +94,7 @@ def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     model.onnx's engine)."""
     from gptport import export
     from gptport.checkpoint import load_model
-    from gptport.runtime import load_cpu
+    from gptport.onnx_engine import load_cpu
 
     out = build_model_dir(tmp_path_factory.mktemp(request.param) / "m", tokenizer_dir, corpus_file, steps=0,
                           **VARIANTS[request.param])

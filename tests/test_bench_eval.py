@@ -15,7 +15,7 @@ from gptport import bench
 from gptport import tokenizer as bpe
 from gptport.errors import UsageError
 from gptport.evaluate import evaluate
-from gptport.inference import open_model
+from gptport.loader import open_model
 from gptport.providers import probe
 from tests.conftest import make_text
 from tests.test_cli import _assert_one_line_error, gptport

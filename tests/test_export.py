@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from gptport import contract, export, validate, variants
 from gptport import tokenizer as bpe
 from gptport.checkpoint import load_model
+from gptport.engine import empty_past, positions
 from gptport.errors import ArtifactError, UsageError
-from gptport.generate import empty_past, positions
-from gptport.runtime import OnnxModel, load_cpu
+from gptport.onnx_engine import OnnxModel, load_cpu
 from gptport.torch_engine import torch_step
 from gptport.validate import parity
 from tests.test_cli import _assert_one_line_error, gptport

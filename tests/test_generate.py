@@ -12,7 +12,7 @@ import pytest
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, UsageError
 from gptport.generate import generate
-from gptport.inference import encode_prompts, graph_path, open_model
+from gptport.loader import encode_prompts, graph_path, open_model
 from gptport.sampling import Sampling
 from tests.test_cli import _assert_one_line_error, gptport
 

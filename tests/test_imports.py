@@ -21,8 +21,11 @@ def test_import_loads_no_framework(module: str) -> None:
     assert loaded_after_import(module) == set()
 
 
-@pytest.mark.parametrize("module", ["gptport.runtime", "gptport.generate", "gptport.variants", "gptport.sampling",
-                                    "gptport.detok", "gptport.inference", "gptport.providers",
-                                    "gptport.static_cache", "gptport.gqa_graph", "gptport.bench"])
+INFERENCE_MODULES = ["gptport.engine", "gptport.onnx_engine", "gptport.static_cache", "gptport.loader",
+                     "gptport.generate", "gptport.slots", "gptport.variants", "gptport.sampling", "gptport.detok",
+                     "gptport.providers", "gptport.gqa_graph", "gptport.bench"]
+
+
+@pytest.mark.parametrize("module", INFERENCE_MODULES)
 def test_inference_modules_load_no_torch(module: str) -> None:
     assert "torch" not in loaded_after_import(module)

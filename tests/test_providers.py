@@ -14,8 +14,8 @@ from gptport import tokenizer as bpe
 from gptport.checkpoint import load_model
 from gptport.errors import ProviderError, UsageError
 from gptport.generate import generate
+from gptport.onnx_engine import load
 from gptport.providers import check_name, probe, provider_options, reason_from_log, trt_profiles
-from gptport.runtime import load
 from gptport.sampling import Sampling
 from gptport.validate import parity
 

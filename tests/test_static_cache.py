@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from gptport import contract
 from gptport import tokenizer as bpe
 from gptport.checkpoint import load_model
-from gptport.generate import empty_past, positions
-from gptport.runtime import load_cpu
+from gptport.engine import empty_past, positions
+from gptport.onnx_engine import load_cpu
 from gptport.static_cache import cache_arrays
 from gptport.torch_engine import torch_step
 from gptport.validate import static_parity
@@ -116,7 +116,7 @@ def test_int8_static_variant_was_gated_and_decodes_like_its_contract_twin(traine
 def test_a_head_size_groupqueryattention_cannot_take_skips_the_static_graph(
         tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
     from gptport import export
-    from gptport.inference import open_model
+    from gptport.loader import open_model
     from tests.conftest import build_model_dir
 
     d = build_model_dir(tmp_path / "m", tokenizer_dir, corpus_file, steps=0, d_model=48, n_head=4)  # head size 12

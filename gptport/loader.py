@@ -8,12 +8,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptport import contract, runtime
+from gptport import contract, onnx_engine
 from gptport import tokenizer as bpe
 from gptport.checkpoint_paths import CONFIG
 from gptport.config import read_json
+from gptport.engine import Engine
 from gptport.errors import ArtifactError, InputError, UsageError
-from gptport.generate import Engine
 
 CACHE_AUTO = "auto"
 CACHES = (CACHE_AUTO, contract.CACHE_STATIC, contract.CACHE_CONCAT)
@@ -64,7 +64,7 @@ def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", pre
     if engine != "onnx":
         raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
     path = graph_path(model_dir, precision, provider, cache)
-    model = runtime.load(path, provider, threads=threads, fallback=fallback, say=say)
+    model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say)
     if model.tokenizer_sha256 != tok.sha256:
         raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "
                             f"than {model_dir}/tokenizer.json ({tok.sha256[:12]}…); export again")

@@ -18,8 +18,8 @@ import numpy as np
 import onnxruntime as ort
 
 from gptport import contract, providers, static_cache
+from gptport.engine import Past, StepFn
 from gptport.errors import ArtifactError, ProviderError
-from gptport.generate import Past, StepFn
 
 ORT_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
                 ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.NoSuchFile)

@@ -1,0 +1,214 @@
+"""A model as continuous batching sees it: a KV cache of S rows (slots), each holding one sequence.
+
+A slot is filled by `append` (a prompt, or a chunk of one, on its own), and `decode` advances every
+busy slot by one token in one step. Slots come and go independently; nothing here samples or knows
+about requests. No torch here.
+
+- `StaticSlots`, over the static-cache graph (gqa_graph.py, CPU): one (S, H, n_ctx, hd) buffer per key
+  and value. A step over rows [lo, lo + n) binds views of those rows as both past and present, and
+  GroupQueryAttention writes each row's new keys and values at that row's own length, in place.
+- `ConcatSlots`, over any `Engine` (the contract graph on any provider, or the torch model): the busy
+  slots' caches form one left-padded batch; a slot joins it by padding and leaves by being cut out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from gptport import contract
+from gptport.engine import FLOAT32, Engine, Past
+
+
+class SlotEngine(Protocol):
+    """What the scheduler needs of a model: S slots of n_ctx positions each."""
+
+    n_ctx: int
+    slots: int
+
+    def length(self, slot: int) -> int:
+        """Positions the slot holds."""
+        ...
+
+    def append(self, slot: int, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+        """Write ids (T,) at the slot's next T positions: logits (T, V), or (1, V) of the last token."""
+        ...
+
+    def decode(self, slots: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+        """One token per slot (k,) at its next position, all in one step: logits (k, V) in `slots` order."""
+        ...
+
+    def free(self, slot: int) -> None:
+        """Forget the slot's sequence; its positions are reused by the next append."""
+        ...
+
+
+class StaticSlots:
+    """Slots as rows of the static-cache graph's preallocated cache (CPU, float32)."""
+
+    def __init__(self, session: Any, config: dict[str, Any], slots: int, dtype: np.dtype = FLOAT32) -> None:
+        import onnxruntime as ort
+
+        self._ort, self.session, self.slots = ort, session, slots
+        heads, self.n_ctx, layers = int(config["n_head"]), int(config["n_ctx"]), int(config["n_layer"])
+        hd = int(config["d_model"]) // heads
+        self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
+        shape = (slots, heads, self.n_ctx, hd)  # (S, H, C, hd)
+        self.buffers = [np.zeros(shape, dtype=dtype) for _ in range(2 * layers)]
+        self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
+        self._bindings: dict[tuple[int, int], Any] = {}
+        self._views: list[Any] = []  # OrtValues over the buffers: they must live as long as their bindings
+
+    def length(self, slot: int) -> int:
+        return int(self.lengths[slot])
+
+    def _binding(self, lo: int, n: int) -> Any:
+        """An I/O binding with rows [lo, lo + n) of every cache buffer bound as past and present."""
+        binding = self._bindings.get((lo, n))
+        if binding is None:
+            binding = self.session.io_binding()
+            binding.bind_output(contract.LOGITS, "cpu")  # output 0; rebinding it in _run keeps its place
+            for past, present, buf in zip(self._pasts, self._presents, self.buffers, strict=True):
+                view = self._ort.OrtValue.ortvalue_from_numpy(buf[lo:lo + n])  # shares the buffer's memory
+                self._views.append(view)
+                binding.bind_ortvalue_input(past, view)
+                binding.bind_ortvalue_output(present, view)  # the same memory: appended in place
+            self._bindings[(lo, n)] = binding
+        return binding
+
+    def _run(self, binding: Any, ids: np.ndarray, pos: np.ndarray, seqlens_k: np.ndarray, total: int,
+             index: np.ndarray) -> np.ndarray:
+        binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(ids, dtype=np.int64))
+        binding.bind_cpu_input(contract.POSITION_IDS, np.ascontiguousarray(pos, dtype=np.int64))
+        binding.bind_cpu_input(contract.SEQLENS_K, seqlens_k.astype(np.int32))
+        binding.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
+        binding.bind_cpu_input(contract.LOGITS_INDEX, np.ascontiguousarray(index, dtype=np.int64))
+        binding.bind_output(contract.LOGITS, "cpu")  # afresh each call: its shape changes
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()  # (B, L, V)
+
+    def append(self, slot: int, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+        start, T = int(self.lengths[slot]), len(ids)
+        if start + T > self.n_ctx:
+            raise ValueError(f"slot {slot}: {start} + {T} positions exceed n_ctx {self.n_ctx}")
+        pos = np.arange(start, start + T, dtype=np.int64)[None, :]  # (1, T)
+        index = np.arange(T, dtype=np.int64)[None, :] if all_logits else np.array([[T - 1]], dtype=np.int64)
+        logits = self._run(self._binding(slot, 1), ids[None, :], pos, np.array([start + T - 1]), start + T, index)
+        self.lengths[slot] += T
+        return logits[0]  # (T, V) or (1, V)
+
+    def decode(self, slots: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+        rows = np.asarray(slots, dtype=np.int64)  # (k,)
+        if (self.lengths[rows] >= self.n_ctx).any() or (self.lengths[rows] == 0).any():
+            raise ValueError("decode needs slots that hold between 1 and n_ctx - 1 positions")
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        n = hi - lo
+        # Rows in [lo, hi) that are not decoding (free, or between prefill chunks) step a dummy token 0
+        # at their own length: a position that their next append overwrites, so nothing they hold changes.
+        pos = np.minimum(self.lengths[lo:hi], self.n_ctx - 1).copy()  # (n,) write positions
+        ids = np.zeros((n, 1), dtype=np.int64)  # (n, 1)
+        ids[rows - lo, 0] = tokens
+        logits = self._run(self._binding(lo, n), ids, pos[:, None], pos, int(pos.max()) + 1,
+                           np.zeros((n, 1), dtype=np.int64))
+        self.lengths[rows] += 1
+        return logits[rows - lo, 0]  # (k, V)
+
+    def free(self, slot: int) -> None:
+        self.lengths[slot] = 0
+
+
+def _host(value: Any) -> np.ndarray:
+    """A cache tensor as numpy (OrtValues of GPU engines are copied down)."""
+    return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
+
+
+class ConcatSlots:
+    """Slots over any engine's step function: the decoding slots' caches are one left-padded batch
+    (B, H, P, hd) with its attention mask (B, P); a slot being filled keeps a cache of its own."""
+
+    def __init__(self, engine: Engine, slots: int) -> None:
+        self.engine, self.slots, self.n_ctx = engine, slots, engine.n_ctx
+        self._last, self._all = engine.step(last_only=True), engine.step(last_only=False)
+        self.lengths = np.zeros(slots, dtype=np.int64)
+        self._solo: dict[int, Past] = {}  # slot -> its own (1, H, L, hd) cache while being filled
+        self._rows: list[int] = []  # slots in batch order
+        self._mask = np.zeros((0, 0), dtype=np.int64)  # (B, P)
+        self._past: Past = []
+
+    def length(self, slot: int) -> int:
+        return int(self.lengths[slot])
+
+    def append(self, slot: int, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+        if slot in self._rows:
+            raise ValueError(f"slot {slot} is decoding; append fills a slot before its first decode")
+        start, T = int(self.lengths[slot]), len(ids)
+        if start + T > self.n_ctx:
+            raise ValueError(f"slot {slot}: {start} + {T} positions exceed n_ctx {self.n_ctx}")
+        past = self._solo.get(slot) or self.engine.empty_past(1)
+        mask = np.ones((1, start + T), dtype=np.int64)  # (1, L + T)
+        pos = np.arange(start, start + T, dtype=np.int64)[None, :]  # (1, T)
+        logits, self._solo[slot] = (self._all if all_logits else self._last)(ids[None, :].astype(np.int64), mask,
+                                                                             pos, past)
+        self.lengths[slot] += T
+        return logits[0]  # (T, V) or (1, V)
+
+    def _join(self, slot: int) -> None:
+        """Move a filled slot's own cache into the batch, left-padding whichever is shorter."""
+        own = [_host(v) for v in self._solo.pop(slot)]  # (1, H, L, hd)
+        L = own[0].shape[2]
+        if not self._rows:
+            self._rows, self._past, self._mask = [slot], own, np.ones((1, L), dtype=np.int64)
+            return
+        batch = [_host(v) for v in self._past]
+        P = batch[0].shape[2]
+        width = max(P, L)
+
+        def pad(a: np.ndarray, n: int) -> np.ndarray:  # n zeros on the left of the sequence axis
+            return a if n == 0 else np.pad(a, [(0, 0), (0, 0), (n, 0), (0, 0)])
+
+        self._past = [np.concatenate([pad(b, width - P), pad(o, width - L)]) for b, o in zip(batch, own, strict=True)]
+        row_mask = np.zeros((1, width), dtype=np.int64)
+        row_mask[0, width - L:] = 1
+        self._mask = np.concatenate([np.pad(self._mask, [(0, 0), (width - P, 0)]), row_mask])
+        self._rows.append(slot)
+
+    def decode(self, slots: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+        for slot in slots:
+            if slot not in self._rows:
+                self._join(slot)
+        if sorted(slots) != sorted(self._rows):
+            raise ValueError("decode steps every decoding slot at once; free the others first")
+        order = {slot: i for i, slot in enumerate(self._rows)}
+        ids = np.zeros((len(self._rows), 1), dtype=np.int64)  # (B, 1)
+        ids[[order[s] for s in slots], 0] = tokens
+        self._mask = np.concatenate([self._mask, np.ones((len(self._rows), 1), dtype=np.int64)], axis=1)  # (B, P+1)
+        pos = self.lengths[self._rows][:, None]  # (B, 1)
+        logits, self._past = self._last(ids, self._mask, pos, self._past)
+        self.lengths[self._rows] += 1
+        return logits[[order[s] for s in slots], -1]  # (k, V)
+
+    def free(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        self._solo.pop(slot, None)
+        if slot not in self._rows:
+            return
+        i = self._rows.index(slot)
+        self._rows.pop(i)
+        keep = [r for r in range(len(self._rows) + 1) if r != i]
+        self._mask = self._mask[keep]
+        self._past = [_host(v)[keep] for v in self._past]
+        if self._rows:  # drop the columns no remaining row uses
+            first = int(np.argmax(self._mask.any(axis=0)))
+            self._mask = self._mask[:, first:]
+            self._past = [v[:, :, first:] for v in self._past]
+        else:
+            self._mask, self._past = np.zeros((0, 0), dtype=np.int64), []
+
+
+def open_slots(engine: Any, slots: int) -> SlotEngine:
+    """StaticSlots for a static-cache onnxruntime graph, ConcatSlots for any other engine."""
+    if getattr(engine, "cache", None) == contract.CACHE_STATIC:
+        return StaticSlots(engine.session, engine.config, slots, engine.kv_dtype)
+    return ConcatSlots(engine, slots)
