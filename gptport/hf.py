@@ -1,6 +1,7 @@
 """Moving models to and from the Hugging Face transformers GPT-2 format, without transformers itself:
 the format is a config.json and a safetensors file whose Conv1D weights are the transposes of
-gptport's Linear weights. Only safetensors are read (no pickles)."""
+gptport's Linear weights. Only safetensors are read (no pickles). torch is imported inside the
+functions that need it, so that `mismatches` (which export-gguf reuses) stays torch-free."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
-from gptport import atomic, checkpoint
+from gptport import atomic
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError
-from gptport.model import GPT
+
+if TYPE_CHECKING:
+    from gptport.model import GPT
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GELU_NAMES = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "exact"}
@@ -39,6 +40,10 @@ def mismatches(cfg: ModelConfig) -> list[str]:
 
 def export_hf(model_dir: Path, out: Path, force: bool = False) -> list[Path]:
     """Write a transformers GPT-2 checkpoint (config.json, model.safetensors, tokenizer files)."""
+    from safetensors.torch import save_file
+
+    from gptport import checkpoint
+
     tok = bpe.load(model_dir)
     model, card = checkpoint.load_model(model_dir, tok)
     cfg = card.model
@@ -111,6 +116,10 @@ def _model_config(hf: dict[str, Any], vocab_size: int, where: Path) -> ModelConf
 
 def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
     """Turn a local transformers GPT-2 directory into a gptport model directory."""
+    from safetensors.torch import load_file
+
+    from gptport.model import GPT
+
     config_path, weights = hf_dir / "config.json", hf_dir / "model.safetensors"
     if not config_path.is_file():
         raise InputError(f"{hf_dir}: no config.json")
@@ -153,6 +162,10 @@ def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
 
 def _write(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig) -> None:
     """Stage the whole model directory next to `out`, then move its files in."""
+    import torch
+
+    from gptport import checkpoint
+
     out.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".import-", dir=out))
     try:
