@@ -1,0 +1,1 @@
+"""Serving: the OpenAI-compatible server and its load generator."""

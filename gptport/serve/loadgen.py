@@ -1,0 +1,380 @@
+"""A load generator for any OpenAI-compatible completions server (`gptport bench-serve`).
+
+Each request streams `POST URL/v1/completions` with `stream: true`,
+`stream_options: {"include_usage": true}`, `max_tokens`, `temperature` and `ignore_eos: true` (an
+extra field that llama.cpp's server and vLLM honour, so that every request generates `max_tokens`;
+servers that do not know it ignore it). For each concurrency level the same prompts are sent by at
+most that many requests in flight: a closed loop when the request rate is infinite, Poisson arrivals
+(seeded exponential gaps) capped by the concurrency otherwise, as in vLLM's benchmark_serving.
+
+Prompts: the client does not know the server's tokenizer, so a prompt is `prompt_len` words drawn
+(seeded) from a fixed list of common English words, about one token each in GPT-2-like BPEs. The
+tokens the server actually saw are taken from its `usage.prompt_tokens` and reported as
+`mean_prompt_tokens`; a tokenizer trained on other text may split the words into more tokens.
+
+Metrics use vLLM's names. TTFT: send to the first streamed chunk that carries text. ITL: the gaps
+between consecutive text chunks. TPOT: (E2EL - TTFT) / (output tokens - 1), for requests with more
+than one output token. E2EL: send to the end of the stream. Token counts come from the server's
+`usage` chunk; a request whose stream has none counts its text chunks as output tokens and the
+requested prompt length as prompt tokens (`requests_without_usage` says how many did). Chunks that
+carry several tokens make ITL larger than TPOT. Metrics are pure functions of `RequestRecord`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gptport.errors import InputError, UsageError
+
+WORDS = """the of and to in is was for on that with as by at from his her they this have had not are but
+be one all which their were when more time about out there so up who would been she will if them can
+no into has only some two other then its over than like did could may first these after new any most
+made also people year way day man world life hand part child eye woman place work week case point
+city home water room mother area money story fact month lot right study book word night number
+people group game line end member law car house side power hour head friend body name family school
+state country problem question light river field music art market system program table door boat
+open long great little old big high small large next early young good same able last late hard
+real best free sure clear whole full warm cold green blue red black white happy quick slow short
+write read run walk talk think know see look find give tell ask work call try need feel leave keep
+begin seem help show hear play move live bring hold stand learn change lead watch follow stop speak
+""".split()
+
+DEFAULT_TIMEOUT_S = 300.0
+MAX_ERRORS_KEPT = 5
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass
+class RequestRecord:
+    """What one request gave: perf_counter times (s), the server's token counts, or its error."""
+
+    start: float
+    end: float = 0.0
+    text_times: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
+    prompt_tokens: int | None = None  # from usage; None when the server sent none
+    completion_tokens: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class Settings:
+    """One bench-serve run."""
+
+    url: str
+    model: str | None = None
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    request_rate: float = math.inf
+    num_prompts: int = 64
+    prompt_len: int = 64
+    max_tokens: int = 128
+    temperature: float = 0.8
+    api_key: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    seed: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"concurrency": list(self.concurrency),
+                "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
+                "num_prompts": self.num_prompts, "prompt_len": self.prompt_len, "max_tokens": self.max_tokens,
+                "temperature": self.temperature, "timeout_s": self.timeout_s, "seed": self.seed,
+                "ignore_eos": True}
+
+
+# ---- parsing options --------------------------------------------------------------------------------
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """'1,4,16' -> (1, 4, 16); anything else is a UsageError naming --concurrency."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--concurrency {text!r}: expected comma-separated positive integers") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"--concurrency {text!r}: expected comma-separated positive integers")
+    return values
+
+
+def parse_rate(text: str) -> float:
+    """'inf' or a positive number of requests per second."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if math.isnan(rate) or rate <= 0:
+        raise UsageError(f"--request-rate {text!r}: expected 'inf' or a positive number of requests per second")
+    return rate
+
+
+def check(settings: Settings) -> None:
+    """Refuse values out of range, naming the option."""
+    for option, value, low in (("--num-prompts", settings.num_prompts, 1), ("--prompt-len", settings.prompt_len, 1),
+                               ("--max-tokens", settings.max_tokens, 1)):
+        if value < low:
+            raise UsageError(f"{option} {value}: must be >= {low}")
+    if not settings.timeout_s > 0:
+        raise UsageError(f"--timeout {settings.timeout_s}: must be > 0 seconds")
+    if not settings.temperature >= 0:
+        raise UsageError(f"--temperature {settings.temperature}: must be >= 0")
+
+
+def base_url(url: str) -> str:
+    """'host:8000/v1/' -> 'http://host:8000': the server's root, to which /v1/... is appended."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"URL {url!r}: expected http:// or https://")
+    return url.removesuffix("/v1")
+
+
+def make_prompts(n: int, words: int, seed: int) -> list[str]:
+    """`n` prompts of `words` words each, drawn from WORDS with a seeded generator."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
+
+
+def arrival_gaps(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds to wait before each of `n` requests: 0 at an infinite rate, else exponential (Poisson)."""
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    return [rng.expovariate(rate) for _ in range(n)]
+
+
+# ---- metrics: pure functions of the records ---------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(values_s: Sequence[float], name: str) -> dict[str, float | None]:
+    """mean/median/std (population)/p99 of `values_s` (seconds) as `mean_{name}_ms` etc.; None when empty."""
+    keys = (f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms", f"p99_{name}_ms")
+    if not values_s:
+        return dict.fromkeys(keys)
+    ms = [v * 1000 for v in values_s]
+    stats = (statistics.fmean(ms), statistics.median(ms), statistics.pstdev(ms), percentile(ms, 99))
+    return {k: round(v, 4) for k, v in zip(keys, stats, strict=True)}
+
+
+def output_tokens(r: RequestRecord) -> int:
+    """The server's completion_tokens, else the number of text chunks."""
+    return r.completion_tokens if r.completion_tokens is not None else len(r.text_times)
+
+
+def request_latencies(r: RequestRecord) -> dict[str, Any]:
+    """One completed request's ttft, tpot (None unless > 1 output token), itl gaps and e2el, in seconds."""
+    ttft = r.text_times[0] - r.start if r.text_times else None
+    e2el = r.end - r.start
+    n = output_tokens(r)
+    tpot = (e2el - ttft) / (n - 1) if ttft is not None and n > 1 else None
+    itl = [b - a for a, b in zip(r.text_times, r.text_times[1:], strict=False)]
+    return {"ttft": ttft, "tpot": tpot, "itl": itl, "e2el": e2el}
+
+
+def level_metrics(records: Sequence[RequestRecord], duration_s: float, prompt_len: int) -> dict[str, Any]:
+    """vLLM-named metrics of one level: counts, throughputs and the latency statistics of completed requests.
+    `prompt_len` stands in for the prompt tokens of a request whose server sent no usage."""
+    done = [r for r in records if r.error is None]
+    failed = [r for r in records if r.error is not None]
+    lat = [request_latencies(r) for r in done]
+    n_in = sum(r.prompt_tokens if r.prompt_tokens is not None else prompt_len for r in done)
+    n_out = sum(output_tokens(r) for r in done)
+    seen = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
+    per = duration_s if duration_s > 0 else math.inf
+    out: dict[str, Any] = {
+        "completed": len(done), "failed": len(failed), "duration_s": round(duration_s, 4),
+        "total_input_tokens": n_in, "total_output_tokens": n_out,
+        "mean_prompt_tokens": round(statistics.fmean(seen), 2) if seen else None,
+        "requests_without_usage": sum(1 for r in done if r.completion_tokens is None),
+        "request_throughput": round(len(done) / per, 4), "output_throughput": round(n_out / per, 4),
+        "total_token_throughput": round((n_in + n_out) / per, 4),
+    }
+    for name in METRICS:
+        if name == "itl":
+            values = [g for x in lat for g in x["itl"]]
+        else:
+            values = [x[name] for x in lat if x[name] is not None]
+        out.update(summarize(values, name))
+    out["errors"] = distinct_errors(failed)
+    return out
+
+
+def distinct_errors(failed: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+    """The first MAX_ERRORS_KEPT distinct error messages, each with how many requests gave it."""
+    counts: dict[str, int] = {}
+    for r in failed:
+        assert r.error is not None
+        if r.error in counts or len(counts) < MAX_ERRORS_KEPT:
+            counts[r.error] = counts.get(r.error, 0) + 1
+    return [{"message": m, "count": c} for m, c in counts.items()]
+
+
+# ---- the client -------------------------------------------------------------------------------------
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _error_text(body: bytes | str, limit: int = 300) -> str:
+    """An error response's message: the JSON error's `message` where there is one, else the text."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    try:
+        obj = json.loads(text)
+        e = obj.get("error", obj) if isinstance(obj, dict) else obj
+        text = str(e.get("message") or e) if isinstance(e, dict) else str(e)
+    except ValueError:
+        pass
+    text = " ".join(text.split())
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
+def resolve_model(settings: Settings) -> str:
+    """Check that the server answers (GET /v1/models) and return --model or the first model id it lists."""
+    import httpx
+
+    url = f"{base_url(settings.url)}/v1/models"
+    try:
+        r = httpx.get(url, headers=_headers(settings.api_key), timeout=min(settings.timeout_s, 30.0))
+    except httpx.InvalidURL as e:
+        raise UsageError(f"URL {settings.url!r}: {e}") from None
+    except httpx.HTTPError as e:
+        raise InputError(f"{settings.url}: the server does not answer ({type(e).__name__}: {e})") from None
+    if settings.model:
+        return settings.model
+    if r.status_code != 200:
+        raise InputError(f"GET {url}: HTTP {r.status_code} {_error_text(r.content, 120)!r}; "
+                         "name the model with --model")
+    try:
+        return str(r.json()["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise InputError(f"GET {url}: no model id in the answer; name the model with --model") from None
+
+
+async def _send(client: Any, url: str, body: dict[str, Any], rec: RequestRecord) -> None:
+    """Stream one request into `rec`; a failure becomes rec.error."""
+    async with client.stream("POST", url, json=body) as resp:
+        if resp.status_code != 200:
+            rec.error = f"HTTP {resp.status_code}: {_error_text(await resp.aread())}"
+            return
+        perf = time.perf_counter
+        times = rec.text_times
+        loads = json.loads
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            now = perf()
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            try:
+                obj = loads(payload)
+            except ValueError:
+                rec.error = f"malformed stream chunk: {payload[:120]!r}"
+                return
+            if not isinstance(obj, dict) or obj.get("error"):
+                rec.error = f"error in stream: {_error_text(payload)}"
+                return
+            choices = obj.get("choices")
+            if choices and isinstance(choices[0], dict) and choices[0].get("text"):
+                times.append(now)
+            usage = obj.get("usage")
+            if usage and isinstance(usage, dict):
+                rec.prompt_tokens = usage.get("prompt_tokens")
+                rec.completion_tokens = usage.get("completion_tokens")
+
+
+async def _request(client: Any, url: str, body: dict[str, Any], timeout_s: float) -> RequestRecord:
+    import httpx
+
+    rec = RequestRecord(start=time.perf_counter())
+    try:
+        await asyncio.wait_for(_send(client, url, body, rec), timeout_s)
+    except (TimeoutError, asyncio.TimeoutError):
+        rec.error = f"timed out after {timeout_s:g} s"
+    except (httpx.HTTPError, httpx.StreamError, OSError) as e:
+        rec.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    rec.end = time.perf_counter()
+    return rec
+
+
+async def _level(settings: Settings, model: str, prompts: list[str], concurrency: int,
+                 progress: Callable[[int], None]) -> tuple[list[RequestRecord], float]:
+    """All prompts at one concurrency level; returns the records (in prompt order) and the wall time."""
+    import httpx
+
+    url = f"{base_url(settings.url)}/v1/completions"
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(settings.timeout_s)
+    sem = asyncio.Semaphore(concurrency)
+    done = 0
+
+    async def one(prompt: str) -> RequestRecord:
+        nonlocal done
+        body = {"model": model, "prompt": prompt, "max_tokens": settings.max_tokens,
+                "temperature": settings.temperature, "stream": True,
+                "stream_options": {"include_usage": True}, "ignore_eos": True}
+        async with sem:
+            rec = await _request(client, url, body, settings.timeout_s)
+        done += 1
+        progress(done)
+        return rec
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=_headers(settings.api_key)) as client:
+        start = time.perf_counter()
+        tasks = []
+        for prompt, gap in zip(prompts, arrival_gaps(len(prompts), settings.request_rate, settings.seed),
+                               strict=True):
+            if gap:
+                await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(one(prompt)))
+        records = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return list(records), duration
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Run every concurrency level; returns {url, model, settings, machine, results}."""
+    check(settings)
+    model = resolve_model(settings)
+    prompts = make_prompts(settings.num_prompts, settings.prompt_len, settings.seed)
+    results = []
+    for c in settings.concurrency:
+        def progress(n: int, c: int = c) -> None:
+            say(f"concurrency {c}: {n}/{settings.num_prompts} requests done")
+
+        progress(0)
+        records, duration = asyncio.run(_level(settings, model, prompts, c, progress))
+        results.append({"concurrency": c, "num_prompts": settings.num_prompts,
+                        **level_metrics(records, duration, settings.prompt_len)})
+    return {"url": base_url(settings.url), "model": model, "settings": settings.as_json(),
+            "machine": {"cpu": cpu_name(), "cores": os.cpu_count()}, "results": results}
