@@ -11,12 +11,15 @@ import typer
 from gptport import __version__
 from gptport.cli import (
     bench_cmd,
+    bench_serve_cmd,
     demo_cmd,
     eval_cmd,
     export_cmd,
     generate_cmd,
+    gguf_cmd,
     hf_cmd,
     providers_cmd,
+    serve_cmd,
     tokenizer_cmd,
     train_cmd,
 )
@@ -54,10 +57,13 @@ app.command("export", epilog=export_cmd.EXAMPLES)(export_cmd.export)
 app.command("generate", epilog=generate_cmd.EXAMPLES)(generate_cmd.generate)
 app.command("providers", epilog=providers_cmd.EXAMPLES)(providers_cmd.providers)
 app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
+app.command("serve", epilog=serve_cmd.EXAMPLES)(serve_cmd.serve)
+app.command("bench-serve", epilog=bench_serve_cmd.EXAMPLES)(bench_serve_cmd.bench_serve)
 app.command("eval", epilog=eval_cmd.EXAMPLES)(eval_cmd.eval_)
 app.command("demo", epilog=demo_cmd.EXAMPLES)(demo_cmd.demo)
 app.command("export-hf", epilog=hf_cmd.EXPORT_EXAMPLES)(hf_cmd.export_hf)
 app.command("import-hf", epilog=hf_cmd.IMPORT_EXAMPLES)(hf_cmd.import_hf)
+app.command("export-gguf", epilog=gguf_cmd.EXAMPLES)(gguf_cmd.export_gguf)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -69,3 +70,33 @@ def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator, seen: Iter
         mask[keep] = probs[keep]
         probs = mask / mask.sum()
     return int(rng.choice(probs.size, p=probs))
+
+
+def choose_rows(logits: np.ndarray, rows: Sequence[tuple[Sampling, np.random.Generator, Sequence[Sequence[int]]]]
+                ) -> list[int]:
+    """One token per row of logits (k, V): row i with its settings, generator and history (the token
+    lists it has seen). Greedy rows without a penalty take one argmax over all of them at once."""
+    picks = [0] * len(rows)
+    plain = [i for i, (s, _, _) in enumerate(rows) if s.greedy and s.repetition_penalty == 1.0]
+    if plain:
+        for i, tok in zip(plain, logits[plain].argmax(axis=-1).tolist(), strict=True):
+            picks[i] = tok
+    for i, (s, rng, history) in enumerate(rows):
+        if not (s.greedy and s.repetition_penalty == 1.0):
+            picks[i] = choose(logits[i], s, rng, chain.from_iterable(history))
+    return picks
+
+
+def logprob_entries(logits: np.ndarray, tokens: Sequence[int], top: int
+                    ) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """For each row of logits (n, V) and the token that followed it: the token's log-probability under
+    the model (before temperature or filters) and the `top` likeliest tokens with theirs."""
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    lp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))  # (n, V)
+    out = []
+    for row, tok in zip(lp, tokens, strict=False):
+        best = np.argpartition(-row, top)[:top] if 0 < top < row.size else np.arange(row.size if top else 0)
+        best = best[np.argsort(-row[best], kind="stable")]
+        out.append((int(tok), float(row[tok]), [(int(t), float(row[t])) for t in best]))
+    return out

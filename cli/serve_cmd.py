@@ -1,0 +1,56 @@
+"""`gptport serve`: an OpenAI-compatible HTTP server with continuous batching (no torch)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from gptport.cli.common import ModelDir, err
+
+EXAMPLES = """Examples:
+
+  gptport serve models/mymodel                                   # http://127.0.0.1:8000, 16 slots
+
+  gptport serve models/mymodel --precision int8 --slots 8 --port 9000 --api-key s3cret
+
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+       -d '{"prompt": "To be or not", "max_tokens": 32, "temperature": 0}'
+
+  Open http://127.0.0.1:8000/ in a browser for a prompt box that streams the reply.
+"""
+
+
+def serve(
+    model_dir: ModelDir,
+    host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to serve other machines).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
+    precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16 (the exported variant).")] = "fp32",
+    provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
+    kv_cache: Annotated[str, typer.Option(help="static (CPU), concat (model.onnx's contract, any provider) or "
+                                          "auto (static where exported and on the CPU).")] = "auto",
+    slots: Annotated[int, typer.Option(help="Requests decoded together: rows of the KV cache, n_ctx positions "
+                                       "each.")] = 16,
+    max_queue: Annotated[int, typer.Option(help="Choices that may wait for a slot; past that, 429.")] = 64,
+    threads: Annotated[int, typer.Option(help="CPU intra-op threads (0: onnxruntime's default).")] = 0,
+    api_key: Annotated[str | None, typer.Option(envvar="GPTPORT_API_KEY", help="Require 'Authorization: Bearer "
+                                                "KEY' on every route but /health and the page.")] = None,
+    model_name: Annotated[str | None, typer.Option(help="The model's id in the API (default: the directory's "
+                                                   "name).")] = None,
+    prefill_chunk: Annotated[int, typer.Option(help="Prompt tokens prefilled per scheduler iteration: decoding "
+                                               "requests wait at most this long a prefill.")] = 256,
+    shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM/Ctrl-C, seconds running requests get to "
+                                                    "finish.")] = 30.0,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
+                                             "load).")] = False,
+) -> None:
+    """Serve the model over HTTP with OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics, and a page at /."""
+    from gptport.serve.app import Settings
+    from gptport.serve.server import run
+
+    settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
+                        model_name or model_dir.resolve().name, prefill_chunk)
+    code = run(settings, host, port, lambda line: err.print(line, markup=False), shutdown_timeout, access_log)
+    sys.exit(code)

@@ -1,0 +1,303 @@
+"""The OpenAI-compatible ASGI app (Starlette): routes, API key, body limit, streaming, metrics.
+
+The event loop never calls the model: a route checks the request into a Job, submits its choices to
+the scheduler and awaits their events on an asyncio queue, which the scheduler's thread fills once
+per iteration (`loop.call_soon_threadsafe`). A stream sends whatever has arrived since its last
+chunk in one chunk per choice, so a stream that falls behind catches up in fewer, larger chunks.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gptport.errors import GptportError
+from gptport.serve import protocol
+from gptport.serve.metrics import Metrics
+from gptport.serve.protocol import ApiError, Job
+from gptport.serve.responses import Collector, stream_chunks
+from gptport.serve.scheduler import Choice, Finish, Scheduler
+
+log = logging.getLogger("gptport.serve")
+PUBLIC = {"/health", "/"}  # no API key: the page's own calls carry the key the user types
+
+
+@dataclass
+class Settings:
+    """What `gptport serve` was asked for."""
+
+    model_dir: Path
+    precision: str = "fp32"
+    provider: str = "cpu"
+    kv_cache: str = "auto"
+    slots: int = 16
+    max_queue: int = 64
+    threads: int = 0
+    api_key: str | None = None
+    model_name: str = ""
+    prefill_chunk: int = 256
+    max_body: int = 1 << 20
+    url: str = ""
+    on_ready: Callable[[str], None] = field(default=lambda line: None)
+    on_failure: Callable[[str], None] = field(default=lambda message: None)
+
+
+class State:
+    """The loaded model and its scheduler, once the loading thread is done."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings, self.metrics = settings, Metrics()
+        self.scheduler: Scheduler | None = None
+        self.tok: Any = None
+        self.n_ctx = 0
+        self.render: Any = None
+        self.error: str | None = None
+        self.created = int(time.time())
+
+    def load(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Open the model and start the scheduler (in a thread: /health answers 503 meanwhile)."""
+        from gptport.loader import open_model
+        from gptport.serve.chat import renderer
+        from gptport.slots import open_slots
+
+        s = self.settings
+        try:
+            opened = open_model(s.model_dir, "onnx", s.provider, s.precision, s.threads, cache=s.kv_cache)
+            slots = open_slots(opened.engine, s.slots)
+            self.render, template = renderer(s.model_dir)
+            self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
+                                       s.max_queue, s.prefill_chunk, self.metrics)
+        except GptportError as e:
+            self.error = str(e)
+            s.on_failure(self.error)
+            return
+        self.tok, self.n_ctx = opened.tok, opened.engine.n_ctx
+        self.metrics.slots.set(s.slots)
+        self.metrics.capacity.set(s.slots * self.n_ctx)
+        graph = f"{opened.precision} {opened.cache} cache"
+        self.metrics.info.labels(s.model_name, graph, opened.provider, "").set(1)
+        self.scheduler.start()
+        s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
+                   f"n_ctx {self.n_ctx} · queue {s.max_queue} · chat template: {template}")
+
+    def ready(self) -> Scheduler:
+        if self.scheduler is None:
+            raise ApiError(503, self.error or "the model is still loading", None, "not_ready")
+        return self.scheduler
+
+
+def _dispatch(events: list[tuple[Any, Any]]) -> None:
+    """On the event loop: each (queue, index) handle gets its (index, event)."""
+    for (queue, index), event in events:
+        queue.put_nowait((index, event))
+
+
+async def _body(request: Request, limit: int) -> Any:
+    """The request's JSON, refused past `limit` bytes (413) or when it does not parse (400)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the request body is {length} bytes; the limit is {limit}", None, "body_too_large")
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})", None, "invalid_json") from e
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read, so only a disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(settings: Settings) -> Starlette:
+    """The app; it starts loading the model when the server starts."""
+    state = State(settings)
+
+    def check_model(body: Any) -> None:
+        name = body.get("model") if isinstance(body, dict) else None
+        if name is not None and name != settings.model_name:
+            raise ApiError(404, f"The model '{name}' does not exist; this server runs '{settings.model_name}'",
+                           "model", "model_not_found")
+
+    async def run(request: Request, job: Job) -> Response:
+        scheduler = state.ready()
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        choices = [Choice(ids, job.max_tokens, _seeded(job, j), job.stops, job.logprobs,
+                          job.echo and job.logprobs is not None, job.ignore_eos, out=(queue, i * job.n + j))
+                   for i, ids in enumerate(job.prompts) for j in range(job.n)]
+        if not scheduler.submit(choices):
+            raise ApiError(429, f"the queue is full ({settings.max_queue} choices wait for a slot); retry shortly",
+                           None, "queue_full")
+
+        def cancel() -> None:
+            for c in choices:
+                c.cancelled = True
+            scheduler.wake()
+
+        collector = Collector(job, state.tok)
+        if job.stream:
+            return StreamingResponse(stream_chunks(job, collector, queue, len(choices), cancel),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        waiter = asyncio.ensure_future(_collect(collector, queue, len(choices)))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not waiter.done():  # the client left (or the server stops): free the slots
+                waiter.cancel()
+                cancel()
+        if waiter.cancelled():
+            return Response(status_code=499)  # nobody reads it: the client closed the connection
+        return JSONResponse(collector.response())
+
+    async def completions(request: Request) -> Response:
+        body = await _body(request, settings.max_body)
+        check_model(body)
+        state.ready()
+        job = protocol.completion_job(body, state.tok, state.n_ctx, settings.slots)
+        job.model = settings.model_name
+        return await run(request, job)
+
+    async def chat(request: Request) -> Response:
+        from jinja2 import TemplateError
+
+        body = await _body(request, settings.max_body)
+        check_model(body)
+        state.ready()
+        try:
+            job = protocol.chat_job(body, state.tok, state.n_ctx, settings.slots, state.render)
+        except TemplateError as e:
+            raise ApiError(400, f"'messages': the chat template refused them ({e})", "messages",
+                           "template_error") from e
+        job.model = settings.model_name
+        return await run(request, job)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [_model_card(settings.model_name, state.created)]})
+
+    async def model(request: Request) -> Response:
+        check_model({"model": request.path_params["name"]})
+        return JSONResponse(_model_card(settings.model_name, state.created))
+
+    async def health(request: Request) -> Response:
+        try:
+            state.ready()
+        except ApiError as e:
+            return JSONResponse({"status": "loading" if e.code == "not_ready" and state.error is None else "error",
+                                 "message": e.message}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(state.scheduler), media_type="text/plain; version=0.0.4")
+
+    async def page(request: Request) -> Response:
+        return HTMLResponse(resources.files("gptport.serve").joinpath("page.html").read_text(encoding="utf-8"))
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return JSONResponse(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                     None, None).body(), status_code=exc.status_code)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        threading.Thread(target=state.load, args=(asyncio.get_running_loop(),), name="gptport-load",
+                         daemon=True).start()
+        yield
+        if state.scheduler is not None:
+            state.scheduler.stop()
+
+    routes = [Route("/", page), Route("/health", health), Route("/metrics", metrics),
+              Route("/v1/models", models), Route("/v1/models/{name:path}", model),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/chat/completions", chat, methods=["POST"])]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={ApiError: api_error, HTTPException: http_error})
+    app.state.gptport = state
+    return _Guard(app, settings.api_key, state.metrics)  # type: ignore[return-value]
+
+
+def _seeded(job: Job, j: int) -> Any:
+    """Choice j of a prompt samples with seed + j, so n choices differ and choice 0 is `generate --seed`'s."""
+    from dataclasses import replace
+
+    return job.sampling if j == 0 else replace(job.sampling, seed=(job.sampling.seed + j) % 2**63)
+
+
+async def _collect(collector: Collector, queue: asyncio.Queue[tuple[int, Any]], n: int) -> None:
+    finished = 0
+    while finished < n:
+        index, event = await queue.get()
+        collector.add(index, event)
+        finished += isinstance(event, Finish) or collector.failed(event)
+
+
+def _model_card(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "gptport"}
+
+
+class _Guard:
+    """ASGI middleware: the API key on every route but PUBLIC, and requests counted by route and status."""
+
+    def __init__(self, app: Starlette, api_key: str | None, metrics: Metrics) -> None:
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+        self.state = app.state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        route = path if path in ("/", "/health", "/metrics", "/v1/models", "/v1/completions",
+                                 "/v1/chat/completions") else "other"
+        status = [500]
+
+        async def counted(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.api_key and path not in PUBLIC and not self._authorized(scope):
+                err = ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'", None,
+                               "invalid_api_key")
+                await JSONResponse(err.body(), status_code=401)(scope, receive, counted)
+                return
+            await self.app(scope, receive, counted)
+        finally:
+            self.metrics.requests.labels(route, str(status[0])).inc()
+
+    def _authorized(self, scope: Any) -> bool:
+        import hmac
+
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                return hmac.compare_digest(value.decode("latin-1"), f"Bearer {self.api_key}")
+        return False

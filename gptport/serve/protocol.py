@@ -1,0 +1,242 @@
+"""OpenAI's request and response shapes: a request body checked field by field into a `Job`, and the
+JSON objects the routes send back. Every refusal is an `ApiError` in OpenAI's error shape, naming the
+field at fault. No torch here.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gptport.sampling import Sampling
+from gptport.serve.scheduler import TokenLogprob
+from gptport.tokenizer import BPETokenizer
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+               413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+MAX_STOPS = 4
+MAX_LOGPROBS = 5
+
+
+class ApiError(Exception):
+    """A refusal: HTTP status and OpenAI's {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str, code: str | None = None) -> ApiError:
+    return ApiError(400, f"'{param}': {message}", param, code)
+
+
+@dataclass
+class Job:
+    """A checked request: its prompts as token ids and how to continue each, `n` times."""
+
+    chat: bool
+    prompts: list[list[int]]
+    prompt_texts: list[str]
+    max_tokens: int
+    sampling: Sampling
+    n: int = 1
+    stops: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None
+    echo: bool = False
+    ignore_eos: bool = False
+    model: str = ""
+    id: str = ""
+    created: int = 0
+
+
+class Fields:
+    """Typed getters over a request body; each names the field it refuses."""
+
+    def __init__(self, body: Any) -> None:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object", None, "invalid_json")
+        self.body = body
+
+    def get(self, name: str, kinds: tuple[type, ...], default: Any, what: str) -> Any:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            raise bad(name, f"expected {what}, got {type(value).__name__} {value!r:.40}", "invalid_type")
+        return value
+
+    def integer(self, name: str, default: int | None, lo: int, hi: int | None = None) -> int | None:
+        value = self.get(name, (int,), default, "an integer")
+        if value is not None and (value < lo or (hi is not None and value > hi)):
+            bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+            raise bad(name, f"must be {bounds}, not {value}", "invalid_value")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        return float(self.get(name, (int, float), default, "a number"))
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        return bool(self.get(name, (bool,), default, "true or false"))
+
+
+def _sampling(f: Fields, vocab: int) -> tuple[Sampling, int]:
+    temperature, top_p = f.number("temperature", 1.0), f.number("top_p", 1.0)
+    if temperature < 0:
+        raise bad("temperature", f"must be >= 0 (0 is greedy), not {temperature}", "invalid_value")
+    if not 0.0 < top_p <= 1.0:
+        raise bad("top_p", f"must be in (0, 1], not {top_p}", "invalid_value")
+    top_k = f.integer("top_k", 0, 0) or 0
+    penalty = f.number("repetition_penalty", 1.0)
+    if penalty <= 0:
+        raise bad("repetition_penalty", f"must be > 0 (1 is off), not {penalty}", "invalid_value")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if f.number(name, 0.0) != 0.0:
+            raise bad(name, "is not supported; use repetition_penalty", "unsupported")
+    if f.body.get("logit_bias"):
+        raise bad("logit_bias", "is not supported", "unsupported")
+    seed = f.integer("seed", None, -(2**63))
+    base = secrets.randbits(63) if seed is None else seed % 2**63
+    return Sampling(temperature, min(top_k, vocab), top_p, penalty, base), f.integer("n", 1, 1) or 1
+
+
+def _stops(f: Fields) -> list[str]:
+    stop = f.body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad("stop", "expected a string or a list of strings", "invalid_type")
+    if len(stops) > MAX_STOPS:
+        raise bad("stop", f"at most {MAX_STOPS} stop sequences, not {len(stops)}", "invalid_value")
+    return [s for s in stops if s]
+
+
+def _prompts(value: Any, tok: BPETokenizer) -> tuple[list[list[int]], list[str]]:
+    """A string, a list of strings, a list of token ids, or a list of lists of them."""
+    if value is None:
+        raise bad("prompt", "is required", "missing")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise bad("prompt", "expected a string, a list of strings, or token ids", "invalid_type")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        value = [value]
+    prompts, texts = [], []
+    for i, p in enumerate(value):
+        if isinstance(p, str):
+            ids = tok.encode(p) or [tok.eot_id]
+            prompts.append(ids)
+            texts.append(p)
+        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            outside = [t for t in p if not 0 <= t < tok.vocab_size]
+            if outside:
+                raise bad("prompt", f"token id {outside[0]} is outside the vocabulary (0..{tok.vocab_size - 1})",
+                          "invalid_token")
+            prompts.append(list(p))
+            texts.append(tok.decode(p))
+        else:
+            raise bad("prompt", f"item {i} is neither a string nor a non-empty list of token ids", "invalid_type")
+    return prompts, texts
+
+
+def _common(f: Fields, tok: BPETokenizer, chat: bool, prompts: list[list[int]], texts: list[str], n_ctx: int,
+            slots: int) -> Job:
+    sampling, n = _sampling(f, tok.vocab_size)
+    for i, ids in enumerate(prompts):
+        if len(ids) > n_ctx:
+            which = "the messages" if chat else ("the prompt" if len(prompts) == 1 else f"prompt {i}")
+            raise ApiError(400, f"{which} is {len(ids)} tokens, longer than the model's context of {n_ctx} tokens",
+                           "messages" if chat else "prompt", "context_length_exceeded")
+    if n * len(prompts) > slots:
+        raise bad("n", f"{len(prompts)} prompt(s) x n={n} = {n * len(prompts)} choices is more than the server's "
+                  f"{slots} slots", "too_many_choices")
+    stream = f.flag("stream")
+    options = f.get("stream_options", (dict,), {}, "an object")
+    include_usage = stream and bool(Fields(options).flag("include_usage"))
+    max_name = "max_completion_tokens" if chat and "max_completion_tokens" in f.body else "max_tokens"
+    return Job(chat, prompts, texts, f.integer(max_name, 16, 1) or 16, sampling, n, _stops(f), stream,
+               include_usage, ignore_eos=f.flag("ignore_eos"), id=("chatcmpl-" if chat else "cmpl-") +
+               secrets.token_hex(12), created=int(time.time()))
+
+
+def completion_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int) -> Job:
+    """POST /v1/completions."""
+    f = Fields(body)
+    prompts, texts = _prompts(f.body.get("prompt"), tok)
+    job = _common(f, tok, False, prompts, texts, n_ctx, slots)
+    job.logprobs = f.integer("logprobs", None, 0, MAX_LOGPROBS)
+    job.echo = f.flag("echo")
+    if f.body.get("suffix"):
+        raise bad("suffix", "is not supported", "unsupported")
+    return job
+
+
+def chat_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, render: Any) -> Job:
+    """POST /v1/chat/completions; `render(messages) -> (prompt text, extra stop strings)`."""
+    f = Fields(body)
+    messages = f.body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "expected a non-empty list of {role, content} objects", "invalid_type")
+    plain = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad("messages", f"item {i} needs a string 'role'", "invalid_type")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text is understood
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise bad("messages", f"item {i}: only text content parts are supported", "invalid_type")
+            content = "".join(p["text"] for p in content)
+        if content is not None and not isinstance(content, str):
+            raise bad("messages", f"item {i}: 'content' must be a string or a list of text parts", "invalid_type")
+        plain.append({"role": m["role"], "content": content or ""})
+    text, stops = render(plain)
+    ids = tok.encode(text) or [tok.eot_id]
+    job = _common(f, tok, True, [ids], [text], n_ctx, slots)
+    job.stops += [s for s in stops if s not in job.stops]
+    if f.flag("logprobs"):
+        job.logprobs = f.integer("top_logprobs", 0, 0, MAX_LOGPROBS)
+    return job
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], tok: BPETokenizer, offset: int = 0) -> dict[str, Any]:
+    """The completions API's logprobs object over these tokens; text offsets start at `offset`."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    at = offset
+    for token, lp, top in entries:  # lp None: an echo's first prompt token, which nothing predicts
+        text = tok.decode([token])
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp)
+        out["top_logprobs"].append({tok.decode([t]): v for t, v in top} if top else None)
+        out["text_offset"].append(at)
+        at += len(text)
+    return out
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], tok: BPETokenizer) -> list[dict[str, Any]]:
+    """The chat API's logprobs.content list."""
+    def item(t: int, v: float) -> dict[str, Any]:
+        text = tok.decode([t])
+        return {"token": text, "logprob": v, "bytes": list(text.encode("utf-8", errors="replace"))}
+
+    return [{**item(t, v or 0.0), "top_logprobs": [item(a, b) for a, b in top]} for t, v, top in entries]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def envelope(job: Job, chunk: bool) -> dict[str, Any]:
+    """The fields every response object of this job starts with."""
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if job.chat else "text_completion"
+    return {"id": job.id, "object": kind, "created": job.created, "model": job.model}

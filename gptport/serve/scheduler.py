@@ -1,0 +1,300 @@
+"""Continuous batching: one thread owns the slot engine and runs the loop that serves every request.
+
+Each iteration drops cancelled choices (their slots are free at once), admits waiting choices into
+free slots, prefills up to `prefill_chunk` prompt tokens (a long prompt is filled over several
+iterations, so decoding rows wait at most one chunk), then runs one decode step over every decoding
+slot, samples each row with its choice's own generator, detokenizes UTF-8-safely, checks stop strings
+and hands the iteration's events over in one call of `deliver`. The asyncio side never calls the
+model; it submits choices and reads their events. No torch here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gptport.detok import TextStream
+from gptport.sampling import Sampling, choose_rows, logprob_entries
+from gptport.slots import SlotEngine
+from gptport.tokenizer import BPETokenizer
+
+log = logging.getLogger("gptport.serve")
+TokenLogprob = tuple[int, float | None, list[tuple[int, float]]]  # token, its log-probability, the top alternatives
+
+
+@dataclass
+class Piece:
+    """Text that is safe to send now, and the log-probabilities of the tokens it came from."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class PromptLogprobs:
+    """echo with logprobs: each prompt token's log-probability (None for the first: nothing predicts it)."""
+
+    entries: list[TokenLogprob]
+
+
+@dataclass
+class Finish:
+    reason: str  # stop | length
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Failure:
+    message: str
+
+
+Event = Piece | PromptLogprobs | Finish | Failure
+
+
+@dataclass(eq=False)
+class Choice:
+    """One sequence to generate: a prompt and how to continue it. `out` is the caller's handle for its
+    events; setting `cancelled` (from any thread) frees its slot at the next iteration."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: Sampling = field(default_factory=Sampling)
+    stops: Sequence[str] = ()
+    logprobs: int | None = None  # top alternatives per token (0-5); None: no log-probabilities
+    prompt_logprobs: bool = False
+    ignore_eos: bool = False
+    out: Any = None
+    cancelled: bool = False
+    # the scheduler's state
+    slot: int = -1
+    filled: int = 0
+    new_ids: list[int] = field(default_factory=list)
+    t_submit: float = 0.0
+    t_last: float = 0.0
+    _rng: np.random.Generator | None = None
+    _stream: TextStream | None = None
+    _prompt_lp: list[TokenLogprob] = field(default_factory=list)
+
+
+class Observer:
+    """What the scheduler reports as it goes; the server's metrics override these."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def next_token(self, seconds: float) -> None: ...
+
+    def tokens(self, prompt: int, generated: int) -> None: ...
+
+    def phase(self, name: str, seconds: float) -> None: ...
+
+
+class Scheduler:
+    """The loop over a SlotEngine. `deliver(events)` is called from the scheduler's thread with a list
+    of (choice.out, event) once per iteration; it must not block."""
+
+    def __init__(self, slots: SlotEngine, tok: BPETokenizer, deliver: Callable[[list[tuple[Any, Event]]], None],
+                 max_queue: int = 64, prefill_chunk: int = 256, observer: Observer | None = None) -> None:
+        self.engine, self.tok, self.deliver = slots, tok, deliver
+        self.max_queue, self.prefill_chunk = max_queue, max(1, prefill_chunk)
+        self.observer = observer or Observer()
+        self._free = list(range(slots.slots))  # a heap: the lowest free slot first keeps steps narrow
+        self._waiting: deque[Choice] = deque()
+        self._filling: list[Choice] = []
+        self._decoding: list[Choice] = []
+        self._holding: dict[int, Choice] = {}  # slot -> the choice in it, from admission to release
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="gptport-scheduler", daemon=True)
+
+    # -- any thread ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def submit(self, choices: Sequence[Choice]) -> bool:
+        """Queue all of a request's choices, or none when the queue cannot take them all."""
+        now = time.perf_counter()
+        with self._cond:
+            if self._stop or len(self._waiting) + len(choices) > self.max_queue:
+                return False
+            for c in choices:
+                c.t_submit = now
+                self._waiting.append(c)
+            self._cond.notify()
+        return True
+
+    def wake(self) -> None:
+        """Look at cancellations now rather than at the next iteration."""
+        with self._cond:
+            self._cond.notify()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> int:
+        return self.engine.slots - len(self._free)
+
+    @property
+    def positions_in_use(self) -> int:
+        return sum(self.engine.length(slot) for slot in list(self._holding))
+
+    # -- the scheduler's thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._waiting or self._filling or self._decoding):
+                    self._cond.wait()
+                if self._stop:
+                    break
+            events = self.iterate()
+            if events:
+                self.deliver(events)
+        with self._cond:
+            events = []
+            self._fail_all(events, "the server is shutting down")
+        if events:
+            self.deliver(events)
+
+    def iterate(self) -> list[tuple[Any, Event]]:
+        """One iteration (the thread's loop body; tests call it directly): its events. A failing step
+        ends the running choices with a Failure and frees their slots; the server goes on."""
+        events: list[tuple[Any, Event]] = []
+        try:
+            self._iteration(events)
+        except Exception as e:  # noqa: BLE001 - a model failure ends the requests, not the server
+            log.exception("scheduler iteration failed")
+            self._fail_all(events, f"the model failed: {type(e).__name__}: {e}")
+        return events
+
+    def _fail_all(self, events: list[tuple[Any, Event]], message: str) -> None:
+        """Every queued and running choice ends with `message`; the slots are free again."""
+        for c in (*self._waiting, *self._holding.values()):
+            events.append((c.out, Failure(message)))
+        for c in list(self._holding.values()):
+            self._release(c)
+        self._waiting.clear()
+        self._filling, self._decoding = [], []
+
+    def _release(self, c: Choice) -> None:
+        if c.slot >= 0:
+            self.engine.free(c.slot)
+            del self._holding[c.slot]
+            heapq.heappush(self._free, c.slot)
+            c.slot = -1
+
+    def _iteration(self, events: list[tuple[Any, Event]]) -> None:
+        with self._cond:  # cancelled choices leave, waiting ones take the free slots
+            self._waiting = deque(c for c in self._waiting if not c.cancelled)
+            for group in (self._filling, self._decoding):
+                for c in group:
+                    if c.cancelled:
+                        self._release(c)
+            self._filling = [c for c in self._filling if not c.cancelled]
+            self._decoding = [c for c in self._decoding if not c.cancelled]
+            while self._free and self._waiting:
+                c = self._waiting.popleft()
+                c.slot = heapq.heappop(self._free)
+                self._holding[c.slot] = c
+                c._rng = np.random.default_rng(c.sampling.seed)
+                c._stream = TextStream(self.tok, c.stops)
+                self._filling.append(c)
+        if self._filling:
+            t0 = time.perf_counter()
+            self._prefill(events)
+            self.observer.phase("prefill", time.perf_counter() - t0)
+        if self._decoding:
+            self._decode(events)
+
+    def _prefill(self, events: list[tuple[Any, Event]]) -> None:
+        """Fill slots in admission order with up to prefill_chunk prompt tokens in all."""
+        budget = self.prefill_chunk
+        done: list[tuple[Choice, np.ndarray]] = []
+        for c in self._filling:
+            if budget <= 0:
+                break
+            n = min(budget, len(c.prompt_ids) - c.filled)
+            chunk = np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)
+            logits = self.engine.append(c.slot, chunk, all_logits=c.prompt_logprobs)  # (n or 1, V)
+            if c.prompt_logprobs:
+                self._prompt_logprobs(c, logits)
+            c.filled += n
+            budget -= n
+            if c.filled == len(c.prompt_ids):
+                done.append((c, logits[-1:]))
+        if not done:
+            return
+        self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
+        for c, _ in done:
+            self.observer.tokens(len(c.prompt_ids), 0)
+            if c.prompt_logprobs:
+                events.append((c.out, PromptLogprobs(c._prompt_lp)))
+        now = time.perf_counter()
+        for c, _ in done:
+            self.observer.first_token(now - c.t_submit)
+        self._decoding += self._sample([c for c, _ in done], np.concatenate([lg for _, lg in done]), events, now)
+
+    def _prompt_logprobs(self, c: Choice, logits: np.ndarray) -> None:
+        """Log-probabilities of the prompt's tokens under the logits of the positions before them."""
+        if c.filled == 0:
+            c._prompt_lp = [(c.prompt_ids[0], None, [])]
+        nxt = c.prompt_ids[c.filled + 1:c.filled + len(logits) + 1]  # the tokens these positions predict
+        c._prompt_lp += logprob_entries(logits[:len(nxt)], nxt, c.logprobs or 0)
+
+    def _decode(self, events: list[tuple[Any, Event]]) -> None:
+        rows = self._decoding
+        t0 = time.perf_counter()
+        logits = self.engine.decode([c.slot for c in rows], np.array([c.new_ids[-1] for c in rows], dtype=np.int64))
+        t1 = time.perf_counter()
+        self.observer.phase("decode", t1 - t0)
+        self._decoding = self._sample(rows, logits, events, t1)
+
+    def _sample(self, rows: list[Choice], logits: np.ndarray, events: list[tuple[Any, Event]], now: float
+                ) -> list[Choice]:
+        """Choose each row's next token from logits (k, V), emit its text, finish what is finished;
+        the rows that go on decoding."""
+        t0 = time.perf_counter()
+        picks = choose_rows(logits, [(c.sampling, c._rng, (c.prompt_ids, c.new_ids)) for c in rows])
+        t1 = time.perf_counter()
+        still: list[Choice] = []
+        for c, tok, row_logits in zip(rows, picks, logits, strict=True):
+            if c.new_ids:
+                self.observer.next_token(now - c.t_last)
+            c.t_last = now
+            c.new_ids.append(tok)
+            lp = logprob_entries(row_logits[None], [tok], c.logprobs)[0:1] if c.logprobs is not None else None
+            eot = tok == self.tok.eot_id and not c.ignore_eos
+            text = "" if eot else c._stream.push(tok)  # type: ignore[union-attr]
+            reason = None
+            if eot or c._stream.stopped:  # type: ignore[union-attr]
+                reason = "stop"
+            elif len(c.new_ids) >= c.max_tokens or self.engine.length(c.slot) >= self.engine.n_ctx:
+                reason = "length"
+            if reason is not None:
+                text += "" if reason == "stop" and not eot else c._stream.finish()  # type: ignore[union-attr]
+            if text or lp:
+                events.append((c.out, Piece(text, lp)))
+            if reason is None:
+                still.append(c)
+                continue
+            self.observer.tokens(0, len(c.new_ids))
+            events.append((c.out, Finish(reason, len(c.prompt_ids), len(c.new_ids))))
+            self._release(c)
+        self.observer.phase("sample", t1 - t0)
+        self.observer.phase("emit", time.perf_counter() - t1)
+        return still

@@ -1,0 +1,59 @@
+"""Running the app on uvicorn: checks that fail before a port is bound, the startup line, and a clean
+exit on SIGTERM or Ctrl-C (stop accepting, let running requests finish within a bound, exit 0).
+No torch here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from gptport import loader
+from gptport import tokenizer as bpe
+from gptport.errors import UsageError
+from gptport.providers import TRT_MAX_BATCH
+from gptport.serve.app import Settings, create_app
+
+
+def check(settings: Settings) -> None:
+    """What can be refused before the server starts: options, the graph file, the tokenizer."""
+    if settings.slots < 1:
+        raise UsageError(f"--slots must be at least 1, not {settings.slots}")
+    if settings.max_queue < 0:
+        raise UsageError(f"--max-queue must be >= 0, not {settings.max_queue}")
+    if settings.prefill_chunk < 1:
+        raise UsageError(f"--prefill-chunk must be at least 1, not {settings.prefill_chunk}")
+    if settings.provider == "tensorrt" and settings.slots > TRT_MAX_BATCH:
+        raise UsageError(f"--slots {settings.slots}: the TensorRT engine's profiles go up to batch {TRT_MAX_BATCH}")
+    loader.graph_path(settings.model_dir, settings.precision, settings.provider, settings.kv_cache)
+    bpe.load(settings.model_dir)
+
+
+def run(settings: Settings, host: str, port: int, say: Callable[[str], None], shutdown_timeout: float = 30.0,
+        access_log: bool = False) -> int:
+    """Serve until SIGTERM/SIGINT; the exit code (1 when the model could not be loaded)."""
+    import uvicorn
+
+    check(settings)
+    settings.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+    failed: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_failure(message: str) -> None:
+        failed.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    settings.on_ready = lambda line: say(f"gptport serve: {line}")
+    settings.on_failure = on_failure
+    logging.getLogger("gptport.serve").setLevel(logging.INFO)
+    config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
+                            access_log=access_log, timeout_graceful_shutdown=int(shutdown_timeout),
+                            lifespan="on", server_header=False)
+    server = uvicorn.Server(config)
+    server.run()
+    if failed:
+        say(f"gptport: error: {failed[0]}")
+        return 1
+    if not server.started:
+        return 1  # uvicorn said why (the port is taken, say)
+    return 0

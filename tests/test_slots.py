@@ -1,0 +1,198 @@
+"""Slots and the continuous-batching scheduler, without HTTP: the numbers a request gets among others
+are the numbers it gets alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gptport.engine import positions
+from gptport.generate import generate
+from gptport.loader import open_model
+from gptport.sampling import Sampling
+from gptport.serve.scheduler import Choice, Failure, Finish, Scheduler
+from gptport.slots import ConcatSlots, StaticSlots, open_slots
+
+CACHES = ["static", "concat"]
+
+
+@pytest.fixture(scope="module", params=CACHES)
+def opened(request: pytest.FixtureRequest, trained_dir: Path) -> Any:
+    return open_model(trained_dir, cache=request.param)
+
+
+def alone_logits(opened: Any, ids: list[int], steps: list[int]) -> list[np.ndarray]:
+    """Last-token logits (V,) of a batch-1 run: the prompt's prefill, then each of `steps` fed in turn."""
+    engine = opened.engine
+    step = engine.step(last_only=True)
+    mask = np.ones((1, len(ids)), dtype=np.int64)
+    logits, past = step(np.array([ids]), mask, positions(mask), engine.empty_past(1))
+    out = [logits[0, -1]]
+    for tok in steps:
+        mask = np.ones((1, mask.shape[1] + 1), dtype=np.int64)
+        logits, past = step(np.array([[tok]]), mask, np.array([[mask.shape[1] - 1]]), past)
+        out.append(logits[0, -1])
+    return out
+
+
+def test_open_slots_picks_the_graphs_layout(opened: Any) -> None:
+    kind = StaticSlots if opened.cache == "static" else ConcatSlots
+    assert isinstance(open_slots(opened.engine, 2), kind)
+
+
+def test_slots_give_each_row_its_alone_logits(opened: Any) -> None:
+    """Three sequences in slots 0, 2 and 3 join and leave at different steps; each decode's logits are
+    the batch-1 run's."""
+    rng = np.random.default_rng(0)
+    vocab = opened.tok.vocab_size
+    prompts = {0: rng.integers(1, vocab, 9).tolist(), 2: rng.integers(1, vocab, 3).tolist(),
+               3: rng.integers(1, vocab, 17).tolist()}
+    feeds = {s: rng.integers(1, vocab, 6).tolist() for s in prompts}
+    expect = {s: alone_logits(opened, prompts[s], feeds[s]) for s in prompts}
+    slots = open_slots(opened.engine, 4)
+    got: dict[int, list[np.ndarray]] = {s: [] for s in prompts}
+    start = {0: 0, 2: 2, 3: 4}  # the decode step at which each slot is filled
+    for step in range(12):
+        for s, at in start.items():
+            if at == step:
+                got[s].append(slots.append(s, np.array(prompts[s]))[-1])
+        live = [s for s in prompts if start[s] < step + 1 and len(got[s]) <= len(feeds[s])]
+        if live:
+            logits = slots.decode(live, np.array([feeds[s][len(got[s]) - 1] for s in live]))
+            for s, row in zip(live, logits, strict=True):
+                got[s].append(row)
+        for s in [s for s in prompts if len(got[s]) == len(feeds[s]) + 1 and slots.length(s)]:
+            slots.free(s)  # done: the slot leaves while the others go on
+    worst = max(float(np.abs(g - e).max()) for s in prompts for g, e in zip(got[s], expect[s], strict=True))
+    assert all(len(got[s]) == len(expect[s]) for s in prompts)
+    assert worst <= 1e-4, f"max |Δ logits| {worst}"
+
+
+def test_static_slots_prefill_in_chunks(trained_dir: Path) -> None:
+    """A prompt filled in chunks of 5 ends with the logits of one whole prefill (the static graph)."""
+    opened = open_model(trained_dir, cache="static")
+    ids = np.random.default_rng(1).integers(1, opened.tok.vocab_size, 23)
+    whole = open_slots(opened.engine, 2)
+    expect = whole.append(1, ids)[-1]
+    chunked = open_slots(opened.engine, 2)
+    for lo in range(0, len(ids), 5):
+        last = chunked.append(1, ids[lo:lo + 5])[-1]
+    assert chunked.length(1) == len(ids)
+    np.testing.assert_allclose(last, expect, atol=1e-4)
+    assert int(last.argmax()) == int(expect.argmax())
+
+
+def test_slot_refuses_past_n_ctx(opened: Any) -> None:
+    slots = open_slots(opened.engine, 1)
+    with pytest.raises(ValueError, match="n_ctx"):
+        slots.append(0, np.ones(opened.engine.n_ctx + 1, dtype=np.int64))
+
+
+class Run:
+    """A scheduler stepped by hand (no thread), so that arrival orders are exact."""
+
+    def __init__(self, opened: Any, slots: int, **kw: Any) -> None:
+        self.events: list[tuple[Any, Any]] = []
+        self.s = Scheduler(open_slots(opened.engine, slots), opened.tok, self.events.extend, **kw)
+
+    def until_idle(self, limit: int = 2000) -> None:
+        for _ in range(limit):
+            if not (self.s.waiting or self.s.busy):
+                return
+            self.step()
+        raise AssertionError("the scheduler did not finish its work")
+
+    def step(self) -> None:
+        self.events += self.s.iterate()
+
+    def of(self, out: Any) -> list[Any]:
+        return [e for o, e in self.events if o == out]
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_greedy_tokens_alone_equal_tokens_among_others(opened: Any, data: st.DataObject) -> None:
+    """16 greedy requests with hypothesis-chosen prompts, lengths and arrival iterations: each gets the
+    tokens `generate` gives it alone."""
+    vocab, n_ctx = opened.tok.vocab_size, opened.engine.n_ctx
+    n = 16
+    prompts = [data.draw(st.lists(st.integers(1, vocab - 1), min_size=1, max_size=30)) for _ in range(n)]
+    max_tokens = [data.draw(st.integers(1, 24)) for _ in range(n)]
+    arrivals = [data.draw(st.integers(0, 40)) for _ in range(n)]
+    slots = data.draw(st.sampled_from([4, 16]))
+    run = Run(opened, slots, prefill_chunk=data.draw(st.sampled_from([7, 256])))
+    choices = [Choice(p, m, Sampling(), out=i) for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))]
+    for it in range(max(arrivals) + 1):
+        run.s.submit([c for c, a in zip(choices, arrivals, strict=True) if a == it])
+        run.step()
+    run.until_idle()
+    for i, c in enumerate(choices):
+        alone = generate(opened.engine, [prompts[i]], max_tokens[i], Sampling(), opened.tok.eot_id, overflow="stop")[0]
+        got = c.new_ids[:-1] if c.new_ids[-1] == opened.tok.eot_id else c.new_ids
+        assert got == alone.new_ids[:len(got)], f"request {i} (arrived at iteration {arrivals[i]})"
+        finish = run.of(i)[-1]
+        assert isinstance(finish, Finish) and finish.completion_tokens == len(c.new_ids)
+        assert len(got) == len(alone.new_ids) or len(prompts[i]) + len(c.new_ids) > n_ctx
+    assert run.s.busy == 0 and run.s.positions_in_use == 0
+
+
+def test_seeded_sampling_alone_equals_among_others(opened: Any) -> None:
+    """A sampled request with a seed gives `generate --seed`'s tokens, also beside other requests."""
+    ids = opened.tok.encode("ka to ri")
+    sampling = Sampling(temperature=0.9, top_k=20, top_p=0.95, seed=11)
+    alone = generate(opened.engine, [ids], 20, sampling, opened.tok.eot_id)[0].new_ids
+    run = Run(opened, 4)
+    target = Choice(ids, 20, sampling, out="t")
+    run.s.submit([Choice(ids[:2], 30, Sampling(temperature=1.0, seed=5), out="a"), target])
+    run.until_idle()
+    got = target.new_ids[:-1] if target.new_ids[-1] == opened.tok.eot_id else target.new_ids
+    assert got == alone
+
+
+def test_cancelled_choice_frees_its_slot_at_the_next_iteration(opened: Any) -> None:
+    run = Run(opened, 1, max_queue=1)
+    a = Choice([5, 6, 7], 50, Sampling(), ignore_eos=True, out="a")
+    b = Choice([8, 9], 3, Sampling(), out="b")
+    assert run.s.submit([a])
+    run.step()  # a takes the slot
+    assert run.s.submit([b])
+    assert not run.s.submit([Choice([1], 1, out="c")])  # the queue holds one
+    run.step()
+    assert run.s.busy == 1 and run.s.waiting == 1
+    a.cancelled = True
+    run.step()
+    assert b.slot == 0, "the cancelled choice's slot went to the waiting one"
+    run.until_idle()
+    assert isinstance(run.of("b")[-1], Finish)
+    assert not any(isinstance(e, Finish) for e in run.of("a"))
+
+
+def test_length_limits_end_with_length(opened: Any) -> None:
+    n_ctx = opened.engine.n_ctx
+    run = Run(opened, 2)
+    full = Choice(list(range(1, n_ctx - 1)), 100, Sampling(), ignore_eos=True, out="ctx")
+    short = Choice([3, 4], 5, Sampling(), ignore_eos=True, out="max")
+    run.s.submit([full, short])
+    run.until_idle()
+    assert run.of("ctx")[-1] == Finish("length", n_ctx - 2, 3)  # positions n_ctx-2, n_ctx-1, then the last token
+    assert run.of("max")[-1] == Finish("length", 2, 5)
+
+
+def test_a_failing_model_fails_every_choice_and_frees_the_slots(opened: Any) -> None:
+    run = Run(opened, 2)
+
+    def broken(*args: Any, **kw: Any) -> np.ndarray:
+        raise RuntimeError("boom")
+
+    run.s.engine.decode = broken  # type: ignore[method-assign]
+    choices = [Choice([i + 1, 2], 10, Sampling(), ignore_eos=True, out=i) for i in range(3)]
+    run.s.submit(choices)
+    run.step()  # prefills two, then the decode fails
+    assert [type(run.of(i)[-1]) for i in range(3)] == [Failure, Failure, Failure]
+    assert run.s.busy == 0 and run.s.waiting == 0
+    assert len(choices[0].new_ids) == 1  # its first token came from the prefill, before the failure
