@@ -50,41 +50,71 @@ def penalize(logits: np.ndarray, seen: Iterable[int], penalty: float) -> np.ndar
 
 
 def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator, seen: Iterable[int] = ()) -> int:
-    """One token id from a (V,) row of logits."""
+    """One token id from a (V,) row of logits (`choose_rows` on one row)."""
     if s.greedy and s.repetition_penalty == 1.0:
         return int(logits.argmax())  # the decode loop's common case: no copy, no history
-    logits = penalize(logits.astype(np.float64), seen, s.repetition_penalty)
-    if s.greedy:
-        return int(logits.argmax())
-    logits = logits / s.temperature
-    if 0 < s.top_k < logits.size:
-        kth = np.partition(logits, -s.top_k)[-s.top_k]
-        logits = np.where(logits < kth, -np.inf, logits)
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
-    if s.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        keep = order[: int(np.searchsorted(cumulative, s.top_p) + 1)]  # smallest set reaching top_p
-        mask = np.zeros_like(probs)
-        mask[keep] = probs[keep]
-        probs = mask / mask.sum()
-    return int(rng.choice(probs.size, p=probs))
+    return choose_rows(logits[None], [(s, rng, [seen])])[0]
 
 
-def choose_rows(logits: np.ndarray, rows: Sequence[tuple[Sampling, np.random.Generator, Sequence[Sequence[int]]]]
-                ) -> list[int]:
-    """One token per row of logits (k, V): row i with its settings, generator and history (the token
-    lists it has seen). Greedy rows without a penalty take one argmax over all of them at once."""
+Row = tuple[Sampling, np.random.Generator, Sequence[Iterable[int]]]  # settings, generator, the tokens seen
+BLOCK = 256  # the draw's block: sums per block, then a cumulative sum inside one block
+
+
+def choose_rows(logits: np.ndarray, rows: Sequence[Row]) -> list[int]:
+    """One token per row of logits (k, V), row i with its settings, generator and history. Greedy rows
+    take one argmax over all of them at once; sampled rows share the softmax and the draw (one uniform
+    number from the row's generator, found in the row's cumulative probabilities)."""
     picks = [0] * len(rows)
     plain = [i for i, (s, _, _) in enumerate(rows) if s.greedy and s.repetition_penalty == 1.0]
     if plain:
         for i, tok in zip(plain, logits[plain].argmax(axis=-1).tolist(), strict=True):
             picks[i] = tok
-    for i, (s, rng, history) in enumerate(rows):
-        if not (s.greedy and s.repetition_penalty == 1.0):
-            picks[i] = choose(logits[i], s, rng, chain.from_iterable(history))
+    sampled: list[int] = []
+    scaled: list[np.ndarray] = []
+    for i, (s, _, seen) in enumerate(rows):
+        if s.greedy and s.repetition_penalty == 1.0:
+            continue
+        row = logits[i]
+        if s.repetition_penalty != 1.0:
+            row = penalize(row.astype(np.float32), chain.from_iterable(seen), s.repetition_penalty)
+        if s.greedy:
+            picks[i] = int(row.argmax())
+            continue
+        row = row * np.float32(1.0 / s.temperature)  # (V,) float32, a copy
+        if 0 < s.top_k < row.size:
+            row[row < np.partition(row, -s.top_k)[-s.top_k]] = -np.inf
+        sampled.append(i)
+        scaled.append(row)
+    if sampled:
+        for i, tok in zip(sampled, _draw(np.stack(scaled), [rows[i] for i in sampled]), strict=True):
+            picks[i] = tok
     return picks
+
+
+def _draw(z: np.ndarray, rows: Sequence[Row]) -> list[int]:
+    """Sample from softmax(z) row by row (k, V): exp once for all rows, top-p per row, then one uniform
+    number per row located through per-block sums and a cumulative sum inside one block."""
+    k, V = z.shape
+    width = -(-V // BLOCK) * BLOCK
+    p = np.zeros((k, width), dtype=np.float32)  # (k, V padded with zeros to whole blocks)
+    np.subtract(z, z.max(axis=1, keepdims=True), out=p[:, :V])
+    np.exp(p[:, :V], out=p[:, :V])
+    out = []
+    for r, (s, rng, _) in enumerate(rows):
+        row = p[r]
+        if s.top_p < 1.0:  # keep the smallest set of likeliest tokens whose probability reaches top_p
+            order = np.argsort(-row[:V], kind="stable")
+            cumulative = np.cumsum(row[order], dtype=np.float64)
+            row[order[int(np.searchsorted(cumulative, s.top_p * cumulative[-1]) + 1):]] = 0.0
+        blocks = np.cumsum(row.reshape(-1, BLOCK).sum(axis=1, dtype=np.float64))  # (width / BLOCK,)
+        target = rng.random() * blocks[-1]
+        b = min(int(np.searchsorted(blocks, target, side="right")), blocks.size - 1)
+        inside = np.cumsum(row[b * BLOCK:(b + 1) * BLOCK], dtype=np.float64) + (blocks[b - 1] if b else 0.0)
+        j = int(np.searchsorted(inside, target, side="right"))
+        if j >= BLOCK or row[b * BLOCK + j] == 0.0:  # rounding at the block's edge: its last drawable token
+            j = int(np.flatnonzero(row[b * BLOCK:(b + 1) * BLOCK])[-1])
+        out.append(b * BLOCK + j)
+    return out
 
 
 def logprob_entries(logits: np.ndarray, tokens: Sequence[int], top: int
