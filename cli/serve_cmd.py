@@ -42,6 +42,8 @@ def serve(
                                                "requests wait at most this long a prefill.")] = 256,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM/Ctrl-C, seconds running requests get to "
                                                     "finish.")] = 30.0,
+    spin: Annotated[bool, typer.Option("--spin/--no-spin", help="Let onnxruntime's threads spin between steps "
+                                       "(faster steps when the HTTP side has a core of its own).")] = False,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
                                              "load).")] = False,
 ) -> None:
@@ -51,6 +53,6 @@ def serve(
     from gptport.serve.server import run
 
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
-                        model_name or model_dir.resolve().name, prefill_chunk)
+                        model_name or model_dir.resolve().name, prefill_chunk, spin=spin)
     code = run(settings, host, port, lambda line: err.print(line, markup=False), shutdown_timeout, access_log)
     sys.exit(code)

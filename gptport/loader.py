@@ -50,7 +50,7 @@ def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACH
 
 def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-               cache: str = CACHE_AUTO) -> Opened:
+               cache: str = CACHE_AUTO, spin: bool = True) -> Opened:
     """Load the tokenizer and the engine of `model_dir`, refusing a tokenizer that is not the model's.
     `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract)."""
     tok = bpe.load(model_dir)
@@ -64,7 +64,7 @@ def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", pre
     if engine != "onnx":
         raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
     path = graph_path(model_dir, precision, provider, cache)
-    model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say)
+    model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin)
     if model.tokenizer_sha256 != tok.sha256:
         raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "
                             f"than {model_dir}/tokenizer.json ({tok.sha256[:12]}…); export again")

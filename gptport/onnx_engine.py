@@ -110,11 +110,15 @@ def _bound_step(session: ort.InferenceSession, names_in: list[str], names_out: l
     return step
 
 
-def session_options(threads: int = 0) -> ort.SessionOptions:
+def session_options(threads: int = 0, spin: bool = True) -> ort.SessionOptions:
+    """`spin`: the thread pool's workers spin for a while after each run (fastest when onnxruntime has
+    the cores to itself); off, they sleep at once and leave the cores to other threads (the server's)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads > 0:
         opts.intra_op_num_threads = threads
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3  # errors only: warnings about unused initializers are noise here
     return opts
 
@@ -146,7 +150,7 @@ def load_cpu(path: str | os.PathLike[str], threads: int = 0) -> OnnxModel:
 
 
 def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = False,
-         say: Callable[[str], None] = lambda msg: None) -> OnnxModel:
+         say: Callable[[str], None] = lambda msg: None, spin: bool = True) -> OnnxModel:
     """A session on `provider`, checked with session.get_providers(). A provider that does not really
     run fails with the reason, or with `fallback` is reported through `say` and the next one is tried."""
     if not path.is_file():
@@ -154,7 +158,7 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
     order = providers.FALLBACK_ORDER[providers.FALLBACK_ORDER.index(providers.check_name(provider)):]
     notes: list[str] = []
     for candidate in order if fallback else order[:1]:
-        model, reason = _try(path, candidate, threads)
+        model, reason = _try(path, candidate, threads, spin)
         if model is not None:
             model.notes = notes
             return model
@@ -167,11 +171,11 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
     raise AssertionError("unreachable: the CPU provider is last in the fallback order")
 
 
-def _try(path: Path, provider: str, threads: int) -> tuple[OnnxModel | None, str]:
+def _try(path: Path, provider: str, threads: int, spin: bool = True) -> tuple[OnnxModel | None, str]:
     ort_name = providers.ORT_NAMES[provider]
     if ort_name not in ort.get_available_providers():
         return None, f"this onnxruntime build has no {ort_name} (install onnxruntime-gpu)"
-    opts = session_options(threads)
+    opts = session_options(threads, spin)
     chain: list[Any] = ["CPUExecutionProvider"]
     if provider != "cpu":
         config, precision = _file_metadata(path)

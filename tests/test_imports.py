@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,9 +25,27 @@ def test_import_loads_no_framework(module: str) -> None:
 
 INFERENCE_MODULES = ["gptport.engine", "gptport.onnx_engine", "gptport.static_cache", "gptport.loader",
                      "gptport.generate", "gptport.slots", "gptport.variants", "gptport.sampling", "gptport.detok",
-                     "gptport.providers", "gptport.gqa_graph", "gptport.bench"]
+                     "gptport.providers", "gptport.gqa_graph", "gptport.bench", "gptport.gguf_export",
+                     "gptport.serve.app", "gptport.serve.server", "gptport.serve.scheduler", "gptport.serve.loadgen",
+                     "gptport.cli.serve_cmd", "gptport.cli.bench_serve_cmd"]
 
 
 @pytest.mark.parametrize("module", INFERENCE_MODULES)
 def test_inference_modules_load_no_torch(module: str) -> None:
     assert "torch" not in loaded_after_import(module)
+
+
+def test_serve_answers_with_torch_unimportable(tmp_path: Path, trained_dir: Path) -> None:
+    """`gptport serve` loads, answers a completion and a stream, with `import torch` made to fail."""
+    from tests.serving import serve
+
+    blocker = tmp_path / "blocker" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text('raise ImportError("torch is blocked in this test")\n')
+    env = {"PYTHONPATH": os.pathsep.join([str(blocker.parent), os.environ.get("PYTHONPATH", "")])}
+    with serve(trained_dir, tmp_path / "serve.log", env=env) as served:
+        status, body = served.post("/v1/completions", {"prompt": "ka to", "max_tokens": 5, "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] >= 1
+        status, text = served.post("/v1/completions", {"prompt": "ka", "max_tokens": 3, "stream": True})
+        assert status == 200 and text.rstrip().endswith("data: [DONE]")
+    assert "blocked" not in (tmp_path / "serve.log").read_text()

@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -53,6 +53,7 @@ class Settings:
     model_name: str = ""
     prefill_chunk: int = 256
     max_body: int = 1 << 20
+    spin: bool = False  # onnxruntime's workers sleep after a step: the HTTP side needs the cores too
     url: str = ""
     on_ready: Callable[[str], None] = field(default=lambda line: None)
     on_failure: Callable[[str], None] = field(default=lambda message: None)
@@ -78,7 +79,8 @@ class State:
 
         s = self.settings
         try:
-            opened = open_model(s.model_dir, "onnx", s.provider, s.precision, s.threads, cache=s.kv_cache)
+            opened = open_model(s.model_dir, "onnx", s.provider, s.precision, s.threads, cache=s.kv_cache,
+                                spin=s.spin)
             slots = open_slots(opened.engine, s.slots)
             self.render, template = renderer(s.model_dir)
             self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
@@ -114,10 +116,14 @@ async def _body(request: Request, limit: int) -> Any:
     if length is not None and length.isdigit() and int(length) > limit:
         raise ApiError(413, f"the request body is {length} bytes; the limit is {limit}", None, "body_too_large")
     data = bytearray()
-    async for part in request.stream():
-        data += part
-        if len(data) > limit:
-            raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
+    try:
+        async for part in request.stream():
+            data += part
+            if len(data) > limit:
+                raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
+    except ClientDisconnect as e:  # the client left mid-body: nobody reads the answer, and it is no server error
+        raise ApiError(499, "the client closed the connection before the whole body arrived", None,
+                       "client_closed") from e
     try:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -5,6 +5,7 @@ field at fault. No torch here.
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
                413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 MAX_STOPS = 4
 MAX_LOGPROBS = 5
+MIN_TEMPERATURE = 1e-5  # below it, sampling is greedy (as vLLM): 1/temperature would overflow the logits
 
 
 class ApiError(Exception):
@@ -29,8 +31,8 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        kind = ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
 def bad(param: str, message: str, code: str | None = None) -> ApiError:
@@ -82,7 +84,14 @@ class Fields:
         return value
 
     def number(self, name: str, default: float) -> float:
-        return float(self.get(name, (int, float), default, "a number"))
+        value = self.get(name, (int, float), default, "a number")
+        try:
+            value = float(value)
+        except OverflowError:  # an integer past float's range
+            value = math.inf
+        if not math.isfinite(value):  # Python's json reads NaN and Infinity
+            raise bad(name, f"must be a finite number, not {value}", "invalid_value")
+        return value
 
     def flag(self, name: str, default: bool = False) -> bool:
         return bool(self.get(name, (bool,), default, "true or false"))
@@ -92,6 +101,8 @@ def _sampling(f: Fields, vocab: int) -> tuple[Sampling, int]:
     temperature, top_p = f.number("temperature", 1.0), f.number("top_p", 1.0)
     if temperature < 0:
         raise bad("temperature", f"must be >= 0 (0 is greedy), not {temperature}", "invalid_value")
+    if temperature < MIN_TEMPERATURE:
+        temperature = 0.0
     if not 0.0 < top_p <= 1.0:
         raise bad("top_p", f"must be in (0, 1], not {top_p}", "invalid_value")
     top_k = f.integer("top_k", 0, 0) or 0

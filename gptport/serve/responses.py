@@ -25,7 +25,7 @@ class Collector:
         self.prompt_entries: list[list[TokenLogprob]] = [[] for _ in range(count)]
         self.reasons: list[str | None] = [None] * count
         self.completion = [0] * count
-        self.offsets = [len(job.prompt_texts[i // job.n]) if job.echo else 0 for i in range(count)]
+        self.offsets = [0] * count  # text offsets of streamed logprobs; with echo, the prompt's tokens come first
         self.error: str | None = None
 
     def add(self, index: int, event: Any) -> None:

@@ -235,13 +235,13 @@ class Scheduler:
                 self._prompt_logprobs(c, logits)
             c.filled += n
             budget -= n
+            self.observer.tokens(n, 0)
             if c.filled == len(c.prompt_ids):
                 done.append((c, logits[-1:]))
         if not done:
             return
         self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
         for c, _ in done:
-            self.observer.tokens(len(c.prompt_ids), 0)
             if c.prompt_logprobs:
                 events.append((c.out, PromptLogprobs(c._prompt_lp)))
         now = time.perf_counter()
@@ -269,6 +269,7 @@ class Scheduler:
         """Choose each row's next token from logits (k, V), emit its text, finish what is finished;
         the rows that go on decoding."""
         t0 = time.perf_counter()
+        self.observer.tokens(0, len(rows))
         picks = choose_rows(logits, [(c.sampling, c._rng, (c.prompt_ids, c.new_ids)) for c in rows])
         t1 = time.perf_counter()
         still: list[Choice] = []
@@ -292,7 +293,6 @@ class Scheduler:
             if reason is None:
                 still.append(c)
                 continue
-            self.observer.tokens(0, len(c.new_ids))
             events.append((c.out, Finish(reason, len(c.prompt_ids), len(c.new_ids))))
             self._release(c)
         self.observer.phase("sample", t1 - t0)

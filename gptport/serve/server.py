@@ -5,6 +5,7 @@ No torch here."""
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
 
 from gptport import loader
@@ -50,7 +51,14 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], sh
                             access_log=access_log, timeout_graceful_shutdown=int(shutdown_timeout),
                             lifespan="on", server_header=False)
     server = uvicorn.Server(config)
-    server.run()
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again through the handler it
+    # found installed; a no-op handler there lets a clean shutdown end in exit code 0.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if failed:
         say(f"gptport: error: {failed[0]}")
         return 1
