@@ -1,0 +1,202 @@
+"""The README's serving table: `gptport bench-serve` against `gptport serve` (and, given a build,
+llama.cpp's `llama-server` on the same random weights as an F32 GGUF) for the `small` and `gpt2-124m`
+shapes, at concurrency 1, 4 and 16, in rounds that alternate the two servers. Also `gptport bench`'s
+batch-1 decode latency of the same graph, for the concurrency-1 cost of serving.
+
+Load: /v1/completions, streamed, prompt 64 words' worth of tokens, 128 new tokens (64 for gpt2-124m),
+temperature 0.8, ignore_eos, usage from `stream_options.include_usage`; 16 slots, 2 threads.
+Writes benchmarks/results/serve-<shape>.json (medians over rounds, and every round).
+
+    python benchmarks/bench_serve.py [--shapes small,gpt2-124m] [--rounds 3] [--llama-server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench_tokenizer import big_corpus
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "work" / "serve"
+VOCAB = {"small": 4096, "gpt2-124m": 50257}
+MAX_TOKENS = {"small": 128, "gpt2-124m": 64}
+KEYS = ("completed", "failed", "request_throughput", "output_throughput", "total_token_throughput",
+        "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms", "median_e2el_ms")
+
+
+def gptport(*args: str, capture: bool = False) -> str:
+    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True, text=True,
+                       stdout=subprocess.PIPE if capture else None)
+    return r.stdout or ""
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def model_dir(shape: str, corpus: Path, gguf: bool) -> Path:
+    """Random weights of the preset's shape, exported to fp32 ONNX (and an F32 GGUF for llama.cpp)."""
+    import torch
+
+    from gptport import checkpoint
+    from gptport import tokenizer as bpe
+    from gptport.config import ModelConfig, load_preset
+    from gptport.model import GPT
+
+    d = WORK / shape
+    if not (d / "model.static.onnx").exists():
+        if not (d / "tokenizer.json").exists():
+            gptport("train-tokenizer", str(corpus), "--vocab-size", str(VOCAB[shape]), "--out", str(d), "--force")
+        tok = bpe.load(d)
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab_size=tok.vocab_size, **load_preset(shape).model)
+        checkpoint.save_weights(d, GPT(cfg), 0)
+        checkpoint.write_config(d, cfg, tok, 0)
+        gptport("export", str(d), "--force")
+    if gguf and not (d / "model.f32.gguf").exists():
+        gptport("export-gguf", str(d), "--outtype", "f32")
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not become healthy in {limit} s")
+
+
+def load(url: str, shape: str, levels: list[int]) -> list[dict[str, Any]]:
+    """One bench-serve run per concurrency level (more prompts for more users)."""
+    rows = []
+    for c in levels:
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            gptport("bench-serve", url, "--concurrency", str(c), "--num-prompts", str(max(8, 4 * c)),
+                    "--prompt-len", "64", "--max-tokens", str(MAX_TOKENS[shape]), "--temperature", "0.8",
+                    "--json", f.name)
+            rows += json.loads(Path(f.name).read_text())["results"]
+    return rows
+
+
+def served(cmd: list[str], url: str, shape: str, levels: list[int], log: Path) -> list[dict[str, Any]]:
+    """Start a server, load it, stop it by its pid."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(url, proc)
+        return load(url, shape, levels)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def decode_latency_ms(d: Path, shape: str, threads: int) -> float:
+    """`gptport bench`'s batch-1 decode ms per token of the static graph, as served."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        gptport("bench", str(d), "--precisions", "fp32", "--kv-cache", "static", "--batch", "1", "--prompt-len",
+                "64", "--gen-len", str(MAX_TOKENS[shape]), "--repeat", "5", "--threads", str(threads),
+                "--no-torch-baseline", "--json", f.name)
+        rows = [r for r in json.loads(Path(f.name).read_text())["rows"] if r.get("engine") == "onnx"]
+    return 1000.0 / rows[0]["decode_tok_s"]
+
+
+def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    out = []
+    for level in zip(*rounds, strict=True):
+        row = {"concurrency": level[0]["concurrency"]}
+        for key in KEYS:
+            values = [r[key] for r in level if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        row["failed"] = sum(r["failed"] for r in level)
+        out.append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="small,gpt2-124m")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--llama-server", type=Path, default=os.environ.get("GPTPORT_LLAMA_SERVER"),
+                    help="a llama-server binary (README: building one from the llama-cpp-python sdist)")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    corpus = big_corpus()
+    WORK.mkdir(parents=True, exist_ok=True)
+    for shape in args.shapes.split(","):
+        d = model_dir(shape, corpus, args.llama_server is not None)
+        n_ctx = json.loads((d / "config.json").read_text())["model"]["n_ctx"]
+        servers = {"gptport": [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", "PORT",
+                               "--slots", str(args.slots), "--threads", str(args.threads)]}
+        if args.llama_server is not None:
+            servers["llama.cpp"] = [str(args.llama_server), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1",
+                                    "--port", "PORT", "-np", str(args.slots), "-t", str(args.threads),
+                                    "-c", str(args.slots * n_ctx), "--no-webui"]
+        rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in servers}
+        for r in range(args.rounds):
+            for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):  # alternate who goes first
+                port = str(free_port())
+                print(f"== {shape} round {r + 1}/{args.rounds}: {name}", file=sys.stderr)
+                cmd = [port if a == "PORT" else a for a in servers[name]]
+                log = WORK / f"{shape}-{name}.log"
+                rounds[name].append(served(cmd, f"http://127.0.0.1:{port}", shape, levels, log))
+        latency = decode_latency_ms(d, shape, args.threads)
+        result = {"shape": shape, "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+                  "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,
+                               "max_tokens": MAX_TOKENS[shape], "temperature": 0.8, "rounds": args.rounds,
+                               "concurrency": levels},
+                  "bench_decode_ms_per_token": latency,
+                  "servers": {name: {"median": median_rows(rs), "rounds": rs} for name, rs in rounds.items()}}
+        out = HERE / "results" / f"serve-{shape}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print_table(result)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"\n{result['shape']} on {result['machine']['cpu']}, {result['machine']['cores']} cores; "
+          f"gptport bench decode {result['bench_decode_ms_per_token']:.2f} ms/token")
+    print(f"{'server':<10} {'conc':>4} {'ok/fail':>8} {'out tok/s':>10} {'TTFT med':>9} {'TTFT p99':>9} "
+          f"{'TPOT med':>9} {'ITL p99':>8}")
+    for name, data in result["servers"].items():
+        for row in data["median"]:
+            print(f"{name:<10} {row['concurrency']:>4} {row['completed']:>5}/{row['failed']:<2} "
+                  f"{row['output_throughput']:>10.1f} {row['median_ttft_ms']:>9.1f} {row['p99_ttft_ms']:>9.1f} "
+                  f"{row['median_tpot_ms']:>9.2f} {row['p99_itl_ms']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
