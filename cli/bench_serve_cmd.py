@@ -74,7 +74,7 @@ def _table(result: dict[str, Any]) -> None:
     table = Table("concurrency", "ok/failed", "req/s", "out tok/s", "total tok/s", "TTFT p50/p99 ms",
                   "TPOT p50 ms", "ITL p50/p99 ms", "E2EL p50 ms",
                   title=escape(f"{result['url']} · {result['model']} · {s['num_prompts']} prompts of "
-                               f"{s['prompt_len']} words, max_tokens {s['max_tokens']}, {rate}"))
+                               f"~{s['prompt_len']} tokens, max_tokens {s['max_tokens']}, {rate}"))
     for r in result["results"]:
         table.add_row(
             str(r["concurrency"]), f"{r['completed']}/{r['failed']}", _fmt(r["request_throughput"], ".2f"),
@@ -87,7 +87,7 @@ def _table(result: dict[str, Any]) -> None:
     seen = [r["mean_prompt_tokens"] for r in result["results"] if r["mean_prompt_tokens"] is not None]
     if seen:
         err.print(f"prompt tokens seen by the server: {sum(seen) / len(seen):.1f} on average "
-                  f"({s['prompt_len']} words sent)")
+                  f"({s.get('prompt_words', s['prompt_len'])} words sent)")
     for r in result["results"]:
         if r["requests_without_usage"]:
             err.print(f"[yellow]concurrency {r['concurrency']}: {r['requests_without_usage']} of {r['completed']} "

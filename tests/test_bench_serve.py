@@ -127,6 +127,7 @@ class FakeState:
     def __init__(self) -> None:
         self.count = 0
         self.bodies: list[dict[str, Any]] = []
+        self.probes: list[dict[str, Any]] = []
 
 
 def make_app(state: FakeState) -> Any:
@@ -145,6 +146,11 @@ def make_app(state: FakeState) -> Any:
 
     async def completions(request: Request) -> Any:
         body = await request.json()
+        if not body.get("stream"):  # bench-serve's calibration probe: this tokenizer makes 2 tokens of a word
+            n_in = 2 * len(body["prompt"].split())
+            state.probes.append(body)
+            return JSONResponse({"choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                                 "usage": {"prompt_tokens": n_in, "completion_tokens": 1, "total_tokens": n_in + 1}})
         state.count += 1
         state.bodies.append(body)
         if state.count % 5 == 0:
@@ -162,7 +168,7 @@ def make_app(state: FakeState) -> Any:
                     return
                 yield sse({"choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}], "usage": None})
             if mode != "nousage" and body.get("stream_options", {}).get("include_usage"):
-                n_in = len(body["prompt"].split())
+                n_in = 2 * len(body["prompt"].split())
                 yield sse({"choices": [], "usage": {"prompt_tokens": n_in, "completion_tokens": CHUNKS * 2,
                                                     "total_tokens": n_in + CHUNKS * 2}})
             yield "data: [DONE]\n\n"
@@ -209,6 +215,8 @@ def test_load_generator_against_the_fake_server(server: tuple[str, FakeState]) -
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["ignore_eos"] is True and body["max_tokens"] == 12 and body["temperature"] == 0.5
     assert len(state.bodies) == 20
+    assert len(state.probes) == 1 and result["settings"]["prompt_words"] == 6  # 12 tokens at 2 tokens a word
+    assert {len(b["prompt"].split()) for b in state.bodies} == {6}
     for level, c in zip(result["results"], (1, 3), strict=True):
         assert level["concurrency"] == c
         assert (level["completed"], level["failed"]) == (8, 2)  # requests 5 and 10 of each level

@@ -7,10 +7,11 @@ servers that do not know it ignore it). For each concurrency level the same prom
 most that many requests in flight: a closed loop when the request rate is infinite, Poisson arrivals
 (seeded exponential gaps) capped by the concurrency otherwise, as in vLLM's benchmark_serving.
 
-Prompts: the client does not know the server's tokenizer, so a prompt is `prompt_len` words drawn
-(seeded) from a fixed list of common English words, about one token each in GPT-2-like BPEs. The
-tokens the server actually saw are taken from its `usage.prompt_tokens` and reported as
-`mean_prompt_tokens`; a tokenizer trained on other text may split the words into more tokens.
+Prompts: the client does not know the server's tokenizer, so a prompt is words drawn (seeded) from a
+fixed list of common English words. Before the load, one request of `prompt_len` words with
+`max_tokens` 1 asks the server how many tokens that is (its `usage.prompt_tokens`), and the word
+count is scaled so that prompts come to about `prompt_len` tokens in the server's tokenizer. The
+tokens the server actually saw are reported as `mean_prompt_tokens`.
 
 Metrics use vLLM's names. TTFT: send to the first streamed chunk that carries text. ITL: the gaps
 between consecutive text chunks. TPOT: (E2EL - TTFT) / (output tokens - 1), for requests with more
@@ -362,11 +363,31 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def calibrate_words(settings: Settings, model: str) -> int:
+    """Words per prompt for about `prompt_len` tokens in the server's tokenizer (from one request's
+    usage); `prompt_len` itself when the server reports no usage."""
+    import httpx
+
+    probe = make_prompts(1, settings.prompt_len, settings.seed + 1)[0]
+    body = {"model": model, "prompt": probe, "max_tokens": 1, "temperature": 0.0}
+    try:
+        r = httpx.post(f"{base_url(settings.url)}/v1/completions", json=body, headers=_headers(settings.api_key),
+                       timeout=settings.timeout_s)
+        tokens = r.json()["usage"]["prompt_tokens"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return settings.prompt_len
+    if not isinstance(tokens, int) or tokens <= 0:
+        return settings.prompt_len
+    return max(1, round(settings.prompt_len * settings.prompt_len / tokens))
+
+
 def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run every concurrency level; returns {url, model, settings, machine, results}."""
     check(settings)
     model = resolve_model(settings)
-    prompts = make_prompts(settings.num_prompts, settings.prompt_len, settings.seed)
+    words = calibrate_words(settings, model)
+    say(f"prompts of {words} words, for about {settings.prompt_len} tokens in the server's tokenizer")
+    prompts = make_prompts(settings.num_prompts, words, settings.seed)
     results = []
     for c in settings.concurrency:
         def progress(n: int, c: int = c) -> None:
@@ -376,5 +397,5 @@ def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict
         records, duration = asyncio.run(_level(settings, model, prompts, c, progress))
         results.append({"concurrency": c, "num_prompts": settings.num_prompts,
                         **level_metrics(records, duration, settings.prompt_len)})
-    return {"url": base_url(settings.url), "model": model, "settings": settings.as_json(),
+    return {"url": base_url(settings.url), "model": model, "settings": {**settings.as_json(), "prompt_words": words},
             "machine": {"cpu": cpu_name(), "cores": os.cpu_count()}, "results": results}

@@ -28,6 +28,7 @@ class Metrics(Observer):
                              buckets=LATENCY_BUCKETS, registry=r)
         self.phases = Counter("gptport_scheduler_seconds", "Scheduler time by phase: prefill, decode (the model), "
                               "sample, emit (detokenize and hand over)", ["phase"], registry=r)
+        self._phases: dict[str, Any] = {}
         self.queue = Gauge("gptport_queue_depth", "Choices waiting for a slot", registry=r)
         self.busy = Gauge("gptport_slots_busy", "Slots holding a request", registry=r)
         self.slots = Gauge("gptport_slots", "Slots (rows of the KV cache)", registry=r)
@@ -50,7 +51,10 @@ class Metrics(Observer):
             self.generated_tokens.inc(generated)
 
     def phase(self, name: str, seconds: float) -> None:
-        self.phases.labels(name).inc(seconds)
+        child = self._phases.get(name)
+        if child is None:
+            child = self._phases[name] = self.phases.labels(name)
+        child.inc(seconds)
 
     def render(self, scheduler: Any) -> bytes:
         """The exposition text, with the gauges read from the scheduler now."""
