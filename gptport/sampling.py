@@ -93,27 +93,32 @@ def choose_rows(logits: np.ndarray, rows: Sequence[Row]) -> list[int]:
 
 def _draw(z: np.ndarray, rows: Sequence[Row]) -> list[int]:
     """Sample from softmax(z) row by row (k, V): exp once for all rows, top-p per row, then one uniform
-    number per row located through per-block sums and a cumulative sum inside one block."""
+    number per row located through per-block sums and a cumulative sum inside one block, for all rows
+    at once."""
     k, V = z.shape
     width = -(-V // BLOCK) * BLOCK
     p = np.zeros((k, width), dtype=np.float32)  # (k, V padded with zeros to whole blocks)
     np.subtract(z, z.max(axis=1, keepdims=True), out=p[:, :V])
     np.exp(p[:, :V], out=p[:, :V])
-    out = []
-    for r, (s, rng, _) in enumerate(rows):
-        row = p[r]
+    for r, (s, _, _) in enumerate(rows):
         if s.top_p < 1.0:  # keep the smallest set of likeliest tokens whose probability reaches top_p
+            row = p[r]
             order = np.argsort(-row[:V], kind="stable")
             cumulative = np.cumsum(row[order], dtype=np.float64)
             row[order[int(np.searchsorted(cumulative, s.top_p * cumulative[-1]) + 1):]] = 0.0
-        blocks = np.cumsum(row.reshape(-1, BLOCK).sum(axis=1, dtype=np.float64))  # (width / BLOCK,)
-        target = rng.random() * blocks[-1]
-        b = min(int(np.searchsorted(blocks, target, side="right")), blocks.size - 1)
-        inside = np.cumsum(row[b * BLOCK:(b + 1) * BLOCK], dtype=np.float64) + (blocks[b - 1] if b else 0.0)
-        j = int(np.searchsorted(inside, target, side="right"))
-        if j >= BLOCK or row[b * BLOCK + j] == 0.0:  # rounding at the block's edge: its last drawable token
-            j = int(np.flatnonzero(row[b * BLOCK:(b + 1) * BLOCK])[-1])
-        out.append(b * BLOCK + j)
+    blocks = np.cumsum(p.reshape(k, -1, BLOCK).sum(axis=2, dtype=np.float64), axis=1)  # (k, width / BLOCK)
+    target = np.array([rng.random() for _, rng, _ in rows]) * blocks[:, -1]  # (k,)
+    b = np.minimum((blocks <= target[:, None]).sum(axis=1), blocks.shape[1] - 1)  # (k,) the block of each draw
+    rows_k = np.arange(k)
+    start = np.where(b > 0, blocks[rows_k, b - 1], 0.0)  # (k,) the mass before that block
+    inside = p.reshape(k, -1, BLOCK)[rows_k, b]  # (k, BLOCK)
+    j = (np.cumsum(inside, axis=1, dtype=np.float64) + start[:, None] <= target[:, None]).sum(axis=1)  # (k,)
+    out = []
+    for r in range(k):  # rounding at a block's edge can point past its last drawable token
+        jr = int(j[r])
+        if jr >= BLOCK or inside[r, jr] == 0.0:
+            jr = int(np.flatnonzero(inside[r])[-1])
+        out.append(int(b[r]) * BLOCK + jr)
     return out
 
 

@@ -247,43 +247,70 @@ def _error_text(body: bytes | str, limit: int = 300) -> str:
     return text[:limit] + ("…" if len(text) > limit else "")
 
 
+async def _get_json(method: str, url: str, settings: Settings, body: dict[str, Any] | None = None
+                    ) -> tuple[int, bytes]:
+    """One plain request: (status, body bytes)."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=min(settings.timeout_s, 30.0))
+    async with aiohttp.ClientSession(timeout=timeout, headers=_headers(settings.api_key)) as session, \
+            session.request(method, url, json=body) as r:
+        return r.status, await r.read()
+
+
 def resolve_model(settings: Settings) -> str:
     """Check that the server answers (GET /v1/models) and return --model or the first model id it lists."""
-    import httpx
+    import aiohttp
 
     url = f"{base_url(settings.url)}/v1/models"
     try:
-        r = httpx.get(url, headers=_headers(settings.api_key), timeout=min(settings.timeout_s, 30.0))
-    except httpx.InvalidURL as e:
-        raise UsageError(f"URL {settings.url!r}: {e}") from None
-    except httpx.HTTPError as e:
+        status, raw = asyncio.run(_get_json("GET", url, settings))
+    except aiohttp.InvalidURL as e:
+        raise UsageError(f"URL {settings.url!r}: invalid ({e})") from None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         raise InputError(f"{settings.url}: the server does not answer ({type(e).__name__}: {e})") from None
     if settings.model:
         return settings.model
-    if r.status_code != 200:
-        raise InputError(f"GET {url}: HTTP {r.status_code} {_error_text(r.content, 120)!r}; "
-                         "name the model with --model")
+    if status != 200:
+        raise InputError(f"GET {url}: HTTP {status} {_error_text(raw, 120)!r}; name the model with --model")
     try:
-        return str(r.json()["data"][0]["id"])
+        return str(json.loads(raw)["data"][0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
         raise InputError(f"GET {url}: no model id in the answer; name the model with --model") from None
 
 
-async def _send(client: Any, url: str, body: dict[str, Any], rec: RequestRecord) -> None:
+def calibrate_words(settings: Settings, model: str) -> int:
+    """Words per prompt for about `prompt_len` tokens in the server's tokenizer (from one request's
+    usage); `prompt_len` itself when the server reports no usage."""
+    import aiohttp
+
+    probe = make_prompts(1, settings.prompt_len, settings.seed + 1)[0]
+    body = {"model": model, "prompt": probe, "max_tokens": 1, "temperature": 0.0}
+    try:
+        _, raw = asyncio.run(_get_json("POST", f"{base_url(settings.url)}/v1/completions", settings, body))
+        tokens = json.loads(raw)["usage"]["prompt_tokens"]
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
+        return settings.prompt_len
+    if not isinstance(tokens, int) or tokens <= 0:
+        return settings.prompt_len
+    return max(1, round(settings.prompt_len * settings.prompt_len / tokens))
+
+
+async def _send(session: Any, url: str, body: dict[str, Any], rec: RequestRecord) -> None:
     """Stream one request into `rec`; a failure becomes rec.error."""
-    async with client.stream("POST", url, json=body) as resp:
-        if resp.status_code != 200:
-            rec.error = f"HTTP {resp.status_code}: {_error_text(await resp.aread())}"
+    async with session.post(url, json=body) as resp:
+        if resp.status != 200:
+            rec.error = f"HTTP {resp.status}: {_error_text(await resp.read())}"
             return
         perf = time.perf_counter
         times = rec.text_times
         loads = json.loads
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
+        async for raw in resp.content:  # one line at a time
+            if not raw.startswith(b"data:"):
                 continue
             now = perf()
-            payload = line[5:].strip()
-            if payload == "[DONE]":
+            payload = raw[5:].strip()
+            if payload == b"[DONE]":
                 break
             try:
                 obj = loads(payload)
@@ -302,15 +329,15 @@ async def _send(client: Any, url: str, body: dict[str, Any], rec: RequestRecord)
                 rec.completion_tokens = usage.get("completion_tokens")
 
 
-async def _request(client: Any, url: str, body: dict[str, Any], timeout_s: float) -> RequestRecord:
-    import httpx
+async def _request(session: Any, url: str, body: dict[str, Any], timeout_s: float) -> RequestRecord:
+    import aiohttp
 
     rec = RequestRecord(start=time.perf_counter())
     try:
-        await asyncio.wait_for(_send(client, url, body, rec), timeout_s)
+        await asyncio.wait_for(_send(session, url, body, rec), timeout_s)
     except (TimeoutError, asyncio.TimeoutError):
         rec.error = f"timed out after {timeout_s:g} s"
-    except (httpx.HTTPError, httpx.StreamError, OSError) as e:
+    except (aiohttp.ClientError, OSError) as e:
         rec.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     rec.end = time.perf_counter()
     return rec
@@ -318,12 +345,12 @@ async def _request(client: Any, url: str, body: dict[str, Any], timeout_s: float
 
 async def _level(settings: Settings, model: str, prompts: list[str], concurrency: int,
                  progress: Callable[[int], None]) -> tuple[list[RequestRecord], float]:
-    """All prompts at one concurrency level; returns the records (in prompt order) and the wall time."""
-    import httpx
+    """All prompts at one concurrency level; returns the records (in prompt order) and the wall time.
+    aiohttp (C-accelerated parsing) rather than httpx: the client shares the machine with the server
+    under test, and its CPU per streamed chunk is CPU the server does not get."""
+    import aiohttp
 
     url = f"{base_url(settings.url)}/v1/completions"
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    timeout = httpx.Timeout(settings.timeout_s)
     sem = asyncio.Semaphore(concurrency)
     done = 0
 
@@ -333,12 +360,14 @@ async def _level(settings: Settings, model: str, prompts: list[str], concurrency
                 "temperature": settings.temperature, "stream": True,
                 "stream_options": {"include_usage": True}, "ignore_eos": True}
         async with sem:
-            rec = await _request(client, url, body, settings.timeout_s)
+            rec = await _request(session, url, body, settings.timeout_s)
         done += 1
         progress(done)
         return rec
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=_headers(settings.api_key)) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, headers=_headers(settings.api_key),
+                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
         start = time.perf_counter()
         tasks = []
         for prompt, gap in zip(prompts, arrival_gaps(len(prompts), settings.request_rate, settings.seed),
@@ -361,24 +390,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def calibrate_words(settings: Settings, model: str) -> int:
-    """Words per prompt for about `prompt_len` tokens in the server's tokenizer (from one request's
-    usage); `prompt_len` itself when the server reports no usage."""
-    import httpx
-
-    probe = make_prompts(1, settings.prompt_len, settings.seed + 1)[0]
-    body = {"model": model, "prompt": probe, "max_tokens": 1, "temperature": 0.0}
-    try:
-        r = httpx.post(f"{base_url(settings.url)}/v1/completions", json=body, headers=_headers(settings.api_key),
-                       timeout=settings.timeout_s)
-        tokens = r.json()["usage"]["prompt_tokens"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return settings.prompt_len
-    if not isinstance(tokens, int) or tokens <= 0:
-        return settings.prompt_len
-    return max(1, round(settings.prompt_len * settings.prompt_len / tokens))
 
 
 def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
