@@ -95,25 +95,26 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300) ->
     raise SystemExit(f"{url} did not become healthy in {limit} s")
 
 
-def load(url: str, shape: str, levels: list[int]) -> list[dict[str, Any]]:
-    """One bench-serve run per concurrency level (more prompts for more users)."""
+def load(url: str, shape: str, levels: list[int], seed: int) -> list[dict[str, Any]]:
+    """One bench-serve run per concurrency level (more prompts for more users); `seed` differs per
+    round, so that no prompt repeats in a server's life (llama-server caches prompt prefixes)."""
     rows = []
     for c in levels:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             gptport("bench-serve", url, "--concurrency", str(c), "--num-prompts", str(max(8, 4 * c)),
                     "--prompt-len", "64", "--max-tokens", str(MAX_TOKENS[shape]), "--temperature", "0.8",
-                    "--json", f.name)
+                    "--seed", str(seed), "--json", f.name)
             rows += json.loads(Path(f.name).read_text())["results"]
     return rows
 
 
-def served(cmd: list[str], url: str, shape: str, levels: list[int], log: Path) -> list[dict[str, Any]]:
+def served(cmd: list[str], url: str, shape: str, levels: list[int], log: Path, seed: int) -> list[dict[str, Any]]:
     """Start a server, load it, stop it by its pid."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_healthy(url, proc)
-        return load(url, shape, levels)
+        return load(url, shape, levels, seed)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -173,7 +174,7 @@ def main() -> None:
                 print(f"== {shape} round {r + 1}/{args.rounds}: {name}", file=sys.stderr)
                 cmd = [port if a == "PORT" else a for a in servers[name]]
                 log = WORK / f"{shape}-{name}.log"
-                rounds[name].append(served(cmd, f"http://127.0.0.1:{port}", shape, levels, log))
+                rounds[name].append(served(cmd, f"http://127.0.0.1:{port}", shape, levels, log, seed=r))
         latency = decode_latency_ms(d, shape, args.threads)
         result = {"shape": shape, "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
                   "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,

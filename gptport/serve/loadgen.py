@@ -365,7 +365,9 @@ async def _level(settings: Settings, model: str, prompts: list[str], concurrency
         progress(done)
         return rec
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    # A new connection per request (as vLLM's benchmark does): servers close idle keep-alive connections
+    # on their own schedule (llama-server does), and a request sent on one that just closed fails.
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=True)
     async with aiohttp.ClientSession(connector=connector, headers=_headers(settings.api_key),
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:
         start = time.perf_counter()
@@ -398,13 +400,15 @@ def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict
     model = resolve_model(settings)
     words = calibrate_words(settings, model)
     say(f"prompts of {words} words, for about {settings.prompt_len} tokens in the server's tokenizer")
-    prompts = make_prompts(settings.num_prompts, words, settings.seed)
     results = []
     for c in settings.concurrency:
         def progress(n: int, c: int = c) -> None:
             say(f"concurrency {c}: {n}/{settings.num_prompts} requests done")
 
         progress(0)
+        # Fresh prompts for every level: a server that caches prompt prefixes (llama-server does) must
+        # not be handed the previous level's prompts again.
+        prompts = make_prompts(settings.num_prompts, words, settings.seed * 7919 + c)
         records, duration = asyncio.run(_level(settings, model, prompts, c, progress))
         results.append({"concurrency": c, "num_prompts": settings.num_prompts,
                         **level_metrics(records, duration, settings.prompt_len)})
