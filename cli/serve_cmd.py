@@ -39,7 +39,7 @@ def serve(
     model_name: Annotated[str | None, typer.Option(help="The model's id in the API (default: the directory's "
                                                    "name).")] = None,
     prefill_chunk: Annotated[int, typer.Option(help="Prompt tokens prefilled per scheduler iteration: decoding "
-                                               "requests wait at most this long a prefill.")] = 256,
+                                               "requests wait at most this long a prefill.")] = 512,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM/Ctrl-C, seconds running requests get to "
                                                     "finish.")] = 30.0,
     spin: Annotated[bool, typer.Option("--spin/--no-spin", help="Let onnxruntime's threads spin between steps "

@@ -51,7 +51,7 @@ class Settings:
     threads: int = 0
     api_key: str | None = None
     model_name: str = ""
-    prefill_chunk: int = 256
+    prefill_chunk: int = 512
     max_body: int = 1 << 20
     spin: bool = False  # onnxruntime's workers sleep after a step: the HTTP side needs the cores too
     url: str = ""
@@ -85,18 +85,23 @@ class State:
             self.render, template = renderer(s.model_dir)
             self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
                                        s.max_queue, s.prefill_chunk, self.metrics)
-        except GptportError as e:
-            self.error = str(e)
+        except Exception as e:  # noqa: BLE001 - whatever stops the load stops the server, with its message
+            self.error = str(e) if isinstance(e, GptportError) else f"loading the model failed: {type(e).__name__}: {e}"
+            log.debug("load failed", exc_info=True)
             s.on_failure(self.error)
             return
         self.tok, self.n_ctx = opened.tok, opened.engine.n_ctx
         self.metrics.slots.set(s.slots)
         self.metrics.capacity.set(s.slots * self.n_ctx)
         graph = f"{opened.precision} {opened.cache} cache"
-        self.metrics.info.labels(s.model_name, graph, opened.provider, "").set(1)
+        self.metrics.info.labels(s.model_name, graph, opened.provider).set(1)
         self.scheduler.start()
+        engine: Any = opened.engine  # an OnnxModel: serve opens onnx engines only
+        kv = 2 * int(engine.config["n_layer"]) * int(engine.config["d_model"]) * self.n_ctx * s.slots
+        kv *= engine.kv_dtype.itemsize
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
-                   f"n_ctx {self.n_ctx} · queue {s.max_queue} · chat template: {template}")
+                   f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
+                   f"chat template: {template}")
 
     def ready(self) -> Scheduler:
         if self.scheduler is None:

@@ -36,7 +36,7 @@ class Metrics(Observer):
                                registry=r)
         self.capacity = Gauge("gptport_kv_cache_positions", "KV-cache positions in all (slots x n_ctx)", registry=r)
         self.info = Gauge("gptport_info", "The model this server runs (labels), value 1",
-                          ["model", "graph", "provider", "replica"], registry=r)
+                          ["model", "graph", "provider"], registry=r)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

@@ -102,7 +102,7 @@ class Scheduler:
     of (choice.out, event) once per iteration; it must not block."""
 
     def __init__(self, slots: SlotEngine, tok: BPETokenizer, deliver: Callable[[list[tuple[Any, Event]]], None],
-                 max_queue: int = 64, prefill_chunk: int = 256, observer: Observer | None = None) -> None:
+                 max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
         self.max_queue, self.prefill_chunk = max_queue, max(1, prefill_chunk)
         self.observer = observer or Observer()
@@ -286,8 +286,8 @@ class Scheduler:
                 reason = "stop"
             elif len(c.new_ids) >= c.max_tokens or self.engine.length(c.slot) >= self.engine.n_ctx:
                 reason = "length"
-            if reason is not None:
-                text += "" if reason == "stop" and not eot else c._stream.finish()  # type: ignore[union-attr]
+            if reason is not None:  # what the stream held back (nothing after a stop string)
+                text += c._stream.finish()  # type: ignore[union-attr]
             if text or lp:
                 events.append((c.out, Piece(text, lp)))
             if reason is None:
