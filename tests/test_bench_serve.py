@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from gptport.errors import UsageError
-from gptport.serve import loadgen
-from gptport.serve.loadgen import RequestRecord
+from gptport.serve import loadgen, loadstats
+from gptport.serve.loadstats import RequestRecord
 
 # ---- the metric functions ---------------------------------------------------------------------------
 
@@ -29,7 +29,7 @@ from gptport.serve.loadgen import RequestRecord
 def test_request_latencies_tpot_differs_from_itl() -> None:
     # 5 tokens in 3 text chunks: TTFT 100 ms, E2EL 300 ms, TPOT (300 - 100) / 4 = 50 ms, ITL 50 and 100 ms
     r = RequestRecord(start=10.0, end=10.3, text_times=[10.1, 10.15, 10.25], prompt_tokens=8, completion_tokens=5)
-    lat = loadgen.request_latencies(r)
+    lat = loadstats.request_latencies(r)
     assert lat["ttft"] == pytest.approx(0.1)
     assert lat["e2el"] == pytest.approx(0.3)
     assert lat["tpot"] == pytest.approx(0.05)
@@ -37,9 +37,9 @@ def test_request_latencies_tpot_differs_from_itl() -> None:
 
 
 def test_one_token_has_no_tpot_and_no_text_has_no_ttft() -> None:
-    assert loadgen.request_latencies(RequestRecord(start=0, end=0.2, text_times=[0.2], completion_tokens=1))[
+    assert loadstats.request_latencies(RequestRecord(start=0, end=0.2, text_times=[0.2], completion_tokens=1))[
         "tpot"] is None
-    lat = loadgen.request_latencies(RequestRecord(start=0, end=0.2, completion_tokens=0))
+    lat = loadstats.request_latencies(RequestRecord(start=0, end=0.2, completion_tokens=0))
     assert lat["ttft"] is None and lat["tpot"] is None and lat["itl"] == []
 
 
@@ -50,7 +50,7 @@ def test_level_metrics_on_hand_made_records() -> None:
         RequestRecord(start=2.0, end=2.2, text_times=[2.05, 2.1]),  # no usage: 2 chunks, prompt_len tokens
         RequestRecord(start=3.0, end=3.1, error="HTTP 500: boom"),
     ]
-    m = loadgen.level_metrics(records, duration_s=4.0, prompt_len=10)
+    m = loadstats.level_metrics(records, duration_s=4.0, prompt_len=10)
     assert (m["completed"], m["failed"]) == (3, 1)
     assert (m["total_input_tokens"], m["total_output_tokens"]) == (8 + 8 + 10, 5 + 1 + 2)
     assert m["request_throughput"] == pytest.approx(3 / 4)
@@ -71,7 +71,7 @@ def test_level_metrics_on_hand_made_records() -> None:
 
 
 def test_level_metrics_with_nothing_completed() -> None:
-    m = loadgen.level_metrics([RequestRecord(start=0, end=1, error="x")], duration_s=1.0, prompt_len=4)
+    m = loadstats.level_metrics([RequestRecord(start=0, end=1, error="x")], duration_s=1.0, prompt_len=4)
     assert (m["completed"], m["failed"], m["request_throughput"]) == (0, 1, 0)
     assert m["median_ttft_ms"] is None and m["p99_e2el_ms"] is None and m["mean_prompt_tokens"] is None
     json.dumps(m, allow_nan=False)
@@ -83,13 +83,13 @@ def test_percentile_matches_numpy() -> None:
     for n in (1, 2, 7, 100):
         values = [rng.random() for _ in range(n)]
         for q in (0, 50, 90, 99, 100):
-            assert loadgen.percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+            assert loadstats.percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
 
 
 def test_distinct_errors_keeps_a_few_with_counts() -> None:
     failed = [RequestRecord(start=0, error=f"e{i % 7}") for i in range(21)]
-    errors = loadgen.distinct_errors(failed)
-    assert [e["message"] for e in errors] == [f"e{i}" for i in range(loadgen.MAX_ERRORS_KEPT)]
+    errors = loadstats.distinct_errors(failed)
+    assert [e["message"] for e in errors] == [f"e{i}" for i in range(loadstats.MAX_ERRORS_KEPT)]
     assert all(e["count"] == 3 for e in errors)
 
 
