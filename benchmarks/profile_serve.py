@@ -1,7 +1,9 @@
 """Where a served step's time goes under load: `gptport serve` on bench_serve.py's random-weight model
 directories, loaded by `gptport bench-serve` at one concurrency level, with the scheduler's phase
 counters (gptport_scheduler_seconds_total: prefill, decode, sample, emit) and the server process's
-CPU time read before and after. Writes benchmarks/results/profile-serve-<shape>.json.
+CPU time read before and after; then onnxruntime's profiler on decode steps of that many busy slots
+(rows of the static cache, 64-token prompts), per operator type. Writes
+benchmarks/results/profile-serve-<shape>.json.
 
     python benchmarks/profile_serve.py [--shapes small,gpt2-124m] [--concurrency 16]
 """
@@ -20,7 +22,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnxruntime as ort
 from bench_serve import MAX_TOKENS, WORK, cpu_name, free_port, wait_healthy
+from profile_decode import summarize
+
+from gptport import contract
+from gptport.onnx_engine import session_options
+from gptport.slots import StaticSlots
 
 HERE = Path(__file__).resolve().parent
 TICK = os.sysconf("SC_CLK_TCK")
@@ -41,6 +50,26 @@ def phases(url: str) -> dict[str, float]:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def step_profile(d: Path, rows: int, threads: int, steps: int = 20) -> dict[str, Any]:
+    """onnxruntime's profile of `steps` decode steps over `rows` slots, each filled with 64 tokens."""
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = session_options(threads)
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(tmp, "step")
+        session = ort.InferenceSession(str(d / contract.onnx_file("fp32", contract.CACHE_STATIC)), opts,
+                                       providers=["CPUExecutionProvider"])
+        config = json.loads(session.get_modelmeta().custom_metadata_map[contract.META_CONFIG])
+        slots = StaticSlots(session, config, rows)
+        rng = np.random.default_rng(0)
+        for s in range(rows):
+            slots.append(s, rng.integers(1, config["vocab_size"], 64))
+        for _ in range(steps):
+            slots.decode(list(range(rows)), rng.integers(1, config["vocab_size"], rows))
+        events = json.loads(Path(session.end_profiling()).read_text())
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    return summarize(runs[-steps:], events)
 
 
 def profile(shape: str, concurrency: int, threads: int) -> dict[str, Any]:
@@ -72,7 +101,8 @@ def profile(shape: str, concurrency: int, threads: int) -> dict[str, Any]:
             "server_cpu_s": cpu, "scheduler_s": spent, "scheduler_busy_fraction": busy / wall,
             "phase_share": {k: v / busy for k, v in spent.items()},
             "output_tokens": load["total_output_tokens"], "output_throughput": load["output_throughput"],
-            "median_tpot_ms": load["median_tpot_ms"]}
+            "median_tpot_ms": load["median_tpot_ms"],
+            f"decode_step_{concurrency}_rows": step_profile(d, concurrency, threads)}
 
 
 def main() -> None:
@@ -90,6 +120,9 @@ def main() -> None:
         print(f"{shape} at concurrency {args.concurrency}: {result['output_throughput']:.1f} tok/s; scheduler busy "
               f"{100 * result['scheduler_busy_fraction']:.0f}% of the wall time: {share}; server CPU "
               f"{result['server_cpu_s'] / result['wall_s']:.2f} cores")
+        step = result[f"decode_step_{args.concurrency}_rows"]
+        ops = ", ".join(f"{r['op']} {100 * r['share']:.0f}%" for r in step["by_op_type"][:3])
+        print(f"  a decode step of {args.concurrency} rows: {step['us_per_step'] / 1000:.2f} ms: {ops}")
 
 
 if __name__ == "__main__":
