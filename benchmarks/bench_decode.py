@@ -27,16 +27,16 @@ def gptport(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
 
 
-def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:
-    """A model directory with random weights of the preset's shape, exported (fp32, int8, int4)."""
+def random_weights(d: Path, shape: str, corpus: Path) -> None:
+    """Seeded random weights of the preset's shape in model directory `d`, with a tokenizer of the
+    shape's vocabulary trained on `corpus` (kept when already there)."""
     import torch
 
-    from gptport import checkpoint, contract, export, variants
+    from gptport import checkpoint
     from gptport import tokenizer as bpe
     from gptport.config import ModelConfig, load_preset
     from gptport.model import GPT
 
-    d = WORK / shape
     if not (d / "tokenizer.json").exists():
         gptport("train-tokenizer", str(corpus), "--vocab-size", str(VOCAB[shape]), "--out", str(d), "--force")
     tok = bpe.load(d)
@@ -44,10 +44,18 @@ def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:
     cfg = ModelConfig(vocab_size=tok.vocab_size, **load_preset(shape).model)
     checkpoint.save_weights(d, GPT(cfg), 0)
     checkpoint.write_config(d, cfg, tok, 0)
+
+
+def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:
+    """A model directory with random weights of the preset's shape, exported (fp32, int8, int4)."""
+    from gptport import checkpoint, contract, export, variants
+
+    d = WORK / shape
+    random_weights(d, shape, corpus)
     gptport("export", str(d), "--force", "--optimize" if optimize else "--no-optimize")
     card = checkpoint.read_card(d)
     plain = WORK / f"{shape}-plain.onnx"  # the variants come from the unfused graph, as in `gptport export`
-    plain.write_bytes(export.to_onnx(checkpoint.load_weights(d, cfg).eval(), 18).SerializeToString())
+    plain.write_bytes(export.to_onnx(checkpoint.load_weights(d, card.model).eval(), 18).SerializeToString())
     for precision in ("int8", "int4"):
         static = d / contract.onnx_file("fp32", contract.CACHE_STATIC)
         for cache, src in ((contract.CACHE_CONCAT, plain), (contract.CACHE_STATIC, static)):

@@ -28,11 +28,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench_decode import random_weights
 from bench_tokenizer import big_corpus
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "serve"
-VOCAB = {"small": 4096, "gpt2-124m": 50257}
 MAX_TOKENS = {"small": 128, "gpt2-124m": 64}
 KEYS = ("completed", "failed", "request_throughput", "output_throughput", "total_token_throughput",
         "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms", "median_e2el_ms")
@@ -52,23 +52,11 @@ def cpu_name() -> str:
 
 
 def model_dir(shape: str, corpus: Path, gguf: bool) -> Path:
-    """Random weights of the preset's shape, exported to fp32 ONNX (and an F32 GGUF for llama.cpp)."""
-    import torch
-
-    from gptport import checkpoint
-    from gptport import tokenizer as bpe
-    from gptport.config import ModelConfig, load_preset
-    from gptport.model import GPT
-
+    """Random weights of the preset's shape (bench_decode's), exported to fp32 ONNX (and an F32 GGUF
+    for llama.cpp)."""
     d = WORK / shape
     if not (d / "model.static.onnx").exists():
-        if not (d / "tokenizer.json").exists():
-            gptport("train-tokenizer", str(corpus), "--vocab-size", str(VOCAB[shape]), "--out", str(d), "--force")
-        tok = bpe.load(d)
-        torch.manual_seed(0)
-        cfg = ModelConfig(vocab_size=tok.vocab_size, **load_preset(shape).model)
-        checkpoint.save_weights(d, GPT(cfg), 0)
-        checkpoint.write_config(d, cfg, tok, 0)
+        random_weights(d, shape, corpus)
         gptport("export", str(d), "--force")
     if gguf and not (d / "model.f32.gguf").exists():
         gptport("export-gguf", str(d), "--outtype", "f32")
