@@ -20,6 +20,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
                413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 MAX_STOPS = 4
 MAX_LOGPROBS = 5
+MIN_PENALTY = 0.01
 MIN_TEMPERATURE = 1e-5  # below it, sampling is greedy (as vLLM): 1/temperature would overflow the logits
 
 
@@ -107,8 +108,9 @@ def _sampling(f: Fields, vocab: int) -> tuple[Sampling, int]:
         raise bad("top_p", f"must be in (0, 1], not {top_p}", "invalid_value")
     top_k = f.integer("top_k", 0, 0) or 0
     penalty = f.number("repetition_penalty", 1.0)
-    if penalty <= 0:
-        raise bad("repetition_penalty", f"must be > 0 (1 is off), not {penalty}", "invalid_value")
+    if not MIN_PENALTY <= penalty <= 1 / MIN_PENALTY:  # beyond, dividing a logit by it overflows float32
+        raise bad("repetition_penalty", f"must be between {MIN_PENALTY} and {1 / MIN_PENALTY:g} (1 is off), "
+                  f"not {penalty}", "invalid_value")
     for name in ("presence_penalty", "frequency_penalty"):
         if f.number(name, 0.0) != 0.0:
             raise bad(name, "is not supported; use repetition_penalty", "unsupported")
