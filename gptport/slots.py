@@ -99,6 +99,21 @@ class StaticSlots:
         self.lengths[slot] += T
         return logits[0]  # (T, V) or (1, V)
 
+    def prefill_many(self, lo: int, prompts: Sequence[np.ndarray]) -> np.ndarray:
+        """Whole prompts into the empty slots lo, lo+1, ... in one step (the rows' matrix products share
+        the weights' reads): the logits (k, V) of each prompt's last token."""
+        k, lens = len(prompts), np.array([len(p) for p in prompts], dtype=np.int64)  # (k,)
+        if (self.lengths[lo:lo + k] != 0).any() or lens.max() > self.n_ctx or lens.min() < 1:
+            raise ValueError("prefill_many fills empty slots with 1 to n_ctx tokens each")
+        T = int(lens.max())
+        ids = np.zeros((k, T), dtype=np.int64)  # (k, T) right-padded: GroupQueryAttention reads seqlens_k
+        for r, p in enumerate(prompts):
+            ids[r, :len(p)] = p
+        pos = np.broadcast_to(np.arange(T, dtype=np.int64), (k, T))  # (k, T); padding writes past each row's end
+        logits = self._run(self._binding(lo, k), ids, pos, lens - 1, T, (lens - 1)[:, None])
+        self.lengths[lo:lo + k] = lens
+        return logits[:, 0]  # (k, V)
+
     def decode(self, slots: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         rows = np.asarray(slots, dtype=np.int64)  # (k,)
         if (self.lengths[rows] >= self.n_ctx).any() or (self.lengths[rows] == 0).any():

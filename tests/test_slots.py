@@ -196,3 +196,32 @@ def test_a_failing_model_fails_every_choice_and_frees_the_slots(opened: Any) -> 
     assert [type(run.of(i)[-1]) for i in range(3)] == [Failure, Failure, Failure]
     assert run.s.busy == 0 and run.s.waiting == 0
     assert len(choices[0].new_ids) == 1  # its first token came from the prefill, before the failure
+
+
+def test_prompts_prefilled_together_equal_one_by_one(trained_dir: Path) -> None:
+    """StaticSlots.prefill_many (adjacent empty slots in one step) gives each prompt's logits and cache
+    exactly as filling the slots one by one does; the scheduler uses it for prompts that arrive together."""
+    opened = open_model(trained_dir, cache="static")
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, opened.tok.vocab_size, n) for n in (5, 17, 9, 1)]
+    together, alone = open_slots(opened.engine, 6), open_slots(opened.engine, 6)
+    many = together.prefill_many(1, prompts)
+    one = np.stack([alone.append(1 + i, p)[-1] for i, p in enumerate(prompts)])
+    np.testing.assert_array_equal(many, one)
+    tokens = rng.integers(1, opened.tok.vocab_size, 4)
+    np.testing.assert_array_equal(together.decode([1, 2, 3, 4], tokens), alone.decode([1, 2, 3, 4], tokens))
+    with pytest.raises(ValueError, match="empty slots"):
+        together.prefill_many(2, prompts[:1])
+
+    run = Run(opened, 8)
+    calls: list[int] = []
+    inner = run.s.engine.prefill_many  # type: ignore[attr-defined]
+    run.s.engine.prefill_many = lambda lo, ps: calls.append(len(ps)) or inner(lo, ps)  # type: ignore[attr-defined]
+    choices = [Choice([int(t) for t in p], 6, Sampling(), out=i) for i, p in enumerate(prompts)]
+    run.s.submit(choices)
+    run.until_idle()
+    assert calls == [4]
+    for p, c in zip(prompts, choices, strict=True):
+        alone_ids = generate(opened.engine, [list(p)], 6, Sampling(), opened.tok.eot_id)[0].new_ids
+        got = c.new_ids[:-1] if c.new_ids[-1] == opened.tok.eot_id else c.new_ids
+        assert got == alone_ids

@@ -222,10 +222,16 @@ class Scheduler:
             self._decode(events)
 
     def _prefill(self, events: list[tuple[Any, Event]]) -> None:
-        """Fill slots in admission order with up to prefill_chunk prompt tokens in all."""
+        """Fill slots in admission order with up to prefill_chunk prompt tokens in all. Whole prompts
+        that fit, in empty slots next to each other, are prefilled together in one step."""
         budget = self.prefill_chunk
         done: list[tuple[Choice, np.ndarray]] = []
+        batched: set[int] = set()
+        if hasattr(self.engine, "prefill_many"):
+            budget, batched = self._prefill_together(budget, done)
         for c in self._filling:
+            if id(c) in batched:
+                continue
             if budget <= 0:
                 break
             n = min(budget, len(c.prompt_ids) - c.filled)
@@ -248,6 +254,34 @@ class Scheduler:
         for c, _ in done:
             self.observer.first_token(now - c.t_submit)
         self._decoding += self._sample([c for c, _ in done], np.concatenate([lg for _, lg in done]), events, now)
+
+    def _prefill_together(self, budget: int, done: list[tuple[Choice, np.ndarray]]) -> tuple[int, set[int]]:
+        """Runs of adjacent empty slots whose whole prompts fit the budget, each prefilled in one step;
+        the budget left and the choices done."""
+        whole, left = [], budget
+        for c in self._filling:  # admission order, as far as whole prompts fit
+            if c.filled or c.prompt_logprobs or len(c.prompt_ids) > left:
+                break
+            whole.append(c)
+            left -= len(c.prompt_ids)
+        whole.sort(key=lambda c: c.slot)
+        runs: list[list[Choice]] = []
+        for c in whole:
+            if runs and runs[-1][-1].slot + 1 == c.slot:
+                runs[-1].append(c)
+            else:
+                runs.append([c])
+        batched: set[int] = set()
+        for run in (r for r in runs if len(r) > 1):
+            logits = self.engine.prefill_many(  # type: ignore[attr-defined]
+                run[0].slot, [np.asarray(c.prompt_ids, dtype=np.int64) for c in run])  # (k, V)
+            for c, row in zip(run, logits, strict=True):
+                c.filled = len(c.prompt_ids)
+                budget -= c.filled
+                self.observer.tokens(c.filled, 0)
+                done.append((c, row[None]))
+                batched.add(id(c))
+        return budget, batched
 
     def _prompt_logprobs(self, c: Choice, logits: np.ndarray) -> None:
         """Log-probabilities of the prompt's tokens under the logits of the positions before them."""
