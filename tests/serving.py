@@ -1,9 +1,11 @@
-"""Starting and stopping `gptport serve` in tests: 127.0.0.1, a free port, stopped by pid."""
+"""Starting and stopping `gptport serve` in tests (127.0.0.1, a free port, stopped by pid), and the checks the
+serving tests share: metrics, streams, error shapes, raw sockets."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,6 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
 
 
 def free_port() -> int:
@@ -91,3 +96,138 @@ def serve(model_dir: Path, log: Path, *args: str, env: dict[str, str] | None = N
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+N_CTX = 96  # trained_dir's context
+LONG = {"max_tokens": 10_000, "ignore_eos": True, "temperature": 0}  # runs to n_ctx: 96 tokens after a 1-token prompt
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------------
+
+
+def metrics(server: Served, headers: dict[str, str] | None = None) -> str:
+    r = httpx.get(server.url + "/metrics", headers=headers, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The sum of a metric's samples whose labels include `labels`; None when it has none."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name) or line[len(name):len(name) + 1] not in (" ", "{"):
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0] if "{" in line else ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total, found = total + float(line.rsplit(" ", 1)[1]), True
+    return total if found else None
+
+
+def value(server: Served, name: str, **labels: str) -> float:
+    return sample(metrics(server), name, **labels) or 0.0
+
+
+def wait_idle(server: Served, within: float = 2.0) -> None:
+    """Poll /metrics until no slot is busy and nothing waits; fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        text = metrics(server)
+        if sample(text, "gptport_slots_busy") == 0 and sample(text, "gptport_queue_depth") == 0:
+            return
+        assert time.monotonic() < deadline, f"the server is still busy after {within} s:\n{text}"
+        time.sleep(0.02)
+
+
+def events(server: Served, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[Any]:
+    """A streamed POST's `data:` payloads, parsed; the last is the string "[DONE]"."""
+    out: list[Any] = []
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, headers=headers, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    assert out and out[-1] == "[DONE]" and out.count("[DONE]") == 1, out[-3:]
+    return out
+
+
+def streamed_text(chunks: list[Any], index: int = 0) -> str:
+    return "".join(c["choices"][0]["text"] for c in chunks[:-1] if c["choices"] and c["choices"][0]["index"] == index)
+
+
+def assert_error(status: int, body: Any, expected: int, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object: {"error": {"message", "type", "param", "code"}} with the expected status and param."""
+    assert status == expected, body
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str), err
+    assert err["param"] == param, err
+    return err
+
+
+def cli_generate(model_dir: Path, prompt: str, max_new_tokens: int) -> str:
+    """`gptport generate MODEL_DIR PROMPT --max-new-tokens N`'s stdout (greedy), without its trailing newline."""
+    out = subprocess.run([sys.executable, "-m", "gptport.cli.main", "generate", str(model_dir), prompt,
+                          "--max-new-tokens", str(max_new_tokens)], capture_output=True, timeout=120, check=True)
+    text = out.stdout.decode("utf-8")
+    assert text.endswith("\n"), text
+    return text[:-1]
+
+
+class Raw:
+    """One HTTP/1.1 POST over a plain socket, so that a test can leave at any point (close = disconnect)."""
+
+    def __init__(self, server: Served, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None,
+                 length: int | None = None) -> None:
+        parts = urlsplit(server.url)
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        head = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json",
+                f"Content-Length: {len(data) if length is None else length}",
+                *(f"{k}: {v}" for k, v in (headers or {}).items())]
+        self.sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+        self.sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+        self.buf = b""
+
+    def _more(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError(f"the server closed the connection; got {self.buf[:300]!r}")
+        self.buf += data
+
+    def head(self) -> tuple[int, dict[str, str]]:
+        """The response's status and headers (lower-case names); the body stays in the buffer."""
+        while b"\r\n\r\n" not in self.buf:
+            self._more()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        fields = dict(line.split(":", 1) for line in lines[1:])
+        return int(lines[0].split()[1]), {k.strip().lower(): v.strip() for k, v in fields.items()}
+
+    def json(self, headers: dict[str, str]) -> Any:
+        """A body with a Content-Length, parsed."""
+        n = int(headers["content-length"])
+        while len(self.buf) < n:
+            self._more()
+        return json.loads(self.buf[:n])
+
+    def until(self, marker: bytes, count: int) -> None:
+        """Read until the body holds `count` of `marker`."""
+        while self.buf.count(marker) < count:
+            self._more()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def attempts(n: int, seconds: float) -> Iterator[int]:
+    """At most n tries within `seconds` (timing-dependent checks retry; each loop is bounded both ways)."""
+    deadline = time.monotonic() + seconds
+    for i in range(n):
+        if i and time.monotonic() > deadline:
+            return
+        yield i
+
+
+# ---- fixtures -----------------------------------------------------------------------------------------------------
