@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -307,3 +309,16 @@ def test_sigterm_finishes_running_requests(trained_dir: Path, tmp_path: Path) ->
             assert json.loads(out[-2])["choices"][0]["finish_reason"] == "length"
             assert sum(len(json.loads(o)["choices"][0]["text"]) for o in out[:-1]) > 0
         assert s.proc.wait(timeout=30) == 0, f"exit status {s.proc.returncode}: {s.log.read_text()}"
+
+
+def test_taken_port_is_a_one_line_error(trained_dir: Path) -> None:
+    """A port another process listens on: exit 1 and one line naming it, before the model loads."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--port", str(port)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"gptport: error: --host 127.0.0.1 --port {port}: cannot listen there "
+                                             "(Address already in use)"]

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 from collections.abc import Callable
 
 from gptport import loader
 from gptport import tokenizer as bpe
-from gptport.errors import UsageError
+from gptport.errors import InputError, UsageError
 from gptport.providers import TRT_MAX_BATCH
 from gptport.serve.app import Settings, create_app
 
@@ -50,12 +51,13 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], sh
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
                             access_log=access_log, timeout_graceful_shutdown=int(shutdown_timeout),
                             lifespan="on", server_header=False)
+    listener = _bind(host, port)
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again through the handler it
     # found installed; a no-op handler there lets a clean shutdown end in exit code 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=[listener])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -65,3 +67,16 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], sh
     if not server.started:
         return 1  # uvicorn said why (the port is taken, say)
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a taken port is a one-line error before anything loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise InputError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+    return sock
