@@ -225,3 +225,13 @@ def test_prompts_prefilled_together_equal_one_by_one(trained_dir: Path) -> None:
         alone_ids = generate(opened.engine, [list(p)], 6, Sampling(), opened.tok.eot_id)[0].new_ids
         got = c.new_ids[:-1] if c.new_ids[-1] == opened.tok.eot_id else c.new_ids
         assert got == alone_ids
+
+
+def test_max_queue_counts_only_what_waits_beyond_free_slots(opened: Any) -> None:
+    """--max-queue 0: requests that find a free slot are taken, the next one is refused."""
+    run = Run(opened, 2, max_queue=0)
+    assert run.s.submit([Choice([1, 2], 3, out="a")]) and run.s.submit([Choice([3], 3, out="b")])
+    assert not run.s.submit([Choice([4], 3, out="c")])
+    run.until_idle()
+    assert isinstance(run.of("a")[-1], Finish) and isinstance(run.of("b")[-1], Finish)
+    assert run.s.submit([Choice([5], 2, out="d")])  # the slots are free again

@@ -126,10 +126,11 @@ class Scheduler:
         self._thread.join(timeout)
 
     def submit(self, choices: Sequence[Choice]) -> bool:
-        """Queue all of a request's choices, or none when the queue cannot take them all."""
+        """Queue all of a request's choices, or none when more than max_queue of them would wait beyond
+        the free slots."""
         now = time.perf_counter()
         with self._cond:
-            if self._stop or len(self._waiting) + len(choices) > self.max_queue:
+            if self._stop or len(self._waiting) + len(choices) - len(self._free) > self.max_queue:
                 return False
             for c in choices:
                 c.t_submit = now
