@@ -86,18 +86,19 @@ def choose_rows(logits: np.ndarray, rows: Sequence[Row]) -> list[int]:
         sampled.append(i)
         scaled.append(row)
     if sampled:
-        for i, tok in zip(sampled, _draw(np.stack(scaled), [rows[i] for i in sampled]), strict=True):
+        z = scaled[0][None] if len(scaled) == 1 else np.stack(scaled)  # (k, V), ours to overwrite
+        for i, tok in zip(sampled, _draw(z, [rows[i] for i in sampled]), strict=True):
             picks[i] = tok
     return picks
 
 
 def _draw(z: np.ndarray, rows: Sequence[Row]) -> list[int]:
-    """Sample from softmax(z) row by row (k, V): exp once for all rows, top-p per row, then one uniform
-    number per row located through per-block sums and a cumulative sum inside one block, for all rows
-    at once."""
+    """Sample from softmax(z) row by row (k, V; z is overwritten): exp once for all rows, top-p per
+    row, then one uniform number per row located through per-block sums and a cumulative sum inside
+    one block, for all rows at once."""
     k, V = z.shape
     width = -(-V // BLOCK) * BLOCK
-    p = np.zeros((k, width), dtype=np.float32)  # (k, V padded with zeros to whole blocks)
+    p = z if width == V else np.zeros((k, width), dtype=np.float32)  # (k, V padded with zeros to whole blocks)
     np.subtract(z, z.max(axis=1, keepdims=True), out=p[:, :V])
     np.exp(p[:, :V], out=p[:, :V])
     for r, (s, _, _) in enumerate(rows):
