@@ -4,33 +4,76 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
-from gptport import contract
+from gptport import contract, providers
 from gptport import tokenizer as bpe
 from gptport.checkpoint import load_model
 from gptport.errors import ProviderError, UsageError
 from gptport.generate import generate
 from gptport.onnx_engine import load
-from gptport.providers import check_name, probe, provider_options, reason_from_log, trt_profiles
+from gptport.providers import ORT_NAMES, TRT_MAX_BATCH, ProviderStatus, check_name, probe, provider_options
 from gptport.sampling import Sampling
 from gptport.validate import parity
 
 CONFIG = {"n_ctx": 128, "n_head": 4, "d_model": 64, "n_layer": 2, "vocab_size": 512}
 
 
-def test_trt_profiles_cover_every_dynamic_input() -> None:
-    prof = trt_profiles(CONFIG, max_batch=8)
-    for key, (batch, seq, past) in {"trt_profile_min_shapes": (1, 1, 0), "trt_profile_opt_shapes": (1, 1, 63),
-                                    "trt_profile_max_shapes": (8, 128, 127)}.items():
-        shapes = dict(item.split(":") for item in prof[key].split(","))
-        assert set(shapes) == set(contract.input_names(2))
-        assert shapes["input_ids"] == shapes["position_ids"] == f"{batch}x{seq}"
-        assert shapes["attention_mask"] == f"{batch}x{past + seq}"
-        assert shapes["past_key_values.1.value"] == f"{batch}x4x{past}x16"
+def _profile(text: str) -> dict[str, tuple[int, ...]]:
+    """'name:1x2x3,other:4' -> {name: (1, 2, 3), other: (4,)}, each input once."""
+    out: dict[str, tuple[int, ...]] = {}
+    for item in text.split(","):
+        name, dims = item.rsplit(":", 1)
+        assert name not in out, f"{name} twice"
+        out[name] = tuple(int(d) for d in dims.split("x"))
+    return out
+
+
+def test_trt_profiles_cover_the_contract_graphs_dynamic_inputs(trained_dir: Path, tmp_path: Path) -> None:
+    """Checked against the exported graph itself: every input with a symbolic dimension has a shape in
+    each profile, of its rank, with its fixed dimensions; each profile is one consistent point (a symbol
+    has one value across inputs, total = past + sequence); min <= opt <= max; the ranges are what the
+    runtime asks for: batch 1..TRT_MAX_BATCH, sequence 1..n_ctx, past 0..n_ctx-1."""
+    graph = tmp_path / "model.onnx"  # provider_options makes trt_cache/ beside the graph: not in the shared dir
+    shutil.copy(trained_dir / "model.onnx", graph)
+    proto = onnx.load(str(graph), load_external_data=False)
+    config = json.loads({p.key: p.value for p in proto.metadata_props}[contract.META_CONFIG])
+    n_ctx, heads, head_dim = config["n_ctx"], config["n_head"], config["d_model"] // config["n_head"]
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input}
+    dynamic = {name: d for name, d in dims.items() if any(isinstance(x, str) for x in d)}
+    assert len(dynamic) == 3 + 2 * config["n_layer"]
+    options = provider_options("tensorrt", config, graph, "fp32")
+    points: dict[str, dict[str, int]] = {}
+    for which in ("min", "opt", "max"):
+        shapes = _profile(options[f"trt_profile_{which}_shapes"])
+        assert set(shapes) == set(dynamic)
+        values: dict[str, set[int]] = {}
+        for name, want in dynamic.items():
+            assert len(shapes[name]) == len(want), name
+            for d, n in zip(want, shapes[name], strict=True):
+                if isinstance(d, str):
+                    values.setdefault(d, set()).add(n)
+                else:
+                    assert n == d, (which, name)
+        assert all(len(v) == 1 for v in values.values()), (which, values)
+        points[which] = {sym: v.pop() for sym, v in values.items()}
+        p = points[which]
+        assert p[contract.TOTAL] == p[contract.PAST] + p[contract.SEQUENCE], which
+    assert set(points["min"]) == {contract.BATCH, contract.SEQUENCE, contract.PAST, contract.TOTAL}
+    for sym in points["min"]:
+        assert points["min"][sym] <= points["opt"][sym] <= points["max"][sym], sym
+    span = {sym: (points["min"][sym], points["max"][sym]) for sym in points["min"]}
+    assert span[contract.BATCH] == (1, TRT_MAX_BATCH)
+    assert span[contract.SEQUENCE] == (1, n_ctx)
+    assert span[contract.PAST] == (0, n_ctx - 1)
+    assert points["opt"][contract.SEQUENCE] == 1  # tuned for decoding, one token per step
+    # the fixed dimensions agree with the model config: (batch, heads, past, head_dim) caches
+    assert all(d[1] == heads and d[3] == head_dim for n, d in dynamic.items() if n.startswith("past_key_values"))
 
 
 def test_tensorrt_options_cache_in_the_model_dir_keyed_by_the_model(tmp_path: Path) -> None:
@@ -47,11 +90,51 @@ def test_tensorrt_options_cache_in_the_model_dir_keyed_by_the_model(tmp_path: Pa
     assert provider_options("cpu", CONFIG, model, "fp32") == {}
 
 
-def test_probe_is_honest() -> None:
-    assert probe("cpu").ok
+def _fake_session(running: list[str], log: str = "", error: str = "") -> type:
+    """An onnxruntime.InferenceSession stand-in: writes `log` to file descriptor 2 as onnxruntime's C++
+    code does, raises `error`, or reports `running` as the providers it runs on."""
+
+    class Session:
+        def __init__(self, model: bytes, providers: list[str]) -> None:
+            os.write(2, log.encode())
+            if error:
+                raise RuntimeError(error)
+
+        def get_providers(self) -> list[str]:
+            return running
+
+    return Session
+
+
+def test_probe_believes_only_the_providers_a_session_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime as ort
+
+    cuda, cpu = ORT_NAMES["cuda"], ORT_NAMES["cpu"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [cuda, cpu])
+    monkeypatch.setattr(ort, "InferenceSession", _fake_session([cuda, cpu]))
+    assert probe("cuda") == ProviderStatus("cuda", True, "initialises")
+    # onnxruntime's silent fallback: the session runs, on the CPU alone; the reason comes from its log
+    missing = ("2026 [E:onnxruntime:Default] Failed to load library libonnxruntime_providers_cuda.so with error: "
+               "libcudnn.so.9: cannot open shared object file: No such file or directory\n")
+    monkeypatch.setattr(ort, "InferenceSession", _fake_session([cpu], log=missing))
+    status = probe("cuda")
+    assert not status.ok and status.reason.startswith("libcudnn.so.9: cannot open shared object file")
+    monkeypatch.setattr(ort, "InferenceSession", _fake_session([cpu]))
+    assert not probe("cuda").ok and probe("cuda").reason  # a fallback with nothing logged is no success either
+    monkeypatch.setattr(ort, "InferenceSession", _fake_session([], error="CUDA failure 100: no device\ndetail"))
+    assert probe("cuda") == ProviderStatus("cuda", False, "CUDA failure 100: no device")
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [cpu])  # a CPU-only build
+    status = probe("tensorrt")
+    assert not status.ok and "onnxruntime-gpu" in status.reason and ORT_NAMES["tensorrt"] in status.reason
+
+
+def test_probe_on_this_machine() -> None:
+    assert probe("cpu") == ProviderStatus("cpu", True, "initialises")
     for name in ("cuda", "tensorrt"):
         status = probe(name)
-        assert status.ok or status.reason, f"{name}: no reason given for not running"
+        if not Path("/dev/nvidiactl").exists():  # no NVIDIA driver here: no GPU provider can run
+            assert not status.ok, name
+        assert status.ok == (status.reason == "initialises") and status.reason and "\n" not in status.reason
     with pytest.raises(UsageError):
         check_name("rocm")
 
@@ -59,8 +142,9 @@ def test_probe_is_honest() -> None:
 def test_reason_names_the_missing_library() -> None:
     log = ["\x1b[1;31m2026 [E:onnxruntime:Default] Failed to load library libonnxruntime_providers_cuda.so with "
            "error: libcublasLt.so.13: cannot open shared object file: No such file or directory\x1b[m"]
-    assert reason_from_log("cuda", log).startswith("libcublasLt.so.13: cannot open shared object file")
-    assert "Require cuDNN" in reason_from_log("cuda", ["W: Failed to create. Require cuDNN 9.* and CUDA 13.*. x"])
+    assert providers.reason_from_log("cuda", log).startswith("libcublasLt.so.13: cannot open shared object file")
+    advice = ["W: Failed to create. Require cuDNN 9.* and CUDA 13.*. x"]
+    assert "Require cuDNN" in providers.reason_from_log("cuda", advice)
 
 
 def test_an_unavailable_provider_is_an_error_unless_fallback(trained_dir: Path) -> None:
@@ -84,7 +168,7 @@ def _gpu_check(trained_dir: Path, provider: str, precision: str, results: Path) 
     tok = bpe.load(trained_dir)
     torch_model, _ = load_model(trained_dir, tok)
     onnx_model = load(trained_dir / contract.onnx_file(precision), provider)
-    assert onnx_model.session.get_providers()[0] != "CPUExecutionProvider"
+    assert onnx_model.session.get_providers()[0] == ORT_NAMES[provider]
     atol = 1e-3 if precision == "fp32" else 5e-2
     rows = parity(torch_model, onnx_model.step(), atol=atol) if precision == "fp32" else []
     prompts = [tok.encode(p) for p in ("ka to ri", "the men sol", "日本")]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptport import contract
+from gptport import contract, validate
 from gptport import tokenizer as bpe
 from gptport.checkpoint import load_model
 from gptport.engine import empty_past, positions
@@ -20,6 +20,7 @@ from gptport.onnx_engine import load_cpu
 from gptport.static_cache import cache_arrays
 from gptport.torch_engine import torch_step
 from gptport.validate import static_parity
+from tests.test_export import top1_agreement
 
 
 def static_engine(model_dir: Path, precision: str = "fp32") -> Any:
@@ -101,16 +102,30 @@ def test_random_padded_batches_decode_like_torch(trained_dir: Path, data: st.Dat
             np.testing.assert_allclose(g[b, :, :n], w[b, :, w.shape[2] - n:], atol=1e-5)
 
 
-def test_int8_static_variant_was_gated_and_decodes_like_its_contract_twin(trained_dir: Path) -> None:
+def test_int8_static_variant_passes_the_gate_and_decodes_like_its_contract_twin(trained_dir: Path) -> None:
+    model, _ = load_model(trained_dir, bpe.load(trained_dir))
     engine = static_engine(trained_dir, "int8")
+    windows = validate.heldout_windows(trained_dir, model)  # the held-out text export gated it on
+    assert top1_agreement(model, engine, windows) >= validate.GATE_TOP1
     twin = load_cpu(trained_dir / "model.int8.onnx")
-    ids = np.arange(1, 17, dtype=np.int64)[None, :]
+    ids = windows[:1]
     mask = np.ones_like(ids)
     got, _ = engine.step()(ids, mask, positions(mask), engine.empty_past(1))
     want, _ = twin.step()(ids, mask, positions(mask), twin.empty_past(1))
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9  # same weights, same quantizer, other graph
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.95  # same weights, same quantizer, other graph
     proto = onnx.load(str(trained_dir / "model.int8.static.onnx"))
     assert {n.op_type for n in proto.graph.node} >= {"MatMulNBits", "GroupQueryAttention"}
+    assert "MatMul" not in {n.op_type for n in proto.graph.node}  # every product quantized, the head too
+
+    def nbits(graph: onnx.ModelProto) -> set[tuple[int, int]]:
+        """(bits, block size) of every MatMulNBits of the graph."""
+        return {tuple(onnx.helper.get_attribute_value(a) for a in sorted(n.attribute, key=lambda a: a.name)
+                      if a.name in ("bits", "block_size"))  # type: ignore[misc]
+                for n in graph.graph.node if n.op_type == "MatMulNBits"}
+
+    schemes = nbits(proto)  # one scheme, the rung its contract twin shipped: 8 bits
+    assert schemes == nbits(onnx.load(str(trained_dir / "model.int8.onnx"))) and len(schemes) == 1
+    assert next(iter(schemes))[0] == 8
 
 
 def test_a_head_size_groupqueryattention_cannot_take_skips_the_static_graph(

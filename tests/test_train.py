@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -48,15 +49,20 @@ def losses(model_dir: Path) -> list[tuple[int, float, float]]:
     return [(r["step"], r["train_loss"], r["val_loss"]) for r in map(json.loads, lines)]
 
 
-def test_same_seed_gives_identical_losses(tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
+def test_same_seed_gives_identical_losses_and_training_lowers_them(tmp_path: Path, tokenizer_dir: Path,
+                                                                  corpus_file: Path) -> None:
     runs = []
     for name in ("a", "b"):
         d = tmp_path / name
         shutil.copytree(tokenizer_dir, d)
-        make_trainer(d, corpus_file, steps=8).run()
+        make_trainer(d, corpus_file, steps=8, lr=1e-2).run()
         runs.append(losses(d))
     assert runs[0] == runs[1]
-    assert len(runs[0]) == 2 and runs[0][-1][2] < runs[0][0][2] + 1.0
+    (first_step, _, first), (last_step, _, last) = runs[0]
+    assert (first_step, last_step) == (4, 8)
+    # Measured with seed 0: ln(512) = 6.24 untrained (uniform), 5.68 after 4 steps, 5.20 after 8.
+    assert first < math.log(bpe.load(tmp_path / "a").vocab_size) - 0.25
+    assert last < first - 0.25
 
 
 def test_resume_continues_exactly(tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
