@@ -68,8 +68,8 @@ def export(
         err.print(gates)
     for path in report.files.values():
         err.print(f"wrote {path} ({human_bytes(path.stat().st_size)})")
-    for path in report.removed:
-        err.print(f"removed {path} (an earlier export's; this one did not pass its gate)")
+    for path, why in report.removed.items():
+        err.print(f"removed {path} ({why})")
     failed = list(dict.fromkeys(g.precision for g in report.gates if g.precision not in report.schemes))
     if failed:
         from gptport.errors import ValidationError

@@ -201,8 +201,7 @@ def _shapes(plan: BenchPlan, n_ctx: int) -> Iterator[tuple[int, int]]:
 
 def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Measure every configuration of `plan`; a configuration that cannot run is a row with its error."""
-    from gptport import onnx_engine
-    from gptport.loader import graph_path
+    from gptport.loader import open_graph
 
     bandwidth = measure_bandwidth(plan.threads, plan.probe_mib)
     say(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s")
@@ -216,15 +215,15 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
         _peak_rss_reset()
         t0 = time.perf_counter()
         try:
-            path = graph_path(model_dir, precision, provider, cache)
-            model = onnx_engine.load(path, provider, threads=plan.threads)
+            model = open_graph(model_dir, precision, provider, cache, threads=plan.threads)
         except GptportError as e:
             rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=cache, error=str(e)))
             say(f"onnx {provider} {precision} {cache}: {e}")
             continue
         session_s = time.perf_counter() - t0
         config = model.config
-        wbytes = weight_bytes_per_token(path)
+        assert model.path is not None  # open_graph's models know their file
+        wbytes = weight_bytes_per_token(model.path)
         for batch, prompt_len in _shapes(plan, model.n_ctx):
             say(f"onnx {provider} {precision} {model.cache} batch {batch} prompt {prompt_len}")
             row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, kv_cache=model.cache,

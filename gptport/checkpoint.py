@@ -31,6 +31,7 @@ class ModelCard:
     special_tokens: dict[str, int]
     eot_id: int
     step: int
+    model_dir: Path | None = None  # where config.json was read
 
 
 def write_config(model_dir: Path, cfg: ModelConfig, tok: BPETokenizer, step: int) -> None:
@@ -57,7 +58,7 @@ def read_card(model_dir: Path) -> ModelCard:
         if key not in data:
             raise ArtifactError(f"{path}: missing {key!r}")
     return ModelCard(model_config_from_dict(data["model"], str(path)), data["tokenizer_sha256"],
-                     dict(data.get("special_tokens", {})), int(data["eot_id"]), int(data.get("step", 0)))
+                     dict(data.get("special_tokens", {})), int(data["eot_id"]), int(data.get("step", 0)), model_dir)
 
 
 def check_tokenizer(card: ModelCard, tok: BPETokenizer, model_dir: Path) -> None:

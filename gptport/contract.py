@@ -11,6 +11,8 @@ BATCH, SEQUENCE, PAST, TOTAL = "batch", "sequence", "past_sequence", "total_sequ
 
 META_CONFIG = "gptport.config"  # the model's config.json "model" object, as JSON
 META_TOKENIZER = "gptport.tokenizer_sha256"
+META_WEIGHTS = "gptport.weights_sha256"  # of the model.safetensors it was exported from (provenance.py)
+META_CONFIG_SHA = "gptport.config_sha256"  # of the config.json it was exported from
 META_PRECISION = "gptport.precision"
 META_VERSION = "gptport.version"
 META_CONTRACT = "gptport.contract"
@@ -54,3 +56,8 @@ def onnx_file(precision: str, cache: str = CACHE_CONCAT) -> str:
     model.{precision}.static.onnx for the static-cache graphs."""
     stem = "model" if precision == "fp32" else f"model.{precision}"
     return f"{stem}.onnx" if cache == CACHE_CONCAT else f"{stem}.{cache}.onnx"
+
+
+def graph_files() -> list[str]:
+    """Every graph file name export may write: each precision, both cache kinds."""
+    return [onnx_file(p, c) for p in PRECISIONS for c in (CACHE_CONCAT, CACHE_STATIC)]

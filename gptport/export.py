@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -18,13 +18,13 @@ import onnx
 import torch
 from torch.export import Dim
 
-from gptport import __version__, atomic, contract, genai, gqa_graph, validate, variants
+from gptport import __version__, atomic, contract, genai, gqa_graph, provenance, validate, variants
 from gptport import tokenizer as bpe
 from gptport.checkpoint import ModelCard, load_model
 from gptport.config import model_config_to_dict
 from gptport.errors import ArtifactError, UsageError, ValidationError
 from gptport.model import GPT
-from gptport.onnx_engine import load_cpu
+from gptport.onnx_engine import file_metadata, load_cpu
 
 TWO_GB = 2 * 1024**3
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
@@ -39,7 +39,8 @@ class ExportReport:
     greedy_tokens: int = 0
     gates: list[validate.GateRow] = field(default_factory=list)  # every scheme tried, in order
     schemes: dict[str, str] = field(default_factory=dict)  # written variant ("int8", "int8 static") -> scheme
-    removed: list[Path] = field(default_factory=list)  # files of an earlier export this one did not rewrite
+    removed: dict[Path, str] = field(default_factory=dict)  # an earlier export's graphs this one did not
+    # rewrite -> why: a variant that missed its gate this time, or a graph of other weights (provenance.stale)
     static_parity: list[validate.ParityRow] = field(default_factory=list)
     static_skipped: str = ""  # why no static-cache graph was written, when one could not be
     fused: dict[str, int] = field(default_factory=dict)
@@ -57,11 +58,17 @@ def parse_precisions(text: str) -> list[str]:
     return ["fp32", *[p for p in dict.fromkeys(asked) if p != "fp32"]]
 
 
-def metadata(card: ModelCard, precision: str, cache: str = contract.CACHE_CONCAT) -> dict[str, str]:
+def metadata(card: ModelCard, precision: str, cache: str = contract.CACHE_CONCAT,
+             sources: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A graph's metadata_props: its config, precision, cache layout and contract, and the sha256 of the
+    tokenizer, weights and config.json it was made from. `sources` (provenance.sources, which export
+    hashes once): without it, those of the card's directory."""
+    if sources is None:
+        sources = provenance.sources(card.model_dir) if card.model_dir is not None else {}
     return {contract.META_CONFIG: json.dumps(model_config_to_dict(card.model)),
             contract.META_TOKENIZER: card.tokenizer_sha256, contract.META_PRECISION: precision,
             contract.META_VERSION: __version__, contract.META_CONTRACT: contract.CONTRACT_VERSION,
-            contract.META_CACHE: cache}
+            contract.META_CACHE: cache, **sources}
 
 
 @contextlib.contextmanager
@@ -161,10 +168,13 @@ def export(
     `optimize` (the default: it decodes faster), model.onnx is the graph fused by onnxruntime's
     transformer optimizer; the variants are made from the plain graph, which quantizes better. With
     `static` (the default), the static-cache graphs of fp32, int8 and int4 are written beside them
-    (gqa_graph.py: the CPU's fastest decoding), checked the same way."""
+    (gqa_graph.py: the CPU's fastest decoding), checked the same way. Every graph records the sha256 of
+    the weights and config.json it was made from; after the export, the graphs in `model_dir` of other
+    weights are removed (listed in report.removed)."""
     if opset < 18:
         raise UsageError(f"--opset {opset}: the exporter needs opset 18 or later")
     tok = bpe.load(model_dir)
+    sources = provenance.sources(model_dir)  # before loading: a file replaced meanwhile fails the check
     model, card = load_model(model_dir, tok)
     targets = {p: model_dir / contract.onnx_file(p) for p in precisions}
     report = ExportReport()
@@ -179,7 +189,7 @@ def export(
     fp32_tmp = atomic.temp_name(targets["fp32"])
     try:
         report.size_ratio = _size_ratio(proto, model)
-        save(proto, fp32_tmp, metadata(card, "fp32"))
+        save(proto, fp32_tmp, metadata(card, "fp32", sources=sources))
         if report.size_ratio > 1.01:
             raise ValidationError(f"export: model.onnx holds {report.size_ratio:.3f}x the parameter bytes "
                                   "(a weight is stored twice); not written")
@@ -204,19 +214,19 @@ def export(
             if _size_ratio(proto, model) > 1.01:
                 raise ValidationError("export: the optimized graph stores a weight twice; not written")
             pending["fp32"] = atomic.temp_name(targets["fp32"])
-            save(proto, pending["fp32"], metadata(card, "fp32"))
+            save(proto, pending["fp32"], metadata(card, "fp32", sources=sources))
             validate.check_again(model, load_cpu(pending["fp32"]), atol, "optimized fp32")
         windows = validate.heldout_windows(model_dir, model)
         for precision in precisions[1:]:
             say(f"making the {precision} variant")
             tmp = _gated_variant(model, card, precision, fp32_tmp, targets[precision], windows, report,
-                                 variants.LADDER.get(precision, ("",)))
+                                 variants.LADDER.get(precision, ("",)), sources=sources)
             if tmp is not None:
                 pending[precision] = tmp
         written = {p: targets[p] for p in pending}
         if static_targets:
             static_pending = _static_graphs(model, card, static_targets, pending, windows, prompts, atol,
-                                            report, say)
+                                            report, say, sources)
             pending.update({f"{p} static": tmp for p, tmp in static_pending.items()})
             written.update({f"{p} static": static_targets[p] for p in static_pending})
         for key, tmp in pending.items():
@@ -225,7 +235,8 @@ def export(
         for path in [*targets.values(), *static_targets.values()]:  # a variant that missed its gate this time
             if path.exists() and path not in written.values():
                 path.unlink()
-                report.removed.append(path)
+                report.removed[path] = "an earlier export's; this one did not pass its gate"
+        report.removed.update(_remove_stale(model_dir, sources, set(written.values())))
         report.genai = genai.write(model_dir, model_config_to_dict(card.model), card.eot_id)
         hf_tokenizer = model_dir / bpe.HF_CONFIG_FILE
         if not hf_tokenizer.exists():  # directories from before tokenizer_config.json was written
@@ -236,15 +247,35 @@ def export(
     return report
 
 
+def _remove_stale(model_dir: Path, sources: Mapping[str, str], written: set[Path]) -> dict[Path, str]:
+    """Remove every graph of `model_dir` that export may write (each precision, both cache layouts), that
+    this export did not write and whose metadata records other `sources` (provenance.stale), with its
+    external data; a file gptport did not write is left alone. Returns path -> why."""
+    removed = {}
+    for path in (model_dir / name for name in contract.graph_files()):
+        if path in written or not path.is_file():
+            continue
+        try:
+            meta = file_metadata(path)
+        except ArtifactError:
+            continue
+        why = provenance.stale(meta, sources) if contract.META_CONFIG in meta else ""
+        if why:
+            path.unlink()
+            path.with_name(path.name + ".data").unlink(missing_ok=True)
+            removed[path] = why
+    return removed
+
+
 def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pending: dict[str, Path],
                    windows: np.ndarray, prompts: list[list[int]], atol: float, report: ExportReport,
-                   say: Callable[[str], None]) -> dict[str, Path]:
+                   say: Callable[[str], None], sources: Mapping[str, str]) -> dict[str, Path]:
     """The static-cache graphs (temporary files) of the precisions in `targets` whose contract graph
     passed: fp32 built from the weights and checked like model.onnx, int8/int4 quantized from it,
     starting with the scheme their contract twin shipped, and gated again."""
     say("building the static-cache graph (GroupQueryAttention, cache preallocated at n_ctx)")
     out = {"fp32": atomic.temp_name(targets["fp32"])}
-    save_static(model, card, out["fp32"])
+    save_static(model, card, out["fp32"], sources)
     onnx.checker.check_model(str(out["fp32"]), full_check=True)
     engine = load_cpu(out["fp32"])
     report.static_parity = validate.static_parity(model, engine, atol)
@@ -257,21 +288,22 @@ def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pendin
         say(f"making the {precision} static-cache variant")
         ladder = variants.LADDER[precision]
         tmp = _gated_variant(model, card, precision, out["fp32"], targets[precision], windows, report,
-                             ladder[ladder.index(report.schemes[precision]):], contract.CACHE_STATIC)
+                             ladder[ladder.index(report.schemes[precision]):], contract.CACHE_STATIC, sources)
         if tmp is not None:
             out[precision] = tmp
     return out
 
 
-def save_static(model: GPT, card: ModelCard, path: Path) -> None:
+def save_static(model: GPT, card: ModelCard, path: Path, sources: Mapping[str, str] | None = None) -> None:
     """The fp32 static-cache graph (gqa_graph.py) of the model's weights, with its metadata, at `path`."""
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     proto = gqa_graph.build(model_config_to_dict(card.model), weights)
-    save(proto, path, metadata(card, "fp32", contract.CACHE_STATIC))
+    save(proto, path, metadata(card, "fp32", contract.CACHE_STATIC, sources))
 
 
 def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, target: Path, windows: np.ndarray,
-                   report: ExportReport, schemes: Sequence[str], cache: str = contract.CACHE_CONCAT) -> Path | None:
+                   report: ExportReport, schemes: Sequence[str], cache: str = contract.CACHE_CONCAT,
+                   sources: Mapping[str, str] | None = None) -> Path | None:
     """The `precision` variant of the graph at `fp32`, under a temporary name next to `target`, made
     with the first of `schemes` that passes the accuracy gate (each try recorded in `report`); None,
     and nothing left behind, if none does."""
@@ -279,7 +311,7 @@ def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, targ
     label = precision if cache == contract.CACHE_CONCAT else f"{precision} {cache}"
     for scheme in schemes:
         variants.make(precision, fp32, tmp, card.model, scheme)
-        set_metadata(tmp, metadata(card, precision, cache))
+        set_metadata(tmp, metadata(card, precision, cache, sources))
         gate = replace(validate.gate(model, load_cpu(tmp), windows, label), scheme=scheme)
         report.gates.append(gate)
         if gate.ok:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptport import contract, onnx_engine
+from gptport import contract, onnx_engine, provenance
 from gptport import tokenizer as bpe
 from gptport.checkpoint_paths import CONFIG
 from gptport.config import read_json
@@ -48,6 +48,18 @@ def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACH
     return path
 
 
+def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", cache: str = CACHE_AUTO,
+               threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
+               spin: bool = True) -> onnx_engine.OnnxModel:
+    """The graph of this precision and cache layout (graph_path) opened on `provider`, refused unless
+    it was exported from the directory's model.safetensors and config.json (provenance.check; a file
+    the directory lacks is not compared). The one way generate, bench, eval and serve open a graph."""
+    path = graph_path(model_dir, precision, provider, cache)
+    model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin)
+    provenance.check(model_dir, path, model.meta)
+    return model
+
+
 def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
                cache: str = CACHE_AUTO, spin: bool = True) -> Opened:
@@ -63,8 +75,8 @@ def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", pre
         return _open_torch(model_dir, tok, provider, threads)
     if engine != "onnx":
         raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
-    path = graph_path(model_dir, precision, provider, cache)
-    model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin)
+    model = open_graph(model_dir, precision, provider, cache, threads, fallback, say, spin)
+    path = model.path
     if model.tokenizer_sha256 != tok.sha256:
         raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "
                             f"than {model_dir}/tokenizer.json ({tok.sha256[:12]}…); export again")

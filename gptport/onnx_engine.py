@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from gptport import contract, providers, static_cache
+from gptport import contract, provenance, providers, static_cache
 from gptport.engine import Past, StepFn
 from gptport.errors import ArtifactError, ProviderError
 
@@ -36,6 +36,8 @@ class OnnxModel:
     provider: str = "cpu"
     notes: list[str] = field(default_factory=list)  # fallbacks taken, for the user to read
     cache: str = contract.CACHE_CONCAT  # concat: model.onnx's contract; static: gqa_graph.py's graph
+    path: Path | None = None  # the graph file
+    meta: dict[str, str] = field(default_factory=dict)  # its metadata_props (provenance: weights, config)
     _buffers: static_cache.Buffers | None = field(default=None, repr=False)
 
     @property
@@ -123,24 +125,27 @@ def session_options(threads: int = 0, spin: bool = True) -> ort.SessionOptions:
     return opts
 
 
-def _metadata(session: ort.InferenceSession, path: Path) -> tuple[dict[str, Any], str, str, str]:
-    meta = session.get_modelmeta().custom_metadata_map
-    if contract.META_CONFIG not in meta:
-        raise ArtifactError(f"{path}: not a gptport export (no {contract.META_CONFIG} metadata)")
-    return json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32"), \
-        meta.get(contract.META_TOKENIZER, ""), meta.get(contract.META_CACHE, contract.CACHE_CONCAT)
+def _metadata(session: ort.InferenceSession, path: Path) -> dict[str, str]:
+    """The graph's metadata_props, once its contract version is checked (provenance.check_contract)."""
+    meta = dict(session.get_modelmeta().custom_metadata_map)
+    provenance.check_contract(path, meta)
+    return meta
+
+
+def file_metadata(path: Path) -> dict[str, str]:
+    """A graph's metadata_props, read without creating a session (not checked)."""
+    import onnx
+
+    try:
+        return {p.key: p.value for p in onnx.load_model(str(path), load_external_data=False).metadata_props}
+    except (onnx.onnx_cpp2py_export.checker.ValidationError, OSError, ValueError) as e:
+        raise ArtifactError(f"{path}: not a readable ONNX file ({e})") from e
 
 
 def _file_metadata(path: Path) -> tuple[dict[str, Any], str]:
     """The config and precision in a graph's metadata, read without creating a session."""
-    import onnx
-
-    try:
-        meta = {p.key: p.value for p in onnx.load_model(str(path), load_external_data=False).metadata_props}
-    except (onnx.onnx_cpp2py_export.checker.ValidationError, OSError, ValueError) as e:
-        raise ArtifactError(f"{path}: not a readable ONNX file ({e})") from e
-    if contract.META_CONFIG not in meta:
-        raise ArtifactError(f"{path}: not a gptport export (no {contract.META_CONFIG} metadata)")
+    meta = file_metadata(path)
+    provenance.check_contract(path, meta)
     return json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32")
 
 
@@ -189,7 +194,9 @@ def _try(path: Path, provider: str, threads: int, spin: bool = True) -> tuple[On
             raise ArtifactError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from e
     if session.get_providers()[0] != ort_name:
         return None, providers.reason_from_log(provider, log)
-    config, precision, sha, cache = _metadata(session, path)
+    meta = _metadata(session, path)
+    cache = meta.get(contract.META_CACHE, contract.CACHE_CONCAT)
     if cache == contract.CACHE_STATIC and provider != "cpu":
         return None, "the static-cache graph runs on the CPU provider only (its GroupQueryAttention is float32)"
-    return OnnxModel(session, config, precision, sha, provider, cache=cache), ""
+    return OnnxModel(session, json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32"),
+                     meta.get(contract.META_TOKENIZER, ""), provider, cache=cache, path=path, meta=meta), ""

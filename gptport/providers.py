@@ -4,7 +4,6 @@ and whether a provider really initialises here, with the reason when it does not
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import re
@@ -17,6 +16,7 @@ from typing import Any
 
 from gptport import contract
 from gptport.errors import UsageError
+from gptport.provenance import file_digest  # keys the TensorRT engine cache: a changed graph rebuilds its engines
 
 ORT_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 FALLBACK_ORDER = ["tensorrt", "cuda", "cpu"]  # --fallback goes on with the next one to the right
@@ -27,15 +27,6 @@ def check_name(provider: str) -> str:
     if provider not in ORT_NAMES:
         raise UsageError(f"--provider {provider!r} is unknown; choose cpu, cuda or tensorrt")
     return provider
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a model file: keys the TensorRT engine cache, so a changed model rebuilds its engines."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def trt_profiles(config: dict[str, Any], max_batch: int = TRT_MAX_BATCH) -> dict[str, str]:

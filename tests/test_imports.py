@@ -18,7 +18,7 @@ def loaded_after_import(module: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module", ["gptport", "gptport.tokenizer", "gptport.corpus", "gptport.config",
-                                    "gptport.contract", "gptport.cli.main"])
+                                    "gptport.contract", "gptport.provenance", "gptport.cli.main"])
 def test_import_loads_no_framework(module: str) -> None:
     assert loaded_after_import(module) == set()
 
