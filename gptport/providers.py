@@ -95,7 +95,7 @@ def reason_from_log(provider: str, log: list[str]) -> str:
     if missing:
         hint = "pip install 'gptport[cuda]'" if provider == "cuda" else "pip install 'gptport[tensorrt]'"
         return f"{missing.group(1).strip()} ({hint}, and an NVIDIA driver)"
-    advice = re.search(r"(Require[^\n.]*\.|Please install[^\n.]*\.)", text)
+    advice = re.search(r"((?:Require|Please install)[^\n]*?\.)(?=\s|$)", text)  # a sentence: "9.*" goes on
     if advice:
         return advice.group(1)
     return "onnxruntime did not initialise it (no NVIDIA GPU or driver?)"

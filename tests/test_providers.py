@@ -144,7 +144,8 @@ def test_reason_names_the_missing_library() -> None:
            "error: libcublasLt.so.13: cannot open shared object file: No such file or directory\x1b[m"]
     assert providers.reason_from_log("cuda", log).startswith("libcublasLt.so.13: cannot open shared object file")
     advice = ["W: Failed to create. Require cuDNN 9.* and CUDA 13.*. x"]
-    assert "Require cuDNN" in providers.reason_from_log("cuda", advice)
+    assert providers.reason_from_log("cuda", advice) == "Require cuDNN 9.* and CUDA 13.*."
+    assert providers.reason_from_log("cuda", ["Please install TensorRT 10.x.\nnext"]) == "Please install TensorRT 10.x."
 
 
 def test_an_unavailable_provider_is_an_error_unless_fallback(trained_dir: Path) -> None:
