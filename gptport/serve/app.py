@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -257,8 +257,6 @@ def create_app(settings: Settings) -> Starlette:
 
 def _seeded(job: Job, j: int) -> Any:
     """Choice j of a prompt samples with seed + j, so n choices differ and choice 0 is `generate --seed`'s."""
-    from dataclasses import replace
-
     return job.sampling if j == 0 else replace(job.sampling, seed=(job.sampling.seed + j) % 2**63)
 
 
