@@ -55,42 +55,51 @@ def generate(
     active = [True] * len(rows)
 
     t0 = time.perf_counter()
-    ids, mask = left_pad([r.prompt_ids for r in rows])
+    ids, mask = left_pad([r.prompt_ids for r in rows])  # (B, P)
     pos = positions(mask)
     logits, past = step(ids, mask, pos, engine.empty_past(len(rows)))
     prefill_ms = (time.perf_counter() - t0) * 1e3
     t_decode = time.perf_counter()
     for _ in range(max_new_tokens):
-        nxt = np.full(len(rows), eot_id, dtype=np.int64)  # (B,); finished rows feed EOT, ignored
-        for i, row in enumerate(rows):
-            if not active[i]:
-                continue
-            tok = choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids))
-            nxt[i] = tok
-            if tok == eot_id:
-                active[i], row.finish_reason = False, "eot"
-                continue
-            row.new_ids.append(tok)
-            if on_token is not None and on_token(i, tok):
-                active[i], row.finish_reason = False, "stop"
-            elif len(row.new_ids) == max_new_tokens:
-                active[i] = False
+        nxt = _choose_all(rows, active, logits, sampling, rngs, eot_id, max_new_tokens, on_token)  # (B,)
         if not any(active):
             break
-        if mask.shape[1] + 1 > n_ctx:
-            if overflow == "stop":
-                for i, row in enumerate(rows):
-                    if active[i]:
-                        active[i], row.finish_reason = False, "context"
-                break
+        if mask.shape[1] < n_ctx:  # room for one more token: one decode step through the cache
+            mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)  # (B, P+1)
+            pos = pos[:, -1:] + 1  # (B, 1)
+            logits, past = step(nxt[:, None], mask, pos, past)
+        elif overflow == "stop":
+            for i, row in enumerate(rows):
+                if active[i]:
+                    active[i], row.finish_reason = False, "context"
+            break
+        else:  # slide: a fresh cache from each row's most recent n_ctx // 2 tokens
             ids, mask = left_pad([(r.prompt_ids + r.new_ids)[-(n_ctx // 2):] for r in rows])
             pos = positions(mask)
             logits, past = step(ids, mask, pos, engine.empty_past(len(rows)))
-            continue
-        mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)  # (B, P+1)
-        pos = pos[:, -1:] + 1  # (B, 1)
-        logits, past = step(nxt[:, None], mask, pos, past)
     decode_s = time.perf_counter() - t_decode
     for row in rows:
         row.prefill_ms, row.decode_s = prefill_ms, decode_s
     return rows
+
+
+def _choose_all(rows: list[RowResult], active: list[bool], logits: np.ndarray, sampling: Sampling,
+                rngs: list[np.random.Generator], eot_id: int, max_new_tokens: int,
+                on_token: Callable[[int, int], bool] | None) -> np.ndarray:
+    """Each active row's next token from `logits` (B, 1, V); rows that end are marked inactive with
+    their reason. Finished rows get EOT, which the next step computes and nobody reads."""
+    nxt = np.full(len(rows), eot_id, dtype=np.int64)  # (B,)
+    for i, row in enumerate(rows):
+        if not active[i]:
+            continue
+        tok = choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids))
+        nxt[i] = tok
+        if tok == eot_id:
+            active[i], row.finish_reason = False, "eot"
+            continue
+        row.new_ids.append(tok)
+        if on_token is not None and on_token(i, tok):
+            active[i], row.finish_reason = False, "stop"
+        elif len(row.new_ids) == max_new_tokens:
+            active[i] = False
+    return nxt
