@@ -4,6 +4,8 @@ torch is imported inside the command, so that the rest of the CLI starts without
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -12,12 +14,15 @@ import typer
 from gptport import checkpoint_paths as paths
 from gptport import tokenizer as bpe
 from gptport.cli.common import EncodingErrors, err, human_bytes
-from gptport.errors import InputError, UsageError
+from gptport.errors import GptportError, InputError, UsageError
 
 if TYPE_CHECKING:
+    import torch
+
     from gptport.config import ModelConfig, TrainConfig
     from gptport.corpus import CorpusReader
     from gptport.data import Shards
+    from gptport.distributed import Dist
     from gptport.train import EvalRecord
 
 EXAMPLES = """Examples:
@@ -27,6 +32,11 @@ EXAMPLES = """Examples:
   gptport train corpus.txt --model-dir models/mymodel --preset small --minutes 30 --set dropout=0.2
 
   gptport train corpus.txt --model-dir models/mymodel --steps 4000 --resume
+
+  gptport train corpus.txt --model-dir models/mymodel --nproc-per-node 4   (torchrun, 4 ranks)
+
+  torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
+      -m gptport train corpus.txt --model-dir /shared/models/mymodel --preset small
 """
 
 
@@ -41,8 +51,11 @@ def train(
     minutes: Annotated[float | None, typer.Option(help="Train for this wall time instead of --steps.")] = None,
     schedule_steps: Annotated[int | None, typer.Option(help="Horizon of the LR schedule (default: --steps); "
                                                        "set it to stop early and --resume later exactly.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Sequences per micro-batch.")] = None,
-    grad_accum: Annotated[int | None, typer.Option(help="Micro-batches per optimizer step.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences per micro-batch (on each rank).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(help="Micro-batches per optimizer step (on each rank).")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="Sequences per optimizer step over all ranks "
+                                                     "(= batch size × grad accum × world size); sets "
+                                                     "--grad-accum.")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
     eval_every: Annotated[int | None, typer.Option(help="Steps between evals and checkpoints.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or mps.")] = None,
@@ -52,11 +65,62 @@ def train(
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run checkpointed in --model-dir.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Start over, replacing a trained model.")] = False,
+    nproc_per_node: Annotated[int | None, typer.Option(help="Run on this many ranks of this machine: starts "
+                                                       "torchrun (DistributedDataParallel).")] = None,
+    allow_world_size_change: Annotated[bool, typer.Option(
+        "--allow-world-size-change", help="--resume on another number of ranks: keep the weights and "
+        "optimizer, restart the data order.")] = False,
     glob: Annotated[str, typer.Option(help="Which files to take from directories.")] = "*.txt",
     encoding_errors: Annotated[EncodingErrors, typer.Option(help="strict or replace.")] = EncodingErrors.strict,
 ) -> None:
-    """Train the GPT of a model directory on a corpus, tokenized with the directory's tokenizer."""
+    """Train the GPT of a model directory on a corpus, tokenized with the directory's tokenizer.
+    Under torchrun, every rank runs this; rank 0 tokenizes, writes and reports."""
+    from gptport import distributed
+
+    if nproc_per_node is not None:
+        if distributed.under_torchrun():
+            raise UsageError("--nproc-per-node: this process already runs under torchrun; give it to torchrun")
+        distributed.launch(nproc_per_node, sys.argv[1:])  # the ranks are torchrun's; they did the work
+        return
+    if grad_accum is not None and global_batch is not None:
+        raise UsageError("give --grad-accum or --global-batch, not both")
+    if grad_accum is not None:
+        global_batch = 0  # --grad-accum replaces a --global-batch the resumed run had
+    options = {k: v for k, v in dict(
+        steps=steps, minutes=minutes, schedule_steps=schedule_steps, batch_size=batch_size,
+        grad_accum=grad_accum, global_batch=global_batch, lr=lr, eval_every=eval_every, device=device, seed=seed,
+        val_fraction=val_fraction, compile=compile_, threads=threads).items() if v is not None}
+    if steps is not None and minutes is not None:
+        raise UsageError("give --steps or --minutes, not both")
+    if steps is not None:
+        options["minutes"] = 0.0
+    rank, world = distributed.env_world()
+    ctx: Dist | None = None
+    try:
+        ctx = _train(corpus, model_dir, preset, set_ or [], options, resume, force, glob, encoding_errors,
+                     allow_world_size_change)
+    except GptportError as e:
+        if distributed.under_torchrun():
+            raise type(e)(f"rank {rank} of {world}: {e}") from e
+        raise
+    except RuntimeError as e:  # a collective failed (Gloo and NCCL raise RuntimeError): another rank died
+        text = str(e).strip()
+        if not (distributed.under_torchrun() and any(k in text.lower() for k in ("gloo", "nccl", "peer"))):
+            raise
+        raise GptportError(f"rank {rank} of {world}: a collective failed, another rank has gone "
+                           f"({text.splitlines()[0]})") from e
+    finally:
+        if ctx is not None:
+            distributed.shutdown(ctx)
+
+
+def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], options: dict[str, Any], resume: bool,
+           force: bool, glob: str, encoding_errors: EncodingErrors, allow_world_size_change: bool) -> Dist:
+    """The command's work on one rank (or the single process); returns the rank's place."""
+    from gptport import distributed
     from gptport.corpus import CorpusReader, resolve_sources
+
+    rank, world = distributed.env_world()
     tok = bpe.load(model_dir)
     has_model = (model_dir / paths.CONFIG).exists()
     if has_model and not (resume or force):
@@ -64,28 +128,43 @@ def train(
                          "or --force to start over")
     if resume and not (model_dir / paths.OPTIMIZER).exists():
         raise InputError(f"{model_dir}: nothing to --resume (no {paths.OPTIMIZER})")
-    options = {k: v for k, v in dict(
-        steps=steps, minutes=minutes, schedule_steps=schedule_steps, batch_size=batch_size,
-        grad_accum=grad_accum, lr=lr, eval_every=eval_every, device=device, seed=seed,
-        val_fraction=val_fraction, compile=compile_, threads=threads).items() if v is not None}
-    if steps is not None and minutes is not None:
-        raise UsageError("give --steps or --minutes, not both")
-    if steps is not None:
-        options["minutes"] = 0.0
-    cfg, tcfg = _configs(model_dir, tok.vocab_size, preset, set_ or [], options, resume)
-    if force and not resume:
-        for name in (paths.TRAINER, paths.OPTIMIZER, paths.LOG):
-            (model_dir / name).unlink(missing_ok=True)
+    cfg, tcfg = _configs(model_dir, tok.vocab_size, preset, sets, options, resume)
+    tcfg = distributed.resolve_accum(tcfg, world)
+    if resume:
+        from gptport.checkpoint import read_resume_state
 
+        saved = int(read_resume_state(model_dir).get("world_size", 1))
+        distributed.check_world(saved, world, allow_world_size_change, str(model_dir))
     reader = CorpusReader(resolve_sources(corpus, glob), encoding_errors.value)
-    shards = prepare_with_progress(model_dir, reader, tok, tcfg.val_fraction)
+    ctx, device = distributed.init(tcfg.device) if distributed.under_torchrun() else (distributed.Dist(), None)
     from gptport import data
 
+    if ctx.main:
+        if force and not resume:
+            for name in (paths.TRAINER, paths.OPTIMIZER, paths.LOG):
+                (model_dir / name).unlink(missing_ok=True)
+        shards = prepare_with_progress(model_dir, reader, tok, tcfg.val_fraction)
+        ctx.barrier()  # the shards are in place
+    else:
+        ctx.barrier()
+        shards = data.load_prepared(model_dir)
+    theirs = ctx.broadcast([float(shards.meta["tokens"])])[0]  # type: ignore[arg-type]
+    if int(theirs) != int(shards.meta["tokens"]):  # type: ignore[arg-type]
+        raise InputError(f"{model_dir / data.DATA_DIR}: holds {shards.meta['tokens']} tokens here but rank 0 "
+                         f"prepared {int(theirs)}; every rank must see rank 0's model directory")
     data.check_fits(shards, cfg.n_ctx)
     budget = f"{tcfg.minutes:g} min" if tcfg.minutes > 0 else f"{tcfg.steps} steps"
-    err.print(f"Model: {cfg.n_params() / 1e6:.2f}M parameters (d_model {cfg.d_model}, {cfg.n_layer} layers, "
-              f"{cfg.n_head} heads, n_ctx {cfg.n_ctx}, vocab {cfg.vocab_size}); training for {budget}")
-    train_with_progress(model_dir, cfg, tcfg, shards, tok, resume)
+    if ctx.main:
+        err.print(f"Model: {cfg.n_params() / 1e6:.2f}M parameters (d_model {cfg.d_model}, {cfg.n_layer} layers, "
+                  f"{cfg.n_head} heads, n_ctx {cfg.n_ctx}, vocab {cfg.vocab_size}); training for {budget}")
+    if ctx.main and ctx.enabled:
+        per_node = os.environ.get("LOCAL_WORLD_SIZE", "?")
+        err.print(f"Distributed: {ctx.world} rank(s) ({per_node} on this machine), backend {ctx.backend} on "
+                  f"{device}; global batch {tcfg.batch_size} × {tcfg.grad_accum} × {ctx.world} = "
+                  f"{tcfg.batch_size * tcfg.grad_accum * ctx.world} sequences per step")
+    train_with_progress(model_dir, cfg, tcfg, shards, tok, resume, ctx=ctx, device=device,
+                        allow_world_size_change=allow_world_size_change)
+    return ctx
 
 
 def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], options: dict[str, Any],
@@ -133,12 +212,18 @@ def prepare_with_progress(model_dir: Path, reader: CorpusReader, tok: bpe.BPETok
 
 
 def train_with_progress(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, shards: Shards, tok: bpe.BPETokenizer,
-         resume: bool) -> list[EvalRecord]:
-    """Train with a live progress bar; return the eval records."""
+         resume: bool, ctx: Dist | None = None, device: torch.device | None = None,
+         allow_world_size_change: bool = False) -> list[EvalRecord]:
+    """Train with a live progress bar (rank 0; the other ranks train silently); return the eval records."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gptport.data import token_bytes
     from gptport.train import Hooks, Trainer
+
+    if ctx is not None and not ctx.main:
+        Trainer(model_dir, cfg, tcfg, shards, tok, token_bytes(tok), resume=resume, ctx=ctx, device=device,
+                allow_world_size_change=allow_world_size_change).run()
+        return []
 
     timed = tcfg.minutes > 0
     columns = [TextColumn("[bold]train"), BarColumn(), TextColumn("{task.fields[where]}"),
@@ -160,7 +245,8 @@ def train_with_progress(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, sh
                               f"ppl {r.val_ppl:8.2f}  bpb {r.val_bpb:.4f}  {r.tokens_per_s:,.0f} tok/s")
 
         trainer = Trainer(model_dir, cfg, tcfg, shards, tok, token_bytes(tok), resume=resume,
-                          hooks=Hooks(on_step=on_step, on_eval=on_eval))
+                          hooks=Hooks(on_step=on_step, on_eval=on_eval), ctx=ctx, device=device,
+                          allow_world_size_change=allow_world_size_change)
         result = trainer.run()
     if result.interrupted:
         err.print(f"[yellow]interrupted[/]: checkpoint saved at step {result.step}; "

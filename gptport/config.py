@@ -81,7 +81,8 @@ class TrainConfig:
     minutes: float = 0.0  # > 0: train for this wall time instead of a number of steps
     schedule_steps: int = 0  # horizon of the LR schedule; 0 means `steps`
     batch_size: int = 32
-    grad_accum: int = 1
+    grad_accum: int = 1  # micro-batches per optimizer step on each rank
+    global_batch: int = 0  # > 0: sequences per optimizer step over all ranks; sets grad_accum
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * this
     warmup_steps: int = 100
@@ -103,6 +104,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "eval_every", "eval_batches"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}")
+        if self.global_batch < 0:
+            raise UsageError(f"--global-batch must be positive, not {self.global_batch}")
         if self.lr <= 0:
             raise UsageError(f"--lr must be positive, not {self.lr}")
         if not 0.0 < self.val_fraction < 0.5:

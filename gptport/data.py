@@ -167,6 +167,33 @@ def sample_batch(data: np.ndarray, n_ctx: int, batch_size: int, rng: np.random.G
     return window[:, :-1], window[:, 1:]
 
 
+def step_batches(data: np.ndarray, n_ctx: int, batch_size: int, rng: np.random.Generator, slots: int,
+                 mine: range) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One optimizer step's micro-batches over all ranks. The step has `slots` (world size × grad_accum)
+    micro-batches drawn in order from one generator that every rank holds in the same state; each rank
+    draws them all, so the generators stay equal, and reads the slots in `mine` (rank r: slots
+    r·accum … r·accum + accum − 1). The step's data thus depends on world size × grad_accum only: 2 ranks
+    × accum 1 see what 1 process × accum 2 sees, in the same order; one process draws as it always did."""
+    out = []
+    for slot in range(slots):
+        if slot in mine:
+            out.append(sample_batch(data, n_ctx, batch_size, rng))
+        else:
+            rng.integers(0, len(data) - n_ctx, size=batch_size)  # another rank's slot: advance alike
+    return out
+
+
+def load_prepared(model_dir: Path) -> Shards:
+    """The shards another process (rank 0) has just prepared in `model_dir`, without re-reading the corpus."""
+    meta_path = model_dir / DATA_DIR / META
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{meta_path}: unreadable ({e}); every rank must see the model directory rank 0 "
+                         "prepared the shards in (a shared file system, or a copy with its data/)") from e
+    return _load(model_dir / DATA_DIR, meta, reused=True)
+
+
 def eval_windows(data: np.ndarray, n_ctx: int, count: int) -> np.ndarray:
     """`count` evenly spaced window starts covering the split, the same at every eval."""
     last = len(data) - n_ctx - 1

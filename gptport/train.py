@@ -1,6 +1,7 @@
 """The training loop: AdamW, warm-up then cosine decay, gradient accumulation and clipping, bf16
 autocast on CUDA, optional torch.compile, evals with perplexity and bits per byte, atomic
-checkpoints, exact --resume, and a clean stop on Ctrl-C."""
+checkpoints, exact --resume, and a clean stop on Ctrl-C. Under torchrun the same loop runs on every
+rank with DistributedDataParallel (gptport/distributed.py): rank 0 alone writes and reports."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import torch
 from gptport import checkpoint
 from gptport.checkpoint_paths import LOG
 from gptport.config import ModelConfig, TrainConfig
-from gptport.data import Shards, eval_windows, sample_batch
+from gptport.data import Shards, eval_windows, step_batches
+from gptport.distributed import Dist, check_world, wrap
 from gptport.errors import UsageError
 from gptport.model import GPT
 from gptport.tokenizer import BPETokenizer
@@ -94,25 +96,30 @@ def make_optimizer(model: GPT, tcfg: TrainConfig, device: torch.device) -> torch
 
 
 class _StopFlag:
-    """Ctrl-C sets the flag: the loop finishes its step, checkpoints and returns. A second Ctrl-C aborts."""
+    """Ctrl-C sets the flag: the loop finishes its step, checkpoints and returns. A second Ctrl-C aborts.
+    Under torchrun SIGTERM sets it too, and repeats do not abort: a Ctrl-C reaches every rank from the
+    terminal and again from torchrun, which kills what is left after its --shutdown-timeout."""
 
-    def __init__(self) -> None:
+    def __init__(self, distributed: bool = False) -> None:
         self.set = False
+        self.distributed = distributed
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
+        signums = [signal.SIGINT, signal.SIGTERM] if self.distributed else [signal.SIGINT]
         try:
-            previous = signal.signal(signal.SIGINT, self._handle)
+            previous = [signal.signal(s, self._handle) for s in signums]
         except ValueError:  # not the main thread: leave signals alone
             yield
             return
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for s, handler in zip(signums, previous, strict=True):
+                signal.signal(s, handler)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.set:
+        if self.set and not self.distributed:
             raise KeyboardInterrupt
         self.set = True
 
@@ -129,36 +136,53 @@ class Trainer:
     """Trains the model of `model_dir` on prepared shards, checkpointing into the same directory."""
 
     def __init__(self, model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, shards: Shards,
-                 tok: BPETokenizer, token_bytes: np.ndarray, resume: bool = False, hooks: Hooks | None = None) -> None:
+                 tok: BPETokenizer, token_bytes: np.ndarray, resume: bool = False, hooks: Hooks | None = None,
+                 ctx: Dist | None = None, device: torch.device | None = None,
+                 allow_world_size_change: bool = False) -> None:
+        """`ctx` and `device` come from distributed.init under torchrun; without them, one process."""
         tcfg.validate()
         self.dir, self.cfg, self.tcfg, self.shards, self.tok = model_dir, cfg, tcfg, shards, tok
-        self.hooks = hooks or Hooks()
-        self.device = pick_device(tcfg.device)
+        self.ctx = ctx or Dist()
+        self.hooks = hooks if (hooks and self.ctx.main) else Hooks()
+        self.device = device or pick_device(tcfg.device)
         if tcfg.threads > 0:
             torch.set_num_threads(tcfg.threads)
         torch.manual_seed(tcfg.seed)
-        self.rng = np.random.default_rng(tcfg.seed)
+        self.rng = np.random.default_rng(tcfg.seed)  # the data order: in the same state on every rank
         self.model = GPT(cfg).to(self.device)
+        if self.ctx.rank:  # dropout: a stream of its own per rank (rank 0's is the single process's)
+            torch.manual_seed(tcfg.seed + 1_000_003 * self.ctx.rank)
         self.step, self.elapsed = 0, 0.0
         self.optimizer = make_optimizer(self.model, tcfg, self.device)
         if resume:
-            self._resume()
+            self._resume(allow_world_size_change)
         self.token_bytes = torch.from_numpy(token_bytes).to(self.device)
-        self.windows = eval_windows(shards.val, cfg.n_ctx, tcfg.eval_batches * tcfg.batch_size)
-        self.loss_fn = torch.compile(self.model.loss) if tcfg.compile else self.model.loss
+        windows = eval_windows(shards.val, cfg.n_ctx, tcfg.eval_batches * tcfg.batch_size)
+        self.windows = windows[self.ctx.rank::self.ctx.world]  # this rank's share of the validation windows
+        self.ddp = wrap(self.model, self.ctx) if self.ctx.enabled else None
+        loss: Callable[..., torch.Tensor] = self.ddp if self.ddp is not None else self.model.loss
+        self.loss_fn = torch.compile(loss) if tcfg.compile else loss
         self.autocast = make_autocast(tcfg.autocast, self.device)
 
-    def _resume(self) -> None:
+    def _resume(self, allow_world_size_change: bool) -> None:
         card = checkpoint.read_card(self.dir)
         if card.model != self.cfg:
             raise UsageError(f"{self.dir}: --resume with a different model shape than config.json holds; "
                              "drop --preset/--set model.* or train a new directory")
         state, rng = checkpoint.load_resume(self.dir, self.model, self.optimizer)
+        saved_world = int(state.get("world_size", 1))
+        check_world(saved_world, self.ctx.world, allow_world_size_change, str(self.dir))
         self.step, self.elapsed = int(state["step"]), float(state["elapsed_s"])
+        rank = self.ctx.rank
+        if saved_world != self.ctx.world:  # weights, moments and schedule kept; a new data order from here
+            self.rng = np.random.default_rng([self.tcfg.seed, self.step, self.ctx.world])
+            torch.manual_seed(self.tcfg.seed + 1_000_003 * rank + self.step)
+            return
         self.rng.bit_generator.state = state["data_rng"]
-        torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
+        suffix = f".{rank}" if rank else ""
+        torch.set_rng_state(rng["torch" + suffix])
+        if "cuda" + suffix in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda" + suffix], self.device)
 
     # --- schedule -------------------------------------------------------------------------------
     def _progress(self) -> float:
@@ -177,35 +201,40 @@ class Trainer:
 
     # --- the loop -------------------------------------------------------------------------------
     def run(self) -> TrainResult:
-        stop = _StopFlag()
+        stop = _StopFlag(distributed=self.ctx.enabled)
         records: list[EvalRecord] = []
         tcfg = self.tcfg
         every_ckpt = tcfg.checkpoint_every or tcfg.eval_every
         loss_sum, loss_n, tokens, t_window = 0.0, 0, 0, 0.0
         t_start = time.perf_counter()
         elapsed_before = self.elapsed  # wall time of earlier runs of this training (--resume)
+        stopping = False  # the stop flag as all ranks agree on it
         with stop.installed():
-            while not self._done() and not stop.set:
+            while not self._done() and not stopping:
                 t0 = time.perf_counter()
                 lr = lr_at(self._progress(), tcfg, self._warmup_fraction())
                 loss = self._train_step(lr)
                 dt = time.perf_counter() - t0
                 self.step += 1
-                self.elapsed = elapsed_before + time.perf_counter() - t_start  # evals and checkpoints count
+                elapsed = elapsed_before + time.perf_counter() - t_start  # evals and checkpoints count
+                # every rank must take the same decisions (stop, eval, the LR of --minutes): the slowest
+                # rank's clock and any rank's signal count, one small all-reduce per step
+                self.elapsed, flag = self.ctx.all_reduce([elapsed, float(stop.set)], op="max")
+                stopping = flag > 0
                 t_window += dt
                 loss_sum, loss_n = loss_sum + loss, loss_n + 1
-                tokens += tcfg.batch_size * tcfg.grad_accum * self.cfg.n_ctx
+                tokens += tcfg.batch_size * tcfg.grad_accum * self.ctx.world * self.cfg.n_ctx
                 self.hooks.on_step(self.step, loss, tokens / max(t_window, 1e-9))
                 if self.step % tcfg.eval_every == 0 or self._done():
-                    record = self._evaluate(loss_sum / loss_n, tokens / max(t_window, 1e-9), lr)
+                    record = self._evaluate(loss_sum, loss_n, tokens / max(t_window, 1e-9), lr)
                     records.append(record)
                     self.hooks.on_eval(record)
                     loss_sum, loss_n, tokens, t_window = 0.0, 0, 0, 0.0
                 if self.step % every_ckpt == 0 or self._done():
                     self.save()
-            if stop.set:
+            if stopping:
                 self.save()
-        return TrainResult(self.step, records, stop.set, time.perf_counter() - t_start)
+        return TrainResult(self.step, records, stopping, time.perf_counter() - t_start)
 
     def _train_step(self, lr: float) -> float:
         tcfg = self.tcfg
@@ -213,13 +242,19 @@ class Trainer:
             group["lr"] = lr
         self.model.train()
         total = 0.0
-        for _ in range(tcfg.grad_accum):
-            x, y = sample_batch(self.shards.train, self.cfg.n_ctx, tcfg.batch_size, self.rng)
+        rank, accum = self.ctx.rank, tcfg.grad_accum
+        batches = step_batches(self.shards.train, self.cfg.n_ctx, tcfg.batch_size, self.rng,
+                               slots=self.ctx.world * accum, mine=range(rank * accum, (rank + 1) * accum))
+        for i, (x, y) in enumerate(batches):
             xt = torch.from_numpy(x).to(self.device, non_blocking=True)  # (B, T)
             yt = torch.from_numpy(y).to(self.device, non_blocking=True)  # (B, T)
-            with self.autocast:
-                loss = self.loss_fn(xt, yt)
-            (loss / tcfg.grad_accum).backward()
+            # DDP averages gradients over the ranks once, in the last micro-batch's backward; with the
+            # division by accum here the step's gradient is the mean over all world × accum micro-batches
+            quiet = self.ddp is not None and i < accum - 1
+            with self.ddp.no_sync() if quiet else contextlib.nullcontext():  # type: ignore[union-attr]
+                with self.autocast:
+                    loss = self.loss_fn(xt, yt)
+                (loss / accum).backward()
             total += loss.item()
         if tcfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip)
@@ -228,8 +263,10 @@ class Trainer:
         return total / tcfg.grad_accum
 
     @torch.no_grad()
-    def _evaluate(self, train_loss: float, tokens_per_s: float, lr: float) -> EvalRecord:
-        """Validation loss (nats/token), perplexity and bits per byte over fixed windows."""
+    def _evaluate(self, loss_sum: float, loss_n: int, tokens_per_s: float, lr: float) -> EvalRecord:
+        """Validation loss (nats/token), perplexity and bits per byte over fixed windows; each rank takes
+        its share of the windows and the sums are all-reduced, so the figures are the single process's.
+        The training loss is the mean over every rank's steps since the last eval."""
         self.model.eval()
         n_ctx, bs = self.cfg.n_ctx, self.tcfg.batch_size
         nats, n_tok, n_bytes = 0.0, 0, 0
@@ -243,11 +280,15 @@ class Trainer:
             nats += losses.sum().item()
             n_tok += losses.numel()
             n_bytes += int(self.token_bytes[y.flatten()].sum().item())
+        nats, n_tok, n_bytes, loss_sum, loss_n = self.ctx.all_reduce([nats, n_tok, n_bytes, loss_sum, loss_n])
+        train_loss = loss_sum / loss_n
         val_loss = nats / n_tok
         record = EvalRecord(step=self.step, train_loss=train_loss, val_loss=val_loss,
                             val_ppl=math.exp(min(val_loss, 50.0)),
                             val_bpb=nats / math.log(2) / max(n_bytes, 1), tokens_per_s=tokens_per_s,
                             lr=lr, elapsed_s=self.elapsed)
+        if not self.ctx.main:
+            return record
         log = self.dir / LOG
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "a", encoding="utf-8") as f:
@@ -255,12 +296,20 @@ class Trainer:
         return record
 
     def save(self) -> None:
-        """Checkpoint: the resume state (one atomic file), then the published weights and config.json."""
-        rng = {"torch": torch.get_rng_state()}
+        """Checkpoint: the resume state (one atomic file), then the published weights and config.json.
+        Every rank calls it (its RNG state is gathered); rank 0 writes."""
+        rng: dict[str, torch.Tensor] = {}
+        for r, t in enumerate(self.ctx.all_gather(torch.get_rng_state())):
+            rng["torch" + (f".{r}" if r else "")] = t
         if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state()
+            for r, t in enumerate(self.ctx.all_gather(torch.cuda.get_rng_state(self.device))):
+                rng["cuda" + (f".{r}" if r else "")] = t
+        if not self.ctx.main:
+            return
         state: dict[str, Any] = {"step": self.step, "elapsed_s": self.elapsed,
                                  "data_rng": self.rng.bit_generator.state, "train": asdict(self.tcfg)}
+        if self.ctx.enabled:
+            state["world_size"] = self.ctx.world
         checkpoint.save_resume(self.dir, state, self.model, self.optimizer, rng)  # one file: the resume point
         checkpoint.save_weights(self.dir, self.model, self.step)
         checkpoint.write_config(self.dir, self.cfg, self.tok, self.step)

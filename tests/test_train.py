@@ -131,16 +131,22 @@ def test_cli_bad_inputs(tmp_path: Path, model_dir: Path, corpus_file: Path) -> N
     assert not (model_dir / "model.safetensors").exists()
 
 
+def start_until_eval(args: list[str], step: int) -> subprocess.Popen[str]:
+    """Start a training command and return once it has printed the eval of `step` or a later one."""
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("step") and int(line.split()[1]) >= step:
+            break
+    return proc
+
+
 @pytest.mark.slow
 def test_ctrl_c_saves_and_kill_loses_at_most_one_interval(model_dir: Path, corpus_file: Path) -> None:
     args = [sys.executable, "-m", "gptport.cli.main", "train", str(corpus_file), "--model-dir", str(model_dir),
             "--steps", "100000", "--eval-every", "5", *SHAPE]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stderr is not None
-    for line in proc.stderr:  # wait for a couple of evals
-        if line.startswith("step") and int(line.split()[1]) >= 10:
-            break
+    proc = start_until_eval(args, 10)
     proc.send_signal(signal.SIGINT)
     _, rest = proc.communicate(timeout=60)
     assert proc.returncode == 0, rest
