@@ -51,7 +51,7 @@ def main() -> None:
         raise SystemExit(f"{d}: no model.safetensors; run benchmarks/bench_train.py or `gptport train` first")
     tok = bpe.load(d)
     model, card = load_model(d, tok)
-    windows = validate.heldout_windows(d, model)
+    windows = validate.heldout(d, model, tok).windows
     prompt_len = min(64, card.model.n_ctx - args.gen)
     work = HERE / "work" / "quant"
     work.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,6 +16,10 @@ EXAMPLES = """Examples:
   gptport export models/mymodel --precision fp32,int8,int4 --force
 
   gptport export models/mymodel --precision fp32,fp16 --optimize
+
+  gptport export models/imported --precision fp32,int8 --heldout heldout.txt
+
+  gptport export models/random --precision fp32,int8,int4 --no-gate   # speed only: unchecked variants
 """
 
 
@@ -30,8 +35,19 @@ def export(
     opset: Annotated[int, typer.Option(help="ONNX opset (18 or later).")] = 18,
     atol: Annotated[float, typer.Option(help="Max |Δ logits| allowed against torch (fp32).")] = 1e-4,
     force: Force = False,
+    gate: Annotated[bool, typer.Option("--gate/--no-gate", help="Check each variant against fp32 torch on "
+                                       "held-out text (top-1 ≥ 98%). --no-gate writes them unchecked, "
+                                       "recorded as ungated (gptport.gated = false): for speed measurements "
+                                       "on untrained weights, which cannot pass it.")] = True,
+    heldout: Annotated[Path | None, typer.Option("--heldout", metavar="FILE", help="UTF-8 text the model was not "
+                                                 "trained on, for the gate (default: the validation shard "
+                                                 "data/val.bin).")] = None,
+    gate_on_sampled_text: Annotated[bool, typer.Option("--gate-on-sampled-text", help="Without data/val.bin or "
+                                                       "--heldout, gate on text the model samples itself "
+                                                       "(weaker: its own likeliest text).")] = False,
 ) -> None:
     """Export the trained model to ONNX (model.onnx and variants), validated against torch."""
+    from rich.markup import escape
     from rich.table import Table
 
     from gptport import export as exporter
@@ -39,7 +55,8 @@ def export(
     precisions = exporter.parse_precisions(precision)
     with err.status("exporting") as status:
         report = exporter.export(model_dir, precisions, optimize=optimize, static=static, opset=opset, atol=atol,
-                                 force=force, say=lambda msg: status.update(msg))
+                                 force=force, say=lambda msg: status.update(msg), gate=gate, heldout=heldout,
+                                 sampled_text=gate_on_sampled_text)
     table = Table("case (batch, seq, past)", "max |Δ logits|", "max |Δ present|", "top-1 agreement", "ok",
                   title="fp32 parity against torch")
     for r in report.parity:
@@ -59,13 +76,18 @@ def export(
     if report.fused:
         err.print("fused operators: " + ", ".join(f"{k} {v}" for k, v in report.fused.items()))
     if report.gates:
+        text = (f"on {report.heldout} (no held-out text; --gate-on-sampled-text)" if report.sampled
+                else f"on held-out text ({escape(report.heldout)})")
         gates = Table("variant", "scheme", "top-1 agreement", "mean KL (nats)", "positions", "written",
-                      title="variants against fp32 torch on held-out text (gate: top-1 ≥ 98%; "
+                      title=f"variants against fp32 torch {text} (gate: top-1 ≥ 98%; "
                             "a scheme that misses it gives way to the next)")
         for g in report.gates:
             gates.add_row(g.precision, g.scheme or "—", f"{g.top1:.2%}", f"{g.mean_kl:.2e}", str(g.positions),
                           "✓" if g.ok else "✗")
         err.print(gates)
+    if not report.gated and len(precisions) > 1:
+        err.print("[yellow]warning:[/] --no-gate: the variants were written without the accuracy gate "
+                  "(gptport.gated = false); generate, eval and bench will say so")
     for path in report.files.values():
         err.print(f"wrote {path} ({human_bytes(path.stat().st_size)})")
     for path, why in report.removed.items():

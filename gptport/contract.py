@@ -19,6 +19,10 @@ META_CONTRACT = "gptport.contract"
 CONTRACT_VERSION = "1"
 META_CACHE = "gptport.cache"  # absent or "concat": this contract; "static": gqa_graph.py's I/O
 CACHE_CONCAT, CACHE_STATIC = "concat", "static"
+META_GATED = "gptport.gated"  # "true": the graph passed export's accuracy check for its precision (fp32: parity
+# and greedy decoding against torch; a variant: the gate); "false": a variant written with --no-gate
+META_GATE_TEXT = "gptport.gate_text"  # a gated variant's held-out text: data/val.bin, the --heldout file, or
+# "the model's own samples" (--gate-on-sampled-text)
 
 PRECISIONS = ("fp32", "int8", "int4", "fp16")
 

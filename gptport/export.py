@@ -39,6 +39,9 @@ class ExportReport:
     greedy_tokens: int = 0
     gates: list[validate.GateRow] = field(default_factory=list)  # every scheme tried, in order
     schemes: dict[str, str] = field(default_factory=dict)  # written variant ("int8", "int8 static") -> scheme
+    gated: bool = True  # False: the variants were written with --no-gate, unchecked
+    heldout: str = ""  # the text the gate scored (validate.Heldout.source), when a variant was gated
+    sampled: bool = False  # that text was the model's own samples (--gate-on-sampled-text)
     removed: dict[Path, str] = field(default_factory=dict)  # an earlier export's graphs this one did not
     # rewrite -> why: a variant that missed its gate this time, or a graph of other weights (provenance.stale)
     static_parity: list[validate.ParityRow] = field(default_factory=list)
@@ -59,16 +62,18 @@ def parse_precisions(text: str) -> list[str]:
 
 
 def metadata(card: ModelCard, precision: str, cache: str = contract.CACHE_CONCAT,
-             sources: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A graph's metadata_props: its config, precision, cache layout and contract, and the sha256 of the
-    tokenizer, weights and config.json it was made from. `sources` (provenance.sources, which export
+             sources: Mapping[str, str] | None = None, gated: bool = True, gate_text: str = "") -> dict[str, str]:
+    """A graph's metadata_props: its config, precision, cache layout and contract, the sha256 of the
+    tokenizer, weights and config.json it was made from, and whether it passed its accuracy check
+    (`gated`; a variant's held-out text in `gate_text`). `sources` (provenance.sources, which export
     hashes once): without it, those of the card's directory."""
     if sources is None:
         sources = provenance.sources(card.model_dir) if card.model_dir is not None else {}
+    gate = {contract.META_GATE_TEXT: gate_text} if gated and gate_text else {}
     return {contract.META_CONFIG: json.dumps(model_config_to_dict(card.model)),
             contract.META_TOKENIZER: card.tokenizer_sha256, contract.META_PRECISION: precision,
             contract.META_VERSION: __version__, contract.META_CONTRACT: contract.CONTRACT_VERSION,
-            contract.META_CACHE: cache, **sources}
+            contract.META_CACHE: cache, **sources, contract.META_GATED: "true" if gated else "false", **gate}
 
 
 @contextlib.contextmanager
@@ -162,6 +167,9 @@ def export(
     atol: float = 1e-4,
     force: bool = False,
     say: Callable[[str], None] = lambda msg: None,
+    gate: bool = True,
+    heldout: Path | None = None,
+    sampled_text: bool = False,
 ) -> ExportReport:
     """Export, validate and write model.onnx and the variants asked for. Nothing is written for a
     precision whose checks fail; every file is renamed into place only after it passed. With
@@ -170,20 +178,31 @@ def export(
     `static` (the default), the static-cache graphs of fp32, int8 and int4 are written beside them
     (gqa_graph.py: the CPU's fastest decoding), checked the same way. Every graph records the sha256 of
     the weights and config.json it was made from; after the export, the graphs in `model_dir` of other
-    weights are removed (listed in report.removed)."""
+    weights are removed (listed in report.removed).
+
+    The variants' gate scores `heldout` (a text file), else data/val.bin, else, only with
+    `sampled_text`, the model's own samples; with none of them a variant is refused before anything is
+    written. Without `gate` (untrained weights cannot pass it: speed measurements) the variants are
+    written unchecked with the first scheme of their ladder and record gptport.gated = false."""
     if opset < 18:
         raise UsageError(f"--opset {opset}: the exporter needs opset 18 or later")
+    if not gate and (heldout is not None or sampled_text):
+        raise UsageError("--no-gate writes the variants unchecked; --heldout and --gate-on-sampled-text choose the "
+                         "gate's text: give one or the other")
     tok = bpe.load(model_dir)
     sources = provenance.sources(model_dir)  # before loading: a file replaced meanwhile fails the check
     model, card = load_model(model_dir, tok)
     targets = {p: model_dir / contract.onnx_file(p) for p in precisions}
-    report = ExportReport()
+    report = ExportReport(gated=gate)
     report.static_skipped = gqa_graph.unsupported(model_config_to_dict(card.model)) if static else ""
     static_targets = {p: model_dir / contract.onnx_file(p, contract.CACHE_STATIC)
                       for p in precisions if static and not report.static_skipped and p in STATIC_PRECISIONS}
     existing = [str(p) for p in [*targets.values(), *static_targets.values()] if p.exists()]
     if existing and not force:
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
+    text = validate.heldout(model_dir, model, tok, heldout, sampled_text) if gate and len(precisions) > 1 else None
+    if text is not None:
+        report.heldout, report.sampled = text.source, text.sampled
     say("exporting fp32 graph (torch.export)")
     proto = to_onnx(model, opset)
     fp32_tmp = atomic.temp_name(targets["fp32"])
@@ -216,7 +235,7 @@ def export(
             pending["fp32"] = atomic.temp_name(targets["fp32"])
             save(proto, pending["fp32"], metadata(card, "fp32", sources=sources))
             validate.check_again(model, load_cpu(pending["fp32"]), atol, "optimized fp32")
-        windows = validate.heldout_windows(model_dir, model)
+        windows = text.windows if text is not None else None
         for precision in precisions[1:]:
             say(f"making the {precision} variant")
             tmp = _gated_variant(model, card, precision, fp32_tmp, targets[precision], windows, report,
@@ -268,7 +287,7 @@ def _remove_stale(model_dir: Path, sources: Mapping[str, str], written: set[Path
 
 
 def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pending: dict[str, Path],
-                   windows: np.ndarray, prompts: list[list[int]], atol: float, report: ExportReport,
+                   windows: np.ndarray | None, prompts: list[list[int]], atol: float, report: ExportReport,
                    say: Callable[[str], None], sources: Mapping[str, str]) -> dict[str, Path]:
     """The static-cache graphs (temporary files) of the precisions in `targets` whose contract graph
     passed: fp32 built from the weights and checked like model.onnx, int8/int4 quantized from it,
@@ -301,17 +320,23 @@ def save_static(model: GPT, card: ModelCard, path: Path, sources: Mapping[str, s
     save(proto, path, metadata(card, "fp32", contract.CACHE_STATIC, sources))
 
 
-def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, target: Path, windows: np.ndarray,
-                   report: ExportReport, schemes: Sequence[str], cache: str = contract.CACHE_CONCAT,
-                   sources: Mapping[str, str] | None = None) -> Path | None:
+def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, target: Path,
+                   windows: np.ndarray | None, report: ExportReport, schemes: Sequence[str],
+                   cache: str = contract.CACHE_CONCAT, sources: Mapping[str, str] | None = None) -> Path | None:
     """The `precision` variant of the graph at `fp32`, under a temporary name next to `target`, made
-    with the first of `schemes` that passes the accuracy gate (each try recorded in `report`); None,
-    and nothing left behind, if none does."""
+    with the first of `schemes` that passes the accuracy gate on `windows` (each try recorded in
+    `report`); None, and nothing left behind, if none does. Without `windows` (--no-gate): the first
+    scheme, unchecked, recorded as ungated."""
     tmp = atomic.temp_name(target)
     label = precision if cache == contract.CACHE_CONCAT else f"{precision} {cache}"
+    if windows is None:
+        variants.make(precision, fp32, tmp, card.model, schemes[0])
+        set_metadata(tmp, metadata(card, precision, cache, sources, gated=False))
+        report.schemes[label] = schemes[0]
+        return tmp
     for scheme in schemes:
         variants.make(precision, fp32, tmp, card.model, scheme)
-        set_metadata(tmp, metadata(card, precision, cache, sources))
+        set_metadata(tmp, metadata(card, precision, cache, sources, gate_text=report.heldout))
         gate = replace(validate.gate(model, load_cpu(tmp), windows, label), scheme=scheme)
         report.gates.append(gate)
         if gate.ok:

@@ -53,11 +53,20 @@ def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", 
                spin: bool = True) -> onnx_engine.OnnxModel:
     """The graph of this precision and cache layout (graph_path) opened on `provider`, refused unless
     it was exported from the directory's model.safetensors and config.json (provenance.check; a file
-    the directory lacks is not compared). The one way generate, bench, eval and serve open a graph."""
+    the directory lacks is not compared); `say` gets the fallbacks taken and, for a graph written with
+    `export --no-gate`, a one-line warning. The one way generate, bench, eval and serve open a graph."""
     path = graph_path(model_dir, precision, provider, cache)
     model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin)
     provenance.check(model_dir, path, model.meta)
+    if model.meta.get(contract.META_GATED) == "false":
+        say(ungated_warning(path))
     return model
+
+
+def ungated_warning(path: Path) -> str:
+    """The one line said when a graph written by `export --no-gate` runs."""
+    return (f"{path.name} was exported with --no-gate: its accuracy was never checked against fp32 (for speed "
+            "measurements only); export again without --no-gate to gate it")
 
 
 def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from gptport import static_cache
-from gptport.data import DATA_DIR
+from gptport.data import DATA_DIR, token_dtype
 from gptport.engine import Engine, Past, StepFn, empty_past, positions
-from gptport.errors import ValidationError
+from gptport.errors import InputError, UsageError, ValidationError
 from gptport.generate import generate
 from gptport.model import GPT
 from gptport.onnx_engine import OnnxModel
@@ -24,7 +24,9 @@ PRESENT_ATOL = 1e-5
 GATE_TOP1 = 0.98
 GREEDY_TOKENS = 32
 FALLBACK_PROMPTS = ["The", "To be or not", "\n"]
-SAMPLED_WINDOW = 128  # held-out windows sampled from the model when the directory has no validation shard
+SAMPLED_WINDOW = 128  # tokens per window of the model's own samples (--gate-on-sampled-text)
+SAMPLED = "the model's own samples"  # Heldout.source when the gate scored them
+MIN_HELDOUT_TOKENS = 64  # fewer held-out tokens than this make no gate (one miss in 50 is 98%)
 
 
 @dataclass(frozen=True)
@@ -163,17 +165,65 @@ def check_again(model: GPT, engine: OnnxModel, atol: float, label: str) -> None:
     greedy_match(model, engine, [[1, 2, 3], [4], [5, 6]])
 
 
-def heldout_windows(model_dir: Path, model: GPT, count: int = 8) -> np.ndarray:
-    """(N, T) token windows of held-out text: the validation shard (T = n_ctx), else text the model
-    samples itself (T = min(n_ctx, 128))."""
+@dataclass(frozen=True)
+class Heldout:
+    """The text the variants' accuracy gate scores: (N, T) token windows, and where they came from."""
+
+    windows: np.ndarray  # (N, T) int64
+    source: str  # "data/val.bin", the --heldout file, or SAMPLED
+    sampled: bool = False
+
+
+def heldout(model_dir: Path, model: GPT, tok: BPETokenizer, path: Path | None = None, sampled: bool = False,
+            count: int = 8) -> Heldout:
+    """The gate's held-out text: the file `path` (tokenized) when given, else the validation shard
+    data/val.bin, else, only when `sampled` is allowed, text the model samples itself. Without any of
+    them it refuses (a model from import-hf has no validation shard): no silent substitute."""
     n = model.cfg.n_ctx
+    if path is not None:
+        ids = np.asarray(tok.encode(_read_text(path)), dtype=np.int64)
+        if len(ids) < MIN_HELDOUT_TOKENS:
+            raise InputError(f"{path}: {len(ids)} tokens of held-out text; the accuracy gate needs at least "
+                             f"{MIN_HELDOUT_TOKENS}")
+        return Heldout(_windows(ids, n, count), str(path))
     val = model_dir / DATA_DIR / "val.bin"
     if val.is_file():
-        dtype = np.uint16 if model.cfg.vocab_size <= 1 << 16 else np.uint32
-        arr = np.memmap(val, dtype=dtype, mode="r")
-        if len(arr) >= n:
-            starts = np.unique(np.linspace(0, len(arr) - n, count).astype(int))
-            return np.stack([np.asarray(arr[s:s + n], dtype=np.int64) for s in starts])
+        size = val.stat().st_size
+        arr = np.memmap(val, dtype=token_dtype(model.cfg.vocab_size), mode="r") if size else np.zeros(0, np.int64)
+        if len(arr) >= MIN_HELDOUT_TOKENS:
+            return Heldout(_windows(arr, n, count), f"{DATA_DIR}/val.bin")
+        why = f"{val} holds {len(arr)} tokens, fewer than the {MIN_HELDOUT_TOKENS} the gate needs"
+    else:
+        why = f"{val} is missing (a model from import-hf has none)"
+    if not sampled:
+        raise UsageError(f"no held-out text for the variants' accuracy gate: {why}; pass --heldout FILE (text the "
+                         "model was not trained on), --gate-on-sampled-text (score the model's own samples), "
+                         "or --no-gate (write the variants unchecked)")
+    return Heldout(sampled_windows(model, count), SAMPLED, sampled=True)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"--heldout {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"--heldout {path}: a directory, not a text file") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"--heldout {path}: not valid UTF-8 at byte offset {e.start}") from None
+
+
+def _windows(ids: np.ndarray, n_ctx: int, count: int) -> np.ndarray:
+    """Up to `count` evenly spaced windows of min(n_ctx, len(ids)) tokens: (N, T) int64."""
+    width = min(n_ctx, len(ids))
+    starts = np.unique(np.linspace(0, len(ids) - width, count).astype(int))
+    return np.stack([np.asarray(ids[s:s + width], dtype=np.int64) for s in starts])
+
+
+def sampled_windows(model: GPT, count: int = 8) -> np.ndarray:
+    """(N, T) windows of text the model samples itself from random first tokens (T = min(n_ctx, 128)),
+    seeded: what the gate scores under --gate-on-sampled-text."""
+    n = model.cfg.n_ctx
     rng = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.cfg.vocab_size, (count, 1), generator=rng)
     length = min(n, SAMPLED_WINDOW)

@@ -105,7 +105,7 @@ def test_random_padded_batches_decode_like_torch(trained_dir: Path, data: st.Dat
 def test_int8_static_variant_passes_the_gate_and_decodes_like_its_contract_twin(trained_dir: Path) -> None:
     model, _ = load_model(trained_dir, bpe.load(trained_dir))
     engine = static_engine(trained_dir, "int8")
-    windows = validate.heldout_windows(trained_dir, model)  # the held-out text export gated it on
+    windows = validate.heldout(trained_dir, model, bpe.load(trained_dir)).windows  # what export gated it on
     assert top1_agreement(model, engine, windows) >= validate.GATE_TOP1
     twin = load_cpu(trained_dir / "model.int8.onnx")
     ids = windows[:1]
