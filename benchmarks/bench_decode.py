@@ -3,8 +3,8 @@ and `gpt2-124m` (vocabulary 50257) shapes, batch 1, prompt 64, 2 threads, agains
 the machine's memory bandwidth, fp32 and the 8- and 4-bit variants, each as the static-cache graph
 and as the contract graph (model*.onnx), in one run per shape.
 
-Random weights make the variants' accuracy gate meaningless, so this script writes the variants
-with gptport.variants directly (the same code `gptport export` runs after its gate).
+Random weights cannot pass the variants' accuracy gate, so the variants are written by
+`gptport export --no-gate` (the same schemes, recorded as ungated; bench warns about each).
 Writes benchmarks/results/decode-<shape>.json.
 
     python benchmarks/bench_decode.py [--shapes small,gpt2-124m] [--gen-len 128] [--repeat 15]
@@ -47,21 +47,12 @@ def random_weights(d: Path, shape: str, corpus: Path) -> None:
 
 
 def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:
-    """A model directory with random weights of the preset's shape, exported (fp32, int8, int4)."""
-    from gptport import checkpoint, contract, export, variants
-
+    """A model directory with random weights of the preset's shape, exported (fp32, int8, int4; the
+    variants with --no-gate)."""
     d = WORK / shape
     random_weights(d, shape, corpus)
-    gptport("export", str(d), "--force", "--optimize" if optimize else "--no-optimize")
-    card = checkpoint.read_card(d)
-    plain = WORK / f"{shape}-plain.onnx"  # the variants come from the unfused graph, as in `gptport export`
-    plain.write_bytes(export.to_onnx(checkpoint.load_weights(d, card.model).eval(), 18).SerializeToString())
-    for precision in ("int8", "int4"):
-        static = d / contract.onnx_file("fp32", contract.CACHE_STATIC)
-        for cache, src in ((contract.CACHE_CONCAT, plain), (contract.CACHE_STATIC, static)):
-            out = d / contract.onnx_file(precision, cache)
-            variants.make(precision, src, out, card.model)
-            export.set_metadata(out, export.metadata(card, precision, cache))
+    gptport("export", str(d), "--precision", "fp32,int8,int4", "--no-gate", "--force",
+            "--optimize" if optimize else "--no-optimize")
     return d
 
 

@@ -75,7 +75,8 @@ def bench(
     if gen_len < 2 or repeat < 1 or warmup < 0:
         raise UsageError("--gen-len must be >= 2, --repeat >= 1 and --warmup >= 0")
     with err.status("benchmarking") as status:
-        result = measure.run(model_dir, plan, say=lambda m: status.update(escape(m)))
+        result = measure.run(model_dir, plan, say=lambda m: status.update(escape(m)),
+                             warn=lambda m: err.print(f"[yellow]warning:[/] {escape(m)}"))
     _table(result)
     if json_path:
         atomic.write_text(json_path, json.dumps(result, indent=2) + "\n")

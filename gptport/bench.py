@@ -199,8 +199,10 @@ def _shapes(plan: BenchPlan, n_ctx: int) -> Iterator[tuple[int, int]]:
                 yield batch, prompt_len
 
 
-def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """Measure every configuration of `plan`; a configuration that cannot run is a row with its error."""
+def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m: None,
+        warn: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Measure every configuration of `plan`; a configuration that cannot run is a row with its error.
+    `say` gets progress, `warn` what the user must see (a graph written with `export --no-gate`)."""
     from gptport.loader import open_graph
 
     bandwidth = measure_bandwidth(plan.threads, plan.probe_mib)
@@ -215,7 +217,7 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
         _peak_rss_reset()
         t0 = time.perf_counter()
         try:
-            model = open_graph(model_dir, precision, provider, cache, threads=plan.threads)
+            model = open_graph(model_dir, precision, provider, cache, threads=plan.threads, say=warn)
         except GptportError as e:
             rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=cache, error=str(e)))
             say(f"onnx {provider} {precision} {cache}: {e}")
