@@ -135,7 +135,6 @@ def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], opt
 
         saved = int(read_resume_state(model_dir).get("world_size", 1))
         distributed.check_world(saved, world, allow_world_size_change, str(model_dir))
-    reader = CorpusReader(resolve_sources(corpus, glob), encoding_errors.value)
     ctx, device = distributed.init(tcfg.device) if distributed.under_torchrun() else (distributed.Dist(), None)
     from gptport import data
 
@@ -143,6 +142,7 @@ def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], opt
         if force and not resume:
             for name in (paths.TRAINER, paths.OPTIMIZER, paths.LOG):
                 (model_dir / name).unlink(missing_ok=True)
+        reader = CorpusReader(resolve_sources(corpus, glob), encoding_errors.value)
         shards = prepare_with_progress(model_dir, reader, tok, tcfg.val_fraction)
         ctx.barrier()  # the shards are in place
     else:
