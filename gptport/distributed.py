@@ -173,8 +173,10 @@ def launch(nproc: int, argv: list[str]) -> None:
         error = GptportError(f"rank {rank} of {nproc} failed first ({how}); torchrun stopped the others")
         error.exit_code = failure.exitcode if failure.exitcode > 0 else 1
         raise error from e
-    except SignalException as e:
-        raise KeyboardInterrupt from e  # the ranks got the signal too: rank 0 checkpointed if it could
+    except SignalException as e:  # the ranks got the signal too: each stopped after rank 0's checkpoint
+        error = GptportError(f"interrupted ({e.sigval.name}): torchrun stopped the ranks; continue with --resume")
+        error.exit_code = 128 + int(e.sigval)
+        raise error from e
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:

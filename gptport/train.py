@@ -97,8 +97,8 @@ def make_optimizer(model: GPT, tcfg: TrainConfig, device: torch.device) -> torch
 
 class _StopFlag:
     """Ctrl-C sets the flag: the loop finishes its step, checkpoints and returns. A second Ctrl-C aborts.
-    Under torchrun SIGTERM sets it too, and repeats do not abort: a Ctrl-C reaches every rank from the
-    terminal and again from torchrun, which kills what is left after its --shutdown-timeout."""
+    Under torchrun SIGTERM sets it too: torchrun forwards the signal it gets (SIGINT from a terminal's
+    Ctrl-C, SIGTERM from a scheduler) to every rank, and SIGKILLs what is left after --shutdown-timeout."""
 
     def __init__(self, distributed: bool = False) -> None:
         self.set = False
@@ -119,7 +119,7 @@ class _StopFlag:
                 signal.signal(s, handler)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.set and not self.distributed:
+        if self.set:
             raise KeyboardInterrupt
         self.set = True
 

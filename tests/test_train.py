@@ -131,9 +131,10 @@ def test_cli_bad_inputs(tmp_path: Path, model_dir: Path, corpus_file: Path) -> N
     assert not (model_dir / "model.safetensors").exists()
 
 
-def start_until_eval(args: list[str], step: int) -> subprocess.Popen[str]:
+def start_until_eval(args: list[str], step: int, new_session: bool = False) -> subprocess.Popen[str]:
     """Start a training command and return once it has printed the eval of `step` or a later one."""
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=new_session)
     assert proc.stderr is not None
     for line in proc.stderr:
         if line.startswith("step") and int(line.split()[1]) >= step:

@@ -280,6 +280,25 @@ def test_sigterm_on_one_rank_stops_all_after_a_checkpoint_and_a_killed_rank_fail
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_a_terminal_stops_every_rank_after_one_checkpoint(tmp_path: Path, tokenizer_dir: Path,
+                                                                    corpus_file: Path) -> None:
+    """A terminal's Ctrl-C: SIGINT to the whole process group (the launcher and both ranks)."""
+    model_dir = tmp_path / "m"
+    shutil.copytree(tokenizer_dir, model_dir)
+    args = [sys.executable, "-m", "gptport.cli.main", "train", str(corpus_file), "--model-dir", str(model_dir),
+            "--steps", "100000", "--eval-every", "5", *SHAPE, "--nproc-per-node", "2"]
+    proc = start_until_eval(args, 10, new_session=True)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, rest = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, rest
+    assert "interrupted: checkpoint saved at step" in rest and "[rank" not in rest
+    assert rest.strip().splitlines()[-1].startswith("gptport: error: interrupted (SIGINT)")
+    step = json.loads((model_dir / "trainer.json").read_text())["step"]
+    assert step >= 10 and json.loads((model_dir / "config.json").read_text())["step"] == step
+    assert read_resume_state(model_dir)["step"] == step
+
+
+@pytest.mark.slow
 def test_bf16_autocast_and_compile_run_under_ddp(tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
     d = tmp_path / "m"
     shutil.copytree(tokenizer_dir, d)
