@@ -15,7 +15,7 @@ from safetensors.torch import load_file, safe_open, save_file
 from gptport import __version__, atomic
 from gptport.checkpoint_paths import CONFIG, OPTIMIZER, TRAINER, WEIGHTS
 from gptport.config import ModelConfig, model_config_from_dict, model_config_to_dict, read_json
-from gptport.errors import ArtifactError
+from gptport.errors import ArtifactError, first_line
 from gptport.model import GPT
 from gptport.tokenizer import BPETokenizer
 
@@ -87,12 +87,23 @@ def load_weights(model_dir: Path, cfg: ModelConfig, device: str | torch.device =
         state = load_file(str(path), device=str(device))
     except (SafetensorError, OSError) as e:
         raise ArtifactError(f"{path}: unreadable ({e})") from e
+    check_finite(path, state)
     model = GPT(cfg).to(device)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a tensor of another shape
+        raise ArtifactError(f"{path}: does not fit config.json ({first_line(e)})") from e
     missing = [k for k in missing if not (cfg.tie_embeddings and k == TIED_KEY)]
     if missing or unexpected:
         raise ArtifactError(f"{path}: does not fit config.json (missing {missing[:3]}, unexpected {unexpected[:3]})")
     return model
+
+
+def check_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse weights (or moments) holding NaN or infinity: bytes damaged on disk, or a diverged run."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ArtifactError(f"{path}: {name} holds NaN or infinite values")
 
 
 def load_model(model_dir: Path, tok: BPETokenizer, device: str | torch.device = "cpu") -> tuple[GPT, ModelCard]:
@@ -133,14 +144,31 @@ def read_resume_state(model_dir: Path) -> dict[str, Any]:
         raise ArtifactError(f"{path}: unreadable ({e}); cannot --resume") from e
     if not text:
         raise ArtifactError(f"{path}: holds no training state; cannot --resume")
-    return json.loads(text)
+    try:
+        state = json.loads(text)
+    except ValueError as e:
+        raise ArtifactError(f"{path}: its training state is not valid JSON ({e}); cannot --resume") from e
+    kinds = {"step": int, "elapsed_s": (int, float), "data_rng": dict, "train": dict, "param_groups": list}
+    bad = [k for k, kind in kinds.items() if not isinstance(state, dict) or not isinstance(state.get(k), kind)]
+    if bad:
+        raise ArtifactError(f"{path}: its training state lacks a valid {', '.join(bad)}; cannot --resume")
+    return state
 
 
 def load_resume(model_dir: Path, model: GPT, optimizer: torch.optim.Optimizer
                 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Restore the weights and the optimizer; return the loop's state and the saved RNG tensors."""
     state = read_resume_state(model_dir)
+    try:
+        return _restore(model_dir, state, model, optimizer)
+    except (SafetensorError, KeyError, TypeError, ValueError, RuntimeError) as e:  # bytes damaged on disk
+        raise ArtifactError(f"{model_dir / OPTIMIZER}: damaged ({first_line(e)}); cannot --resume") from e
+
+
+def _restore(model_dir: Path, state: dict[str, Any], model: GPT, optimizer: torch.optim.Optimizer
+             ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     flat = load_file(str(model_dir / OPTIMIZER))
+    check_finite(model_dir / OPTIMIZER, flat)
     entries: dict[int, dict[str, torch.Tensor]] = {}
     weights: dict[str, torch.Tensor] = {}
     rng: dict[str, torch.Tensor] = {}

@@ -7,6 +7,7 @@ with `<|endoftext|>`; the last `val_fraction` of the token stream is the validat
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ import numpy as np
 
 from gptport import atomic
 from gptport.corpus import CorpusReader
-from gptport.errors import InputError
+from gptport.errors import ArtifactError, InputError
 from gptport.tokenizer import BPETokenizer
 
 DATA_DIR = "data"
@@ -66,11 +67,35 @@ def corpus_sha256(reader: CorpusReader) -> str | None:
     return h.hexdigest()
 
 
-def _load(data_dir: Path, meta: dict[str, object], reused: bool) -> Shards:
+def read_shard(path: Path, dtype: np.dtype, vocab_size: int | None = None, tokens: int | None = None) -> np.ndarray:
+    """A token shard (train.bin, val.bin) as a read-only array, refused with its name unless it holds
+    whole `dtype` tokens (`tokens` of them, when given), each below `vocab_size` when it is given (one
+    pass over the shard). An empty shard is an empty array."""
+    try:
+        size = path.stat().st_size
+        arr = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: missing") from None
+    except ValueError as e:  # a size that is not a whole number of tokens
+        raise ArtifactError(f"{path}: {size} bytes are not whole {dtype.name} tokens ({e})") from e
+    if tokens is not None and len(arr) != tokens:
+        raise ArtifactError(f"{path}: holds {len(arr)} tokens, not the {tokens} its {META} records")
+    if vocab_size is not None and len(arr) and int(arr.max()) >= vocab_size:
+        raise ArtifactError(f"{path}: holds token id {int(arr.max())}, beyond the vocabulary of {vocab_size}")
+    return arr
+
+
+def _load(data_dir: Path, meta: dict[str, object], reused: bool, vocab_size: int | None = None) -> Shards:
+    """The shards that `meta` describes, their lengths checked, their ids too when `vocab_size` is given."""
     dtype = np.dtype(str(meta["dtype"]))
-    train = np.memmap(data_dir / "train.bin", dtype=dtype, mode="r")
-    val = np.memmap(data_dir / "val.bin", dtype=dtype, mode="r")
+    train = read_shard(data_dir / "train.bin", dtype, vocab_size, _count(meta, "train_tokens"))
+    val = read_shard(data_dir / "val.bin", dtype, vocab_size, _count(meta, "val_tokens"))
     return Shards(train, val, meta, reused)
+
+
+def _count(meta: dict[str, object], key: str) -> int | None:
+    value = meta.get(key)
+    return value if isinstance(value, int) else None
 
 
 def prepare(
@@ -88,10 +113,11 @@ def prepare(
     if key["corpus_sha256"] is not None and meta_path.is_file():
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, not UTF-8: a damaged cache, made again below
             meta = {}
-        if all(meta.get(k) == v for k, v in key.items()):
-            return _load(data_dir, meta, reused=True)
+        if isinstance(meta, dict) and all(meta.get(k) == v for k, v in key.items()):
+            with contextlib.suppress(ArtifactError, KeyError, TypeError, ValueError):  # damaged: made again
+                return _load(data_dir, meta, reused=True, vocab_size=tok.vocab_size)
     data_dir.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
     all_path = atomic.temp_name(data_dir / "all.bin")

@@ -30,3 +30,9 @@ class ProviderError(GptportError):
 
 class ValidationError(GptportError):
     """An exported model that fails its checks against the torch model."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of a library's exception message (its class name when empty), to quote in ours."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

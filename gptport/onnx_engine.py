@@ -21,8 +21,11 @@ from gptport import contract, provenance, providers, static_cache
 from gptport.engine import Past, StepFn
 from gptport.errors import ArtifactError, ProviderError
 
-ORT_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
-                ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.NoSuchFile)
+_ORT = ort.capi.onnxruntime_pybind11_state
+# what InferenceSession raises on a file it cannot load (damaged bytes: a bad protobuf, a graph without
+# nodes, an operator name that no kernel has, tensor data cut short)
+ORT_FAILURES = (_ORT.Fail, _ORT.InvalidArgument, _ORT.InvalidGraph, _ORT.InvalidProtobuf, _ORT.NoModel,
+                _ORT.NoSuchFile, _ORT.NotImplemented, _ORT.RuntimeException)
 
 
 @dataclass
@@ -135,10 +138,11 @@ def _metadata(session: ort.InferenceSession, path: Path) -> dict[str, str]:
 def file_metadata(path: Path) -> dict[str, str]:
     """A graph's metadata_props, read without creating a session (not checked)."""
     import onnx
+    from google.protobuf.message import DecodeError
 
     try:
         return {p.key: p.value for p in onnx.load_model(str(path), load_external_data=False).metadata_props}
-    except (onnx.onnx_cpp2py_export.checker.ValidationError, OSError, ValueError) as e:
+    except (onnx.onnx_cpp2py_export.checker.ValidationError, OSError, ValueError, DecodeError) as e:
         raise ArtifactError(f"{path}: not a readable ONNX file ({e})") from e
 
 
@@ -146,7 +150,18 @@ def _file_metadata(path: Path) -> tuple[dict[str, Any], str]:
     """The config and precision in a graph's metadata, read without creating a session."""
     meta = file_metadata(path)
     provenance.check_contract(path, meta)
-    return json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32")
+    return graph_config(path, meta), meta.get(contract.META_PRECISION, "fp32")
+
+
+def graph_config(path: Path, meta: dict[str, str]) -> dict[str, Any]:
+    """The model config recorded in a graph's metadata (check_contract has seen that there is one)."""
+    try:
+        config = json.loads(meta[contract.META_CONFIG])
+    except ValueError as e:
+        raise ArtifactError(f"{path}: its {contract.META_CONFIG} metadata is not valid JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise ArtifactError(f"{path}: its {contract.META_CONFIG} metadata is not a JSON object")
+    return config
 
 
 def load_cpu(path: str | os.PathLike[str], threads: int = 0) -> OnnxModel:
@@ -198,5 +213,29 @@ def _try(path: Path, provider: str, threads: int, spin: bool = True) -> tuple[On
     cache = meta.get(contract.META_CACHE, contract.CACHE_CONCAT)
     if cache == contract.CACHE_STATIC and provider != "cpu":
         return None, "the static-cache graph runs on the CPU provider only (its GroupQueryAttention is float32)"
-    return OnnxModel(session, json.loads(meta[contract.META_CONFIG]), meta.get(contract.META_PRECISION, "fp32"),
+    config = graph_config(path, meta)
+    check_io(session, config, cache, path)
+    return OnnxModel(session, config, meta.get(contract.META_PRECISION, "fp32"),
                      meta.get(contract.META_TOKENIZER, ""), provider, cache=cache, path=path, meta=meta), ""
+
+
+def check_io(session: ort.InferenceSession, config: dict[str, Any], cache: str, path: Path) -> None:
+    """Refuse a graph whose inputs and outputs are not those its recorded config implies (the metadata
+    damaged, or not written by gptport export): names per layer, heads and head size of the cache,
+    vocabulary of the logits."""
+    try:
+        n_layer, n_head, d_model, vocab = (int(config[k]) for k in ("n_layer", "n_head", "d_model", "vocab_size"))
+        expected = {"input names": sorted(contract.static_input_names(n_layer) if cache == contract.CACHE_STATIC
+                                          else contract.input_names(n_layer)),
+                    "cache heads": n_head, "head size": d_model // n_head, "vocabulary": vocab}
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise ArtifactError(f"{path}: its {contract.META_CONFIG} metadata is not a model config ({e!r})") from e
+    inputs = session.get_inputs()
+    past = next((i.shape for i in inputs if i.name.startswith("past_key_values.")), [None] * 4)
+    found = {"input names": sorted(i.name for i in inputs), "cache heads": past[1], "head size": past[3],
+             "vocabulary": session.get_outputs()[0].shape[-1]}
+    differ = [k for k in expected if found[k] != expected[k] and not isinstance(found[k], (str, type(None)))]
+    if differ:
+        raise ArtifactError(f"{path}: its {', '.join(differ)} disagree with its {contract.META_CONFIG} metadata "
+                            f"(n_layer {n_layer}, n_head {n_head}, d_model {d_model}, vocab_size {vocab}); "
+                            "export it again")

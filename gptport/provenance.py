@@ -39,17 +39,18 @@ def _key(st: os.stat_result) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def digest(path: Path) -> str:
+def digest(path: Path, fresh: bool = False) -> str:
     """sha256 of `path`; for a large file, through the cache in its directory's digests.json, which is
-    rewritten (atomically; silently skipped where the directory is read-only) after each new hash."""
+    rewritten (atomically; silently skipped where the directory is read-only) after each new hash.
+    `fresh`: hash the file even when the cache has it (and correct the cache)."""
     st = path.stat()
     if st.st_size < CACHED_FROM:
         return file_digest(path)
     cache_path = path.parent / DIGESTS
     cache = _read_cache(cache_path)
     entry = cache.get(path.name)
-    if isinstance(entry, dict) and {k: entry.get(k) for k in ("size", "mtime_ns", "ino")} == _key(st):
-        return str(entry["sha256"])
+    if not fresh and isinstance(entry, dict) and {k: entry.get(k) for k in ("size", "mtime_ns", "ino")} == _key(st):
+        return str(entry.get("sha256"))
     sha = file_digest(path)
     if time.time_ns() - st.st_mtime_ns > RACY_NS and _key(path.stat()) == _key(st):
         cache[path.name] = {**_key(st), "sha256": sha}
@@ -67,12 +68,13 @@ def _read_cache(path: Path) -> dict[str, object]:
 
 
 def sources(model_dir: Path) -> dict[str, str]:
-    """The metadata entries naming the weights and config.json of `model_dir`, for export to record."""
+    """The metadata entries naming the weights and config.json of `model_dir`, for export to record:
+    hashed afresh (what a graph records must not come from a cache that could be damaged)."""
     out = {}
     for key, name, _ in reversed(SOURCES):  # config.json first: without it there is no model at all
         if not (model_dir / name).is_file():
             raise ArtifactError(f"{model_dir}: no {name}; train a model first (`gptport train`)")
-        out[key] = digest(model_dir / name)
+        out[key] = digest(model_dir / name, fresh=True)
     return out
 
 
@@ -113,6 +115,8 @@ def check(model_dir: Path, graph: Path, meta: Mapping[str, str]) -> None:
                                 f"{meta.get(contract.META_VERSION, '?')}, before graphs recorded their sources); "
                                 f"rebuild it: `{rebuild_command(graph, precision)}`")
         current = digest(path)
+        if recorded != current:  # before refusing, hash the file itself: digests.json may be damaged
+            current = digest(path, fresh=True)
         if recorded != current:
             raise ArtifactError(f"{graph} was exported from other {what} (sha256 {recorded[:12]}…) than "
                                 f"{path} ({current[:12]}…); rebuild it: `{rebuild_command(graph, precision)}`")

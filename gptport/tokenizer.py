@@ -21,6 +21,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from gptport import __version__
+from gptport.config import read_json
 from gptport.corpus import CorpusReader
 from gptport.errors import ArtifactError, InputError, UsageError
 
@@ -273,8 +274,10 @@ def load(model_dir: str | os.PathLike[str]) -> BPETokenizer:
         raise ArtifactError(f"{path}: not a valid tokenizer file ({e})") from e
     meta_path = Path(model_dir) / META_FILE
     if meta_path.is_file():
-        expected = json.loads(meta_path.read_text(encoding="utf-8")).get("sha256")
-        if expected and expected != tok.sha256:
+        expected = read_json(meta_path).get("sha256")
+        if not isinstance(expected, str):
+            raise ArtifactError(f"{meta_path}: no sha256 of {TOKENIZER_FILE} (a string under 'sha256')")
+        if expected != tok.sha256:
             raise ArtifactError(f"{path}: sha256 {tok.sha256[:12]}… does not match {META_FILE} "
                                 f"({expected[:12]}…); the file was changed after training")
     return tok

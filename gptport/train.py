@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from gptport import checkpoint
-from gptport.checkpoint_paths import LOG
+from gptport.checkpoint_paths import LOG, OPTIMIZER
 from gptport.config import ModelConfig, TrainConfig
 from gptport.data import Shards, eval_windows, step_batches
 from gptport.distributed import Dist, check_world, wrap
-from gptport.errors import UsageError
+from gptport.errors import ArtifactError, UsageError, first_line
 from gptport.model import GPT
 from gptport.tokenizer import BPETokenizer
 
@@ -178,9 +178,13 @@ class Trainer:
             self.rng = np.random.default_rng([self.tcfg.seed, self.step, self.ctx.world])
             torch.manual_seed(self.tcfg.seed + 1_000_003 * rank + self.step)
             return
-        self.rng.bit_generator.state = state["data_rng"]
         suffix = f".{rank}" if rank else ""
-        torch.set_rng_state(rng["torch" + suffix])
+        try:
+            self.rng.bit_generator.state = state["data_rng"]
+            torch.set_rng_state(rng["torch" + suffix])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:  # bytes damaged on disk
+            raise ArtifactError(f"{self.dir / OPTIMIZER}: its RNG state is damaged ({first_line(e)}); "
+                                "cannot --resume") from e
         if "cuda" + suffix in rng and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda" + suffix], self.device)
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from gptport import static_cache
-from gptport.data import DATA_DIR, token_dtype
+from gptport.data import DATA_DIR, read_shard, token_dtype
 from gptport.engine import Engine, Past, StepFn, empty_past, positions
 from gptport.errors import InputError, UsageError, ValidationError
 from gptport.generate import generate
@@ -135,8 +135,7 @@ def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3) -> l
     val = model_dir / DATA_DIR / "val.bin"
     width = max(1, min(16, n_ctx - GREEDY_TOKENS))
     if val.is_file():
-        dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
-        arr = np.memmap(val, dtype=dtype, mode="r")
+        arr = read_shard(val, token_dtype(tok.vocab_size), tok.vocab_size)
         if len(arr) > 3 * width:
             starts = np.linspace(0, len(arr) - width - 1, count).astype(int)
             return [[int(t) for t in arr[s:s + width - i * (width // 4)]] for i, s in enumerate(starts)]
@@ -188,8 +187,7 @@ def heldout(model_dir: Path, model: GPT, tok: BPETokenizer, path: Path | None = 
         return Heldout(_windows(ids, n, count), str(path))
     val = model_dir / DATA_DIR / "val.bin"
     if val.is_file():
-        size = val.stat().st_size
-        arr = np.memmap(val, dtype=token_dtype(model.cfg.vocab_size), mode="r") if size else np.zeros(0, np.int64)
+        arr = read_shard(val, token_dtype(model.cfg.vocab_size), model.cfg.vocab_size)
         if len(arr) >= MIN_HELDOUT_TOKENS:
             return Heldout(_windows(arr, n, count), f"{DATA_DIR}/val.bin")
         why = f"{val} holds {len(arr)} tokens, fewer than the {MIN_HELDOUT_TOKENS} the gate needs"
