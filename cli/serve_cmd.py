@@ -19,6 +19,10 @@ EXAMPLES = """Examples:
        -d '{"prompt": "To be or not", "max_tokens": 32, "temperature": 0}'
 
   Open http://127.0.0.1:8000/ in a browser for a prompt box that streams the reply.
+
+  gptport serve models/mymodel --ray --replicas 2 --threads 1    # Ray Serve: 2 engines behind Ray's proxy
+
+  gptport serve models/mymodel --ray --autoscale 1:4 --ray-address auto   # join the cluster of `ray start`
 """
 
 
@@ -46,6 +50,13 @@ def serve(
                                        "(faster steps when the HTTP side has a core of its own).")] = False,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
                                              "load).")] = False,
+    ray: Annotated[bool, typer.Option("--ray", help="Serve on Ray Serve (pip install 'gptport[ray]'): replicas, "
+                                      "each with its own slots and --threads CPUs, behind Ray's proxy.")] = False,
+    replicas: Annotated[int, typer.Option(help="With --ray: replicas of the engine.", min=1)] = 1,
+    autoscale: Annotated[str | None, typer.Option(help="With --ray: MIN:MAX replicas, scaled on busy slots.")
+                         ] = None,
+    ray_address: Annotated[str | None, typer.Option(help="With --ray: join this cluster (auto, HOST:PORT or "
+                                                    "ray://HOST:PORT) instead of starting one here.")] = None,
 ) -> None:
     """Serve the model over HTTP with OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics, and a page at /."""
@@ -54,5 +65,14 @@ def serve(
 
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
                         model_name or model_dir.resolve().name, prefill_chunk, spin=spin)
-    code = run(settings, host, port, lambda line: err.print(line, markup=False), shutdown_timeout, access_log)
-    sys.exit(code)
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    if ray:
+        from gptport.serve import ray_cluster
+
+        settings.threads = settings.threads or 1  # a replica's CPUs
+        sys.exit(ray_cluster.run(settings, host, port, say, replicas, autoscale, ray_address))
+    if replicas != 1 or autoscale or ray_address:
+        from gptport.errors import UsageError
+
+        raise UsageError("--replicas, --autoscale and --ray-address go with --ray")
+    sys.exit(run(settings, host, port, say, shutdown_timeout, access_log))

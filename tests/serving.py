@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -89,13 +89,18 @@ def serve(model_dir: Path, log: Path, *args: str, env: dict[str, str] | None = N
             time.sleep(0.1)
         yield served
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc, signal.SIGTERM, 40, proc.kill)
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int, timeout: float, kill: Callable[[], None]) -> None:
+    """Send `sig` to a running process; `kill()` when it has not exited within `timeout` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill()
+            proc.wait()
 
 
 N_CTX = 96  # trained_dir's context

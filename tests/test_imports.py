@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -27,12 +28,20 @@ INFERENCE_MODULES = ["gptport.engine", "gptport.onnx_engine", "gptport.static_ca
                      "gptport.generate", "gptport.slots", "gptport.variants", "gptport.sampling", "gptport.detok",
                      "gptport.providers", "gptport.gqa_graph", "gptport.bench", "gptport.gguf_export",
                      "gptport.serve.app", "gptport.serve.server", "gptport.serve.scheduler", "gptport.serve.loadgen",
-                     "gptport.cli.serve_cmd", "gptport.cli.bench_serve_cmd"]
+                     "gptport.cli.serve_cmd", "gptport.cli.bench_serve_cmd", "gptport.serve.proxy_errors",
+                     "gptport.serve.ray_cluster"]
 
 
 @pytest.mark.parametrize("module", INFERENCE_MODULES)
 def test_inference_modules_load_no_torch(module: str) -> None:
     assert "torch" not in loaded_after_import(module)
+
+
+def test_ray_app_loads_no_torch() -> None:
+    """The Ray Serve application (Ray imported with it) keeps serving torch-free."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
+    assert "torch" not in loaded_after_import("gptport.serve.ray_app")
 
 
 def test_serve_answers_with_torch_unimportable(tmp_path: Path, trained_dir: Path) -> None:

@@ -18,6 +18,7 @@ from tests.serving import (
     assert_error,
     cli_generate,
     events,
+    sample,
     serve,
     streamed_text,
 )
@@ -60,6 +61,26 @@ def test_health_and_models(server: Served, client: Any, trained_dir: Path) -> No
     assert [m.id for m in client.models.list()] == [card["id"]]
     assert server.get(f"/v1/models/{card['id']}") == (200, card)
     assert_error(*server.get("/v1/models/nope"), 404, "model")
+
+
+def test_every_response_names_the_replica(server: Served) -> None:
+    """x-gptport-replica (hostname:pid of the serving process) on answers, streams, errors and /metrics; /metrics
+    counts requests under that name."""
+    import socket
+
+    name = f"{socket.gethostname()}:{server.proc.pid}"
+    url = server.url
+    for r in (httpx.get(url + "/health"), httpx.get(url + "/v1/models"), httpx.get(url + "/nowhere"),
+              httpx.post(url + "/v1/completions", json={"prompt": "ka", "max_tokens": 2}),
+              httpx.post(url + "/v1/completions", json={"prompt": "ka", "max_tokens": -1}),
+              httpx.get(url + "/metrics")):
+        assert r.headers.get("x-gptport-replica") == name, (r.request.url, r.status_code, dict(r.headers))
+    with httpx.stream("POST", url + "/v1/completions", json={"prompt": "ka", "max_tokens": 2, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers.get("x-gptport-replica") == name
+        r.read()
+    text = httpx.get(url + "/metrics").text
+    assert sample(text, "gptport_requests_total", route="/v1/completions", status="400", replica=name)
+    assert not sample(text, "gptport_requests_total", replica="someone else")
 
 
 # ---- completions --------------------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -55,6 +57,8 @@ class Settings:
     max_body: int = 1 << 20
     spin: bool = False  # onnxruntime's workers sleep after a step: the HTTP side needs the cores too
     url: str = ""
+    replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
+    wait_loaded: bool = False  # the app's startup waits for the model (Ray: a replica is ready once loaded)
     on_ready: Callable[[str], None] = field(default=lambda line: None)
     on_failure: Callable[[str], None] = field(default=lambda message: None)
 
@@ -239,8 +243,13 @@ def create_app(settings: Settings) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        threading.Thread(target=state.load, args=(asyncio.get_running_loop(),), name="gptport-load",
-                         daemon=True).start()
+        loop = asyncio.get_running_loop()
+        if settings.wait_loaded:
+            await asyncio.to_thread(state.load, loop)
+            if state.error is not None:
+                raise RuntimeError(state.error)
+        else:
+            threading.Thread(target=state.load, args=(loop,), name="gptport-load", daemon=True).start()
         yield
         if state.scheduler is not None:
             state.scheduler.stop()
@@ -252,7 +261,8 @@ def create_app(settings: Settings) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: api_error, HTTPException: http_error})
     app.state.gptport = state
-    return _Guard(app, settings.api_key, state.metrics)  # type: ignore[return-value]
+    replica = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
+    return _Guard(app, settings.api_key, state.metrics, replica)  # type: ignore[return-value]
 
 
 def _seeded(job: Job, j: int) -> Any:
@@ -273,10 +283,12 @@ def _model_card(name: str, created: int) -> dict[str, Any]:
 
 
 class _Guard:
-    """ASGI middleware: the API key on every route but PUBLIC, and requests counted by route and status."""
+    """ASGI middleware: the API key on every route but PUBLIC, requests counted by route and status, and the
+    replica's name on every response (x-gptport-replica)."""
 
-    def __init__(self, app: Starlette, api_key: str | None, metrics: Metrics) -> None:
-        self.app, self.api_key, self.metrics = app, api_key, metrics
+    def __init__(self, app: Starlette, api_key: str | None, metrics: Metrics, replica: str) -> None:
+        self.app, self.api_key, self.metrics, self.replica = app, api_key, metrics, replica
+        self.header = (b"x-gptport-replica", replica.encode("latin-1", "replace"))
         self.state = app.state
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -291,6 +303,7 @@ class _Guard:
         async def counted(message: Any) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
             await send(message)
 
         try:
@@ -301,7 +314,7 @@ class _Guard:
                 return
             await self.app(scope, receive, counted)
         finally:
-            self.metrics.requests.labels(route, str(status[0])).inc()
+            self.metrics.requests.labels(route, str(status[0]), self.replica).inc()
 
     def _authorized(self, scope: Any) -> bool:
         import hmac

@@ -18,8 +18,8 @@ class Metrics(Observer):
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("gptport_requests", "Requests answered, by route and HTTP status",
-                                ["route", "status"], registry=r)
+        self.requests = Counter("gptport_requests", "Requests answered, by route, HTTP status and the replica "
+                                "that answered (x-gptport-replica)", ["route", "status", "replica"], registry=r)
         self.prompt_tokens = Counter("gptport_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generated_tokens = Counter("gptport_generation_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram("gptport_time_to_first_token_seconds", "From a choice's arrival to its first token",

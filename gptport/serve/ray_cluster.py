@@ -1,0 +1,88 @@
+"""`gptport serve --ray`: start a local Ray cluster (loopback, no dashboard) or join one, deploy the app of
+ray_app.py on Ray Serve, and on SIGTERM or Ctrl-C take down what was started here: the whole cluster
+when it was started here, else only the application. No torch here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from gptport.errors import GptportError, UsageError
+from gptport.serve.app import Settings
+from gptport.serve.server import _bind, check
+
+PROXY_CALLBACK = "gptport.serve.proxy_errors:proxy_middlewares"
+INSTALL = "--ray needs Ray Serve, which is not installed: pip install 'gptport[ray]' (or pip install 'ray[serve]')"
+
+
+def _import_ray() -> None:
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        raise UsageError(INSTALL) from None
+
+
+def run(settings: Settings, host: str, port: int, say: Callable[[str], None], replicas: int = 1,
+        autoscale: str | None = None, address: str | None = None) -> int:
+    """Deploy and serve until SIGTERM/SIGINT; the exit code."""
+    # Set before Ray is imported (it reads them then), and inherited by the processes of a cluster started
+    # here (a joined cluster must have been started with them, see the README): the proxy turns its own
+    # errors (a replica died, a timeout) into OpenAI's error shape; and a cluster of one machine takes the
+    # loopback address as its node's, so that its servers listen there only.
+    os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", PROXY_CALLBACK)
+    if address is None:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    _import_ray()
+    from gptport.serve import ray_app
+
+    bounds = ray_app.parse_autoscale(autoscale) if autoscale else None
+    ray_app.deployment_options(settings, replicas, bounds)  # refuses bad numbers before anything starts
+    check(settings)
+    if address is None:
+        _bind(host, port).close()  # a taken port is a one-line error before a cluster starts
+    import ray
+    from ray import serve
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    t0 = time.perf_counter()
+    started_here = address is None
+    try:
+        if started_here:
+            ray.init(include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=False)
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+        try:
+            serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
+            serve.run(ray_app.build_app(settings, replicas, bounds), name=ray_app.APP_NAME, route_prefix="/",
+                      blocking=False)
+            cluster = ray.get_runtime_context().gcs_address
+            scale = f"autoscaling {bounds[0]}-{bounds[1]} replicas" if bounds else f"{replicas} replica(s)"
+            say(f"gptport serve: http://{host}:{port} · Ray Serve · {scale} × {max(1, settings.threads)} thread(s), "
+                f"{settings.slots} slots each · model {settings.model_name!r} · Ray cluster {cluster} "
+                f"({'started here' if started_here else 'joined'}) · ready in {time.perf_counter() - t0:.1f} s")
+            while not stop.wait(0.5):
+                pass
+            say("gptport serve: stopping")
+        finally:
+            if started_here:
+                serve.shutdown()
+            else:
+                serve.delete(ray_app.APP_NAME)
+    except GptportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Ray's failures (a replica that cannot load, say) end in one line
+        say(f"gptport: error: Ray Serve: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+        return 1
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,368 @@
+"""`gptport serve --ray`: the same API on Ray Serve, on a local Ray cluster (loopback only) that the command
+starts itself. One cluster for the module (Ray's own start costs most of its time on 2 cores): 2 replicas x 1
+thread; tests run in file order and the last one stops it with Ctrl-C. Plus the pieces that need no cluster:
+the proxy's error middleware, and --ray without Ray installed."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.serving import Raw, Served, assert_error, cli_generate, free_port, sample, stop
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray Serve is not installed: pip install -e '.[ray]'")
+N_CTX = 1024  # long enough that a stream runs for a while on one thread
+LONG = {"max_tokens": 10_000, "ignore_eos": True, "temperature": 0}
+# A driver of its own connects to the cluster, looks up the replica named on its first stdin line, and kills its
+# actor when the second line comes (the kill is then one call: it lands while the load runs).
+KILLER = """
+import sys, time, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+print("ready", flush=True)
+actor = ray.get_actor("SERVE_REPLICA::" + sys.stdin.readline().strip().split("@")[0], namespace="serve")
+print("armed", flush=True)
+sys.stdin.readline()
+ray.kill(actor, no_restart=False)
+print("killed", time.monotonic(), flush=True)
+"""
+
+
+@dataclass
+class Cluster:
+    proc: subprocess.Popen[bytes]
+    served: Served
+    gcs: str
+    env: dict[str, str]
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+def ray_env(home: Path, tmp: str) -> dict[str, str]:
+    """Ray's token (under HOME) and session files (RAY_TMPDIR) in temporary dirs; a node on the loopback address,
+    as `gptport serve --ray` sets it for the cluster it starts (the killer, a driver, needs it too)."""
+    return {**os.environ, "HOME": str(home), "RAY_TMPDIR": tmp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@pytest.fixture(scope="module")
+def ray_model(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
+    """An initialised (untrained) tiny model with a long context, exported to fp32."""
+    from gptport import export
+    from tests.conftest import build_model_dir
+
+    out = build_model_dir(tmp_path_factory.mktemp("ray") / "m", tokenizer_dir, corpus_file, steps=0, n_ctx=N_CTX,
+                          d_model=128, n_layer=4)
+    export.export(out, ["fp32"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """`gptport serve --ray --replicas 2 --threads 1` in a session of its own; stopped (SIGINT, then SIGKILL of
+    the session) if a test has not stopped it."""
+    tmp = tmp_path_factory.mktemp("ray_serve")
+    (tmp / "home").mkdir()
+    ray_tmp = tempfile.mkdtemp(prefix="gptport-ray-")  # short: Ray's unix sockets live under it
+    env = ray_env(tmp / "home", ray_tmp)
+    port, log = free_port(), tmp / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gptport.cli.main", "serve", str(ray_model), "--ray",
+                                 "--replicas", "2", "--threads", "1", "--slots", "16", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not re.search(r"Ray cluster (\S+)", log.read_text(errors="replace")):
+            assert proc.poll() is None, f"gptport serve --ray exited with {proc.returncode}: {log.read_text()}"
+            assert time.monotonic() < deadline, f"gptport serve --ray did not come up: {log.read_text()}"
+            time.sleep(0.2)
+        gcs = re.search(r"Ray cluster (\S+)", log.read_text())[1]  # type: ignore[index]
+        served = Served(proc, f"http://127.0.0.1:{port}", log)
+        assert served.get("/health") == (200, {"status": "ok"})
+        yield Cluster(proc, served, gcs, env)
+    finally:
+        stop(proc, signal.SIGINT, 60, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def replica_metrics(url: str, name: str, tries: int = 200) -> str:
+    """/metrics of the replica `name`: scraped through the proxy until that replica answers."""
+    for _ in range(tries):
+        r = httpx.get(url + "/metrics", timeout=10)
+        if r.headers["x-gptport-replica"] == name:
+            return r.text
+    raise AssertionError(f"the replica {name} never answered /metrics")
+
+
+def replica_names(url: str, k: int = 2, tries: int = 200) -> set[str]:
+    seen: set[str] = set()
+    for _ in range(tries):
+        seen.add(httpx.get(url + "/health", timeout=10).headers["x-gptport-replica"])
+        if len(seen) == k:
+            return seen
+    raise AssertionError(f"only {seen} answered /health")
+
+
+async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], started: asyncio.Event | None = None
+                 ) -> tuple[int, str | None, list[Any]]:
+    """(status, x-gptport-replica, the parsed data: payloads) of one streamed completion; `started` is set at its
+    first chunk."""
+    out: list[Any] = []
+    async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+        if r.status_code != 200:
+            return r.status_code, r.headers.get("x-gptport-replica"), [json.loads(await r.aread())]
+        async for line in r.aiter_lines():
+            if started is not None:
+                started.set()
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    return r.status_code, r.headers.get("x-gptport-replica"), out
+
+
+def completed(events: list[Any]) -> bool:
+    """A stream that ended normally: [DONE] last, a finish_reason, no error event."""
+    return bool(events) and events[-1] == "[DONE]" and not any("error" in e for e in events[:-1]) and any(
+        c.get("finish_reason") for e in events[:-1] for c in e["choices"])
+
+
+# ---- on the cluster (file order: the last test stops it) ------------------------------------------------------------
+
+
+@needs_ray
+@pytest.mark.slow
+def test_ray_two_replicas_serve_32_streams(cluster: Cluster) -> None:
+    """32 concurrent streams over 2 replicas x 1 thread: none fails, both take a share (x-gptport-replica), and each
+    replica's /metrics counts exactly the requests whose header names it."""
+    url = cluster.served.url
+    names = replica_names(url)
+    count = lambda text: sample(text, "gptport_requests_total", route="/v1/completions", status="200") or 0  # noqa: E731
+    before = {n: count(replica_metrics(url, n)) for n in names}
+
+    async def load() -> list[tuple[int, str | None, list[Any]]]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(stream(client, url, {"prompt": f"ka {i}", "max_tokens": 24,
+                                                                "temperature": 0.8, "seed": i}) for i in range(32)))
+
+    results = asyncio.run(load())
+    assert all(status == 200 and completed(ev) for status, _, ev in results), \
+        [(s, ev[-2:]) for s, _, ev in results if s != 200 or not completed(ev)]
+    served_by = [name for _, name, _ in results]
+    assert set(served_by) == names, served_by  # both replicas took a share
+    for n in names:
+        text = replica_metrics(url, n)
+        assert count(text) - before[n] == served_by.count(n), (n, served_by.count(n))
+        assert sample(text, "gptport_requests_total", replica=n) and not sample(
+            text, "gptport_requests_total", replica=next(iter(names - {n})))  # a replica counts only its own
+
+
+@needs_ray
+@pytest.mark.slow
+def test_ray_greedy_output_equals_generate(cluster: Cluster, ray_model: Path) -> None:
+    url, n = cluster.served.url, 24
+    for prompt in ("ka", "the quick"):
+        want = cli_generate(ray_model, prompt, n)
+        r = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": n, "temperature": 0},
+                       timeout=60)
+        assert r.status_code == 200 and r.headers["x-gptport-replica"], r.text
+        assert r.json()["choices"][0]["text"] == want
+        status, name, events = asyncio.run(_one_stream(url, {"prompt": prompt, "max_tokens": n, "temperature": 0}))
+        assert status == 200 and name and completed(events)
+        assert "".join(c["text"] for e in events[:-1] for c in e["choices"]) == want
+
+
+async def _one_stream(url: str, body: dict[str, Any]) -> tuple[int, str | None, list[Any]]:
+    async with httpx.AsyncClient(timeout=60) as client:
+        return await stream(client, url, body)
+
+
+@needs_ray
+@pytest.mark.slow
+def test_ray_disconnect_cancels_on_the_replica(cluster: Cluster) -> None:
+    """A client that leaves a stream after two chunks: the replica that served it frees the slot, having decoded
+    fewer tokens than the request would have run to (it was cancelled, not finished)."""
+    url = cluster.served.url
+
+    def tokens(text: str) -> float:
+        return sample(text, "gptport_time_per_output_token_seconds_count") or 0.0
+
+    cut_short = []
+    for _ in range(3):
+        names = replica_names(url)
+        before = {n: tokens(replica_metrics(url, n)) for n in names}
+        raw = Raw(cluster.served, "/v1/completions", {"prompt": "ka", "stream": True, **LONG})
+        status, headers = raw.head()
+        assert status == 200
+        raw.until(b"data: ", 2)
+        raw.close()
+        name = headers["x-gptport-replica"]
+        deadline = time.monotonic() + 10
+        while sample(text := replica_metrics(url, name), "gptport_slots_busy") != 0:
+            assert time.monotonic() < deadline, f"{name} still holds a slot 10 s after the client left:\n{text}"
+            time.sleep(0.05)
+        cut_short.append(tokens(text) - before[name] < N_CTX - 2)
+        if cut_short[-1]:
+            break
+    assert any(cut_short), "every stream whose client left ran to n_ctx on its replica"
+
+
+@needs_ray
+@pytest.mark.slow
+def test_ray_replica_killed_mid_load(cluster: Cluster) -> None:
+    """ray.kill on one replica's actor while 16 long requests run: Ray restarts it; the requests in flight on it end
+    with OpenAI's error shape (a 5xx, or an error event in a stream that had started), the others complete, none
+    hangs (a 60 s read timeout bounds each); every request sent once the new replica serves succeeds."""
+    url = cluster.served.url
+    killer = subprocess.Popen([sys.executable, "-c", KILLER, cluster.gcs], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**cluster.env,
+                                                                                      "RAY_AUTH_MODE": "token"})
+    try:
+        assert killer.stdout is not None and killer.stdin is not None
+        assert killer.stdout.readline().strip() == b"ready"
+        old = replica_names(url)
+        victim = sorted(old)[0]
+        killer.stdin.write(victim.encode() + b"\n")
+        killer.stdin.flush()
+        assert killer.stdout.readline().strip() == b"armed"
+
+        async def run() -> tuple[list[Any], float]:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(60), limits=httpx.Limits(max_connections=64)) as c:
+                started = [asyncio.Event() for _ in range(8)]
+                streams = [asyncio.create_task(stream(c, url, {"prompt": f"ka {i}", **LONG}, started[i]))
+                           for i in range(8)]
+                plain = [asyncio.create_task(c.post(url + "/v1/completions", json={"prompt": f"ka {i}", **LONG}))
+                         for i in range(8)]
+                for e in started:  # every stream is decoding
+                    await e.wait()
+                killer.stdin.write(b"go\n")  # type: ignore[union-attr]
+                killer.stdin.flush()  # type: ignore[union-attr]
+                t_kill = float((await asyncio.to_thread(killer.stdout.readline)).split()[1])  # type: ignore[union-attr]
+                outcomes = await asyncio.gather(*streams, *plain, return_exceptions=True)
+                return list(outcomes), t_kill
+
+        outcomes, t_kill = asyncio.run(run())
+        failures: list[str] = []
+        for o in outcomes:
+            assert not isinstance(o, BaseException), repr(o)  # no hang (timeout) and no dropped connection
+            if isinstance(o, httpx.Response):
+                if o.status_code != 200:
+                    assert o.status_code >= 500, o.text
+                    err = assert_error(o.status_code, o.json(), o.status_code)
+                    failures.append(f"{o.status_code} {err['code']}")
+                continue
+            status, name, events = o
+            if completed(events):
+                continue
+            assert status == 200 and events[-1] == "[DONE]", events[-3:]
+            err = events[-2]
+            assert set(err) == {"error"} and err["error"]["type"] == "server_error", err
+            failures.append(f"stream: error event {err['error']['code']}")
+        assert failures, "no request in flight on the killed replica failed: the kill came too late"
+
+        # degraded until the replacement serves: probe every 0.2 s (the survivor answers meanwhile)
+        probes: list[int] = []
+        deadline = time.monotonic() + 120
+        while True:
+            r = httpx.post(url + "/v1/completions", json={"prompt": "ka", "max_tokens": 2}, timeout=60)
+            probes.append(r.status_code)
+            new = {n for n in replica_names(url, 1, 1)} - old
+            if new:
+                break
+            assert time.monotonic() < deadline, "no new replica served within 120 s of the kill"
+            time.sleep(0.2)
+        degraded = time.monotonic() - t_kill
+        assert len(replica_names(url)) == 2
+        after = [httpx.post(url + "/v1/completions", json={"prompt": f"ka {i}", "max_tokens": 4}, timeout=60)
+                 for i in range(16)]
+        assert all(r.status_code == 200 for r in after), [r.text for r in after if r.status_code != 200]
+        assert all(r.headers["x-gptport-replica"] != victim for r in after)
+        cluster.results["degraded_s"] = degraded
+        print(f"\nreplica killed: {len(failures)}/16 in-flight requests failed ({sorted(set(failures))}); serving "
+              f"degraded for {degraded:.1f} s until the new replica answered; probes meanwhile: "
+              f"{probes.count(200)}/{len(probes)} ok")
+    finally:
+        if killer.stdin:
+            killer.stdin.close()
+        try:
+            killer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            killer.kill()
+            killer.wait()
+
+
+@needs_ray
+@pytest.mark.slow
+def test_ray_ctrl_c_leaves_no_ray_processes(cluster: Cluster) -> None:
+    """Ctrl-C (SIGINT) of `gptport serve --ray`: it exits 0 and no process of its session (raylet, GCS, workers,
+    the Serve proxy and replicas) is left."""
+    sid = cluster.proc.pid
+    before = _session(sid)
+    assert len(before) > 3, before  # the command, and the cluster it started
+    cluster.proc.send_signal(signal.SIGINT)
+    assert cluster.proc.wait(timeout=60) == 0, cluster.served.log.read_text()
+    deadline = time.monotonic() + 20
+    while (left := _session(sid)) or any(_alive(pid) for pid in before):
+        assert time.monotonic() < deadline, f"left running: {left}"
+        time.sleep(0.2)
+
+
+def _session(sid: int) -> dict[int, str]:
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True, check=True).stdout
+    procs = {}
+    for line in out.splitlines():
+        parts = line.split(None, 3)
+        if int(parts[1]) == sid and not parts[2].startswith("Z"):
+            procs[int(parts[0])] = parts[3] if len(parts) > 3 else ""
+    return procs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+# ---- without a cluster ----------------------------------------------------------------------------------------------
+
+
+def test_ray_option_without_ray_is_one_line(trained_dir: Path, tmp_path: Path) -> None:
+    """With `import ray` failing, --ray is one line naming what to install, exit 2, no traceback."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
+    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--ray"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "pip install" in r.stderr and "gptport[ray]" in r.stderr
+
+
+def test_ray_options_need_ray(trained_dir: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--replicas", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--ray" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+
+
+@needs_ray
+def test_ray_autoscale_bounds_are_checked(trained_dir: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--ray", "--autoscale",
+                        "3:1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--autoscale '3:1'" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
