@@ -245,7 +245,9 @@ def train_with_progress(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, sh
                               f"ppl {r.val_ppl:8.2f}  bpb {r.val_bpb:.4f}  {r.tokens_per_s:,.0f} tok/s")
 
         trainer = Trainer(model_dir, cfg, tcfg, shards, tok, token_bytes(tok), resume=resume,
-                          hooks=Hooks(on_step=on_step, on_eval=on_eval), ctx=ctx, device=device,
+                          hooks=Hooks(on_step=on_step, on_eval=on_eval,
+                                      on_notice=lambda m: bar.console.print(f"[yellow]warning:[/] {m}")),
+                          ctx=ctx, device=device,
                           allow_world_size_change=allow_world_size_change)
         result = trainer.run()
     if result.interrupted:

@@ -11,6 +11,7 @@ import itertools
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -65,8 +66,7 @@ class Row:
     bandwidth_gb_s: float | None = None  # CPU rows: read bandwidth, mean of probes before the warm-up and after
     bandwidth_fraction: float | None = None
     session_s: float | None = None
-    peak_rss_mb: float | None = None
-    peak_gpu_mb: float | None = None
+    peak_rss_mb: float | None = None  # of the whole process, in MiB (host memory; GPU memory is not measured)
     providers_ran: list[str] = field(default_factory=list)
     samples: int = 0
     error: str | None = None
@@ -125,17 +125,26 @@ def _peak_rss_reset() -> bool:
         return False
 
 
-def _peak_rss_mb() -> float | None:
+def _peak_rss_mb(status: str = "/proc/self/status") -> float | None:
+    """This process's peak resident memory in MB (MiB): Linux's VmHWM (which _peak_rss_reset can
+    reset), else getrusage's ru_maxrss (macOS, the BSDs); None where neither exists (Windows)."""
     try:
-        with open("/proc/self/status") as f:
+        with open(status) as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    import resource
+    try:
+        import resource
+    except ImportError:
+        return None
+    return maxrss_mb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def maxrss_mb(ru_maxrss: int) -> float:
+    """getrusage's ru_maxrss in MB (MiB): it counts bytes on macOS, KiB on Linux and the BSDs."""
+    return ru_maxrss / (1 << 20) if sys.platform == "darwin" else ru_maxrss / 1024
 
 
 def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen_len: int, seed: int

@@ -97,7 +97,7 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"
     compile: bool = False
-    autocast: str = "auto"  # auto: bf16 on CUDA, and on CPUs with native bf16 (AVX512-BF16, AMX); else fp32
+    autocast: str = "auto"  # auto: bf16 where native (CUDA from Ampere on, CPUs with AVX512-BF16/AMX); else fp32
     threads: int = 0  # torch intra-op threads on the CPU; 0 leaves torch's default
 
     def validate(self) -> None:

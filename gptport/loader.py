@@ -17,6 +17,7 @@ from gptport.errors import ArtifactError, InputError, UsageError
 
 CACHE_AUTO = "auto"
 CACHES = (CACHE_AUTO, contract.CACHE_STATIC, contract.CACHE_CONCAT)
+TORCH_DEVICES = ("cpu", "cuda")  # the --provider values the torch engine takes
 
 
 @dataclass
@@ -95,6 +96,9 @@ def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", pre
 
 
 def _open_torch(model_dir: Path, tok: bpe.BPETokenizer, provider: str, threads: int) -> Opened:
+    if provider not in TORCH_DEVICES:  # no substitute: torch on CUDA is not TensorRT
+        raise UsageError(f"--engine torch --provider {provider}: the torch engine runs on "
+                         f"{' or '.join(TORCH_DEVICES)} only; TensorRT runs through onnxruntime (--engine onnx)")
     try:
         import torch
 
@@ -104,7 +108,7 @@ def _open_torch(model_dir: Path, tok: bpe.BPETokenizer, provider: str, threads: 
         raise UsageError(f"--engine torch needs PyTorch (pip install 'gptport[train]'): {e}") from e
     if threads > 0:
         torch.set_num_threads(threads)
-    device = "cuda" if provider in ("cuda", "tensorrt") else "cpu"
+    device = provider
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--engine torch --provider {provider}: torch sees no CUDA GPU here")
     model, _ = load_model(model_dir, tok, device)

@@ -37,7 +37,6 @@ class OnnxModel:
     precision: str
     tokenizer_sha256: str
     provider: str = "cpu"
-    notes: list[str] = field(default_factory=list)  # fallbacks taken, for the user to read
     cache: str = contract.CACHE_CONCAT  # concat: model.onnx's contract; static: gqa_graph.py's graph
     path: Path | None = None  # the graph file
     meta: dict[str, str] = field(default_factory=dict)  # its metadata_props (provenance: weights, config)
@@ -176,18 +175,14 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
     if not path.is_file():
         raise ArtifactError(f"{path}: missing; run `gptport export` (with --precision for a variant) first")
     order = providers.FALLBACK_ORDER[providers.FALLBACK_ORDER.index(providers.check_name(provider)):]
-    notes: list[str] = []
     for candidate in order if fallback else order[:1]:
         model, reason = _try(path, candidate, threads, spin)
         if model is not None:
-            model.notes = notes
             return model
         if not fallback:
             raise ProviderError(f"--provider {candidate}: {reason}; use --fallback to go on with the next provider, "
                                 "or see `gptport providers`")
-        note = f"provider {candidate} does not run here ({reason}); falling back to {order[order.index(candidate) + 1]}"
-        notes.append(note)
-        say(note)
+        say(f"provider {candidate} does not run here ({reason}); falling back to {order[order.index(candidate) + 1]}")
     raise AssertionError("unreachable: the CPU provider is last in the fallback order")
 
 

@@ -50,6 +50,7 @@ class Hooks:
     on_step: Callable[[int, float, float], None] = lambda step, loss, tok_s: None
     on_eval: Callable[[EvalRecord], None] = lambda record: None
     on_checkpoint: Callable[[int], None] = lambda step: None
+    on_notice: Callable[[str], None] = lambda message: None  # what the user should know (said once)
 
 
 def pick_device(name: str) -> torch.device:
@@ -66,14 +67,26 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """bf16 autocast where the hardware runs bf16 natively (CUDA; CPUs with AVX512-BF16 or AMX,
-    where it doubles training speed), fp32 elsewhere or when asked."""
-    if mode == "fp32" or device.type not in ("cuda", "cpu"):
-        return contextlib.nullcontext()
-    if mode == "auto" and device.type == "cpu" and not torch.cpu._is_avx512_bf16_supported():
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
+def native_bf16(device: torch.device) -> bool:
+    """Whether the device computes bf16 natively: CUDA GPUs from Ampere on, CPUs with AVX512-BF16 or AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type == "cpu" and torch.cpu._is_avx512_bf16_supported()
+
+
+def make_autocast(mode: str, device: torch.device) -> tuple[contextlib.AbstractContextManager[Any], str]:
+    """bf16 autocast where the hardware runs bf16 natively (where it doubles training speed), fp32
+    elsewhere or when asked; and a notice for the user ("" for none) when bf16 was asked for on a
+    device without native bf16: emulated on the CPU or CUDA, fp32 where torch has no bf16 autocast."""
+    if mode == "fp32" or (mode == "auto" and not native_bf16(device)):
+        return contextlib.nullcontext(), ""
+    if device.type not in ("cuda", "cpu"):
+        return contextlib.nullcontext(), (f"autocast bf16 asked, but torch has no bf16 autocast on {device.type} "
+                                          "here: training in fp32")
+    notice = "" if native_bf16(device) else (
+        f"autocast bf16 asked, but this {'GPU' if device.type == 'cuda' else 'CPU'} has no native bf16: "
+        "torch emulates it (slower than fp32 here; autocast=auto picks fp32)")
+    return torch.autocast(device.type, dtype=torch.bfloat16), notice
 
 
 def lr_at(progress: float, tcfg: TrainConfig, warmup_fraction: float) -> float:
@@ -162,7 +175,9 @@ class Trainer:
         self.ddp = wrap(self.model, self.ctx) if self.ctx.enabled else None
         loss: Callable[..., torch.Tensor] = self.ddp if self.ddp is not None else self.model.loss
         self.loss_fn = torch.compile(loss) if tcfg.compile else loss
-        self.autocast = make_autocast(tcfg.autocast, self.device)
+        self.autocast, notice = make_autocast(tcfg.autocast, self.device)
+        if notice:
+            self.hooks.on_notice(notice)
 
     def _resume(self, allow_world_size_change: bool) -> None:
         card = checkpoint.read_card(self.dir)

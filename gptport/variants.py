@@ -44,8 +44,7 @@ class Scheme:
     """A weight-quantization scheme of onnxruntime's: block-wise MatMulNBits (bits, block size,
     accuracy level 4 = int8 compute, 0 = float compute; the head may get more bits than the rest),
     'dynamic' (QInt8 per-channel weights, DynamicQuantizeMatMul: an int8 GEMM with one scale per
-    activation tensor), or 'mixed': dynamic where the activations are LayerNorm outputs, MatMulNBits
-    (bits, block) where they are heavy-tailed (after GELU) and for the head."""
+    activation tensor)."""
 
     name: str
     kind: str = "nbits"
@@ -58,7 +57,6 @@ class Scheme:
 
 SCHEMES = {s.name: s for s in [
     Scheme("dynamic-int8", kind="dynamic"),
-    Scheme("prefill-int8", kind="mixed", bits=8, block=128, accuracy_level=4),
     Scheme("nbits8-b32-acc4", bits=8, block=32, accuracy_level=4),
     Scheme("nbits8-b128-acc4", bits=8, block=128, accuracy_level=4),
     Scheme("nbits8-b32-acc0", bits=8, block=32, accuracy_level=0),
@@ -79,21 +77,17 @@ def quantize(src: Path, dst: Path, scheme: Scheme) -> None:
     _quiet()
     proto = materialize_head(onnx.load(str(src)))
     head = next(n.name for n in proto.graph.node if contract.LOGITS in n.output)
-    if scheme.kind in ("dynamic", "mixed"):
+    if scheme.kind == "dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        keep = _heavy_tailed(proto) + [head] if scheme.kind == "mixed" else []
         quantize_dynamic(proto, str(dst), op_types_to_quantize=["MatMul"], per_channel=True,
-                         weight_type=QuantType.QInt8, nodes_to_exclude=keep,
+                         weight_type=QuantType.QInt8,
                          extra_options={"MatMulConstBOnly": True,  # float: contrib ops stop shape inference
                                         "DefaultTensorType": onnx.TensorProto.FLOAT})
-        if not keep:
-            return
-        proto, passes = onnx.load(str(dst)), [(scheme.bits, [], keep)]
-    else:
-        passes = [(scheme.bits, [head] if scheme.head_bits else [], None)]
-        if scheme.head_bits:
-            passes.append((scheme.head_bits, [], [head]))
+        return
+    passes = [(scheme.bits, [head] if scheme.head_bits else [], None)]
+    if scheme.head_bits:
+        passes.append((scheme.head_bits, [], [head]))
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     for bits, exclude, include in passes:
@@ -103,13 +97,6 @@ def quantize(src: Path, dst: Path, scheme: Scheme) -> None:
         q.process()
         proto = q.model.model
     onnx.save_model(proto, str(dst))
-
-
-def _heavy_tailed(proto: onnx.ModelProto) -> list[str]:
-    """MatMuls fed by a GELU (the MLP's down-projection): one int8 scale for such a tensor loses its
-    many small values to its few large ones."""
-    gelus = {o for n in proto.graph.node if n.op_type in ("Gelu", "FastGelu", "BiasGelu") for o in n.output}
-    return [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.input[0] in gelus]
 
 
 def to_fp16(src: Path, dst: Path) -> None:

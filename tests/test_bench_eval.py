@@ -76,6 +76,7 @@ def test_run_measures_onnx_and_torch_rows(trained_dir: Path) -> None:
         assert r["latency_ms_p50"] <= r["latency_ms_p90"] <= r["latency_ms_p99"]
         assert r["kv_cache"] == ("static" if r["engine"] == "onnx" else "-")  # auto: the static graph on the CPU
         if r["engine"] == "onnx":
+            assert [k for k, v in r.items() if v is None] == ["error"]  # no field of the schema left unmeasured
             assert r["providers_ran"][0] == "CPUExecutionProvider"
             assert r["speedup_vs_torch"] == pytest.approx(r["decode_tok_s"] / torch_rows[r["batch"]]["decode_tok_s"])
             if r["precision"] == "fp32":
