@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gptport import checkpoint_paths as paths
 from gptport.cli.common import err, human_bytes
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def demo(
 
     if minutes <= 0:
         raise UsageError(f"--minutes must be positive, not {minutes}")
-    if (out / "tokenizer.json").exists() and not force:
+    if (out / paths.TOKENIZER).exists() and not force:
         raise InputError(f"{out}: already holds a model; pass --force to replace it, or --out elsewhere")
     t_start = time.perf_counter()
 
@@ -58,7 +59,7 @@ def demo(
     err.rule("2/6 tokenizer")
     with err.status(f"training a {vocab_size}-token BPE"):
         tok, report = bpe.train(CorpusReader(sources), vocab_size)
-    for name in ("config.json", "model.safetensors", "trainer.json", "optimizer.safetensors", "logs/train.jsonl"):
+    for name in paths.TRAINED:
         (out / name).unlink(missing_ok=True)
     bpe.save(tok, out, report, force=True)
     err.print(f"{tok.vocab_size} tokens in {report.seconds:.1f} s, {report.bytes_per_token:.2f} bytes/token held out")
@@ -103,7 +104,7 @@ def _summary(out: Path, last: EvalRecord | None, exported: ExportReport, result:
     table = Table("", "", title=f"gptport demo: {out} in {seconds / 60:.1f} minutes")
     for name, path in exported.files.items():
         table.add_row(f"{name} model", f"{path.name}, {human_bytes(path.stat().st_size)}")
-    table.add_row("weights", human_bytes((out / "model.safetensors").stat().st_size))
+    table.add_row("weights", human_bytes((out / paths.WEIGHTS).stat().st_size))
     if last is not None:
         table.add_row("loss", f"train {last.train_loss:.3f}, validation {last.val_loss:.3f} nats/token "
                               f"(perplexity {last.val_ppl:.1f})")

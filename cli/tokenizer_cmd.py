@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from gptport import checkpoint_paths as paths
 from gptport import tokenizer as bpe
 from gptport.cli.common import EncodingErrors, Force, err, human_bytes
 from gptport.corpus import CorpusReader, resolve_sources
@@ -49,7 +50,7 @@ def train_tokenizer(
     tok, report = bpe.train(reader, vocab_size, specials[1:], min_frequency,
                             show_progress=sys.stderr.isatty())
     written = bpe.save(tok, out, report, force=force)
-    if (out / "model.safetensors").exists():
+    if (out / paths.WEIGHTS).exists():
         err.print(f"[yellow]warning:[/] {out} holds a model trained with the previous tokenizer; "
                   "retrain it (`gptport train`) before exporting")
     _summary(report, tok, written)

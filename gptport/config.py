@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from gptport.checkpoint_paths import CONFIG
 from gptport.errors import ArtifactError, UsageError
 
 if sys.version_info >= (3, 11):
@@ -201,7 +202,7 @@ def model_config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     return asdict(cfg)
 
 
-def model_config_from_dict(data: dict[str, Any], where: str = "config.json") -> ModelConfig:
+def model_config_from_dict(data: dict[str, Any], where: str = CONFIG) -> ModelConfig:
     known = {f.name for f in fields(ModelConfig)}
     missing = {"vocab_size"} - set(data)
     if missing:

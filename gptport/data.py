@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from gptport import atomic
+from gptport import checkpoint_paths as paths
 from gptport.corpus import CorpusReader
 from gptport.errors import ArtifactError, InputError
 from gptport.tokenizer import BPETokenizer
 
-DATA_DIR = "data"
-META = "meta.json"
+DATA_DIR = paths.DATA_DIR
+META = paths.DATA_META
 ENCODE_BATCH = 64  # chunks per encode_batch call: enough to keep every core busy
 FORMAT_VERSION = 1
 
@@ -88,8 +89,8 @@ def read_shard(path: Path, dtype: np.dtype, vocab_size: int | None = None, token
 def _load(data_dir: Path, meta: dict[str, object], reused: bool, vocab_size: int | None = None) -> Shards:
     """The shards that `meta` describes, their lengths checked, their ids too when `vocab_size` is given."""
     dtype = np.dtype(str(meta["dtype"]))
-    train = read_shard(data_dir / "train.bin", dtype, vocab_size, _count(meta, "train_tokens"))
-    val = read_shard(data_dir / "val.bin", dtype, vocab_size, _count(meta, "val_tokens"))
+    train = read_shard(data_dir / paths.TRAIN_SHARD, dtype, vocab_size, _count(meta, "train_tokens"))
+    val = read_shard(data_dir / paths.VAL_SHARD, dtype, vocab_size, _count(meta, "val_tokens"))
     return Shards(train, val, meta, reused)
 
 
@@ -127,7 +128,8 @@ def prepare(
             raise InputError("empty corpus: no text in " + ", ".join(s.name for s in reader.sources))
         stream = np.memmap(all_path, dtype=dtype, mode="r")
         n_val = max(1, int(n_tokens * val_fraction))
-        for name, part in (("train.bin", stream[: n_tokens - n_val]), ("val.bin", stream[n_tokens - n_val:])):
+        for name, part in ((paths.TRAIN_SHARD, stream[: n_tokens - n_val]),
+                           (paths.VAL_SHARD, stream[n_tokens - n_val:])):
             with atomic.atomic_path(data_dir / name) as tmp:
                 part.tofile(tmp)
         del stream

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gptport import atomic, contract
+from gptport import checkpoint_paths as paths
 
-GENAI_FILE = "genai_config.json"
+GENAI_FILE = paths.GENAI
 GENAI_TYPE = "phi"
 
 

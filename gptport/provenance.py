@@ -23,7 +23,7 @@ from gptport.errors import ArtifactError
 CACHED_FROM = 1 << 20  # files smaller than this are hashed every time (config.json: microseconds)
 RACY_NS = 2_000_000_000  # a file modified this recently is not cached: a rewrite within the same
 # timestamp tick could keep its size and mtime (git's "racy" entries)
-SOURCES = ((contract.META_WEIGHTS, WEIGHTS, "weights"), (contract.META_CONFIG_SHA, CONFIG, "config.json"))
+SOURCES = ((contract.META_WEIGHTS, WEIGHTS, "weights"), (contract.META_CONFIG_SHA, CONFIG, CONFIG))
 
 
 def file_digest(path: Path) -> str:

@@ -21,15 +21,16 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from gptport import __version__
+from gptport import checkpoint_paths as paths
 from gptport.config import read_json
 from gptport.corpus import CorpusReader
 from gptport.errors import ArtifactError, InputError, UsageError
 
 EOT = "<|endoftext|>"
-TOKENIZER_FILE = "tokenizer.json"
-META_FILE = "tokenizer_meta.json"
-GPT2_FILES = ("vocab.json", "merges.txt")
-HF_CONFIG_FILE = "tokenizer_config.json"  # what transformers' AutoTokenizer and onnxruntime-genai read
+TOKENIZER_FILE = paths.TOKENIZER
+META_FILE = paths.TOKENIZER_META
+GPT2_FILES = (paths.GPT2_VOCAB, paths.GPT2_MERGES)
+HF_CONFIG_FILE = paths.HF_TOKENIZER_CONFIG
 MAX_VOCAB = 1_000_000
 HELDOUT_EVERY = 100  # one chunk in a hundred is held out of training to measure compression
 HELDOUT_MAX_CHARS = 4 << 20

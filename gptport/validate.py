@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from gptport import static_cache
+from gptport.checkpoint_paths import VAL_SHARD
 from gptport.data import DATA_DIR, read_shard, token_dtype
 from gptport.engine import Engine, Past, StepFn, empty_past, positions
 from gptport.errors import InputError, UsageError, ValidationError
@@ -132,7 +133,7 @@ def static_parity(model: GPT, engine: OnnxModel, atol: float, seed: int = 0) -> 
 
 def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3) -> list[list[int]]:
     """Prompts for the greedy check: snippets of the validation shard, else fixed strings."""
-    val = model_dir / DATA_DIR / "val.bin"
+    val = model_dir / DATA_DIR / VAL_SHARD
     width = max(1, min(16, n_ctx - GREEDY_TOKENS))
     if val.is_file():
         arr = read_shard(val, token_dtype(tok.vocab_size), tok.vocab_size)
@@ -185,11 +186,11 @@ def heldout(model_dir: Path, model: GPT, tok: BPETokenizer, path: Path | None = 
             raise InputError(f"{path}: {len(ids)} tokens of held-out text; the accuracy gate needs at least "
                              f"{MIN_HELDOUT_TOKENS}")
         return Heldout(_windows(ids, n, count), str(path))
-    val = model_dir / DATA_DIR / "val.bin"
+    val = model_dir / DATA_DIR / VAL_SHARD
     if val.is_file():
         arr = read_shard(val, token_dtype(model.cfg.vocab_size), model.cfg.vocab_size)
         if len(arr) >= MIN_HELDOUT_TOKENS:
-            return Heldout(_windows(arr, n, count), f"{DATA_DIR}/val.bin")
+            return Heldout(_windows(arr, n, count), f"{DATA_DIR}/{VAL_SHARD}")
         why = f"{val} holds {len(arr)} tokens, fewer than the {MIN_HELDOUT_TOKENS} the gate needs"
     else:
         why = f"{val} is missing (a model from import-hf has none)"

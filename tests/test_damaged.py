@@ -31,7 +31,6 @@ from gptport import checkpoint_paths as paths
 from gptport import contract, provenance
 from gptport import tokenizer as bpe
 from gptport.cli.main import main
-from gptport.data import DATA_DIR
 from tests.conftest import build_model_dir, make_text
 
 pytestmark = pytest.mark.slow
@@ -42,11 +41,13 @@ GRAPH_OF = {contract.onnx_file(p, c): (p, c) for p, c in [  # the fixture's grap
     ("fp32", contract.CACHE_CONCAT), ("fp32", contract.CACHE_STATIC), ("int8", contract.CACHE_CONCAT),
     ("int8", contract.CACHE_STATIC), ("fp16", contract.CACHE_CONCAT)]}
 GRAPHS = list(GRAPH_OF)
-SHARDS = [f"{DATA_DIR}/train.bin", f"{DATA_DIR}/val.bin", f"{DATA_DIR}/meta.json"]
-JSON_FILES = [paths.CONFIG, bpe.TOKENIZER_FILE, bpe.META_FILE, paths.TRAINER, paths.DIGESTS, "genai_config.json",
-              f"{DATA_DIR}/meta.json"]
+TRAIN_BIN, VAL_BIN, SHARD_META = (f"{paths.DATA_DIR}/{name}" for name in (paths.TRAIN_SHARD, paths.VAL_SHARD,
+                                                                       paths.DATA_META))
+SHARDS = [TRAIN_BIN, VAL_BIN, SHARD_META]
+JSON_FILES = [paths.CONFIG, bpe.TOKENIZER_FILE, bpe.META_FILE, paths.TRAINER, paths.DIGESTS, paths.GENAI,
+              SHARD_META]
 FILES = [paths.CONFIG, bpe.TOKENIZER_FILE, bpe.META_FILE, paths.WEIGHTS, paths.OPTIMIZER, paths.TRAINER,
-         paths.DIGESTS, "genai_config.json", *GRAPHS, *SHARDS]
+         paths.DIGESTS, paths.GENAI, *GRAPHS, *SHARDS]
 
 # What each command reads besides its arguments (generate and eval: also the graph they open). The
 # commands are run on a damage of these files only; test_unread_files_are_not_needed damages all others.
@@ -54,14 +55,14 @@ COMMON = {bpe.TOKENIZER_FILE, bpe.META_FILE, paths.CONFIG}
 READS = {
     "generate": COMMON | {paths.WEIGHTS, paths.DIGESTS},  # weights: their sha256, against the graph's
     "eval": COMMON | {paths.WEIGHTS, paths.DIGESTS},
-    "export": COMMON | {paths.WEIGHTS, f"{DATA_DIR}/val.bin"},  # (and the graphs' metadata, which may be damaged)
+    "export": COMMON | {paths.WEIGHTS, VAL_BIN},  # (and the graphs' metadata, which may be damaged)
     "train": COMMON | {paths.OPTIMIZER, *SHARDS},
 }
 # What each command may write when it works (digests.json, a cache, always).
 WRITES = {
     "generate": set(),
     "eval": set(),
-    "export": {*contract.graph_files(), "genai_config.json", bpe.HF_CONFIG_FILE},
+    "export": {*contract.graph_files(), paths.GENAI, bpe.HF_CONFIG_FILE},
     "train": {paths.WEIGHTS, paths.CONFIG, paths.OPTIMIZER, paths.TRAINER, paths.LOG, *SHARDS},
 }
 
@@ -242,9 +243,9 @@ def run_checked(name: str, argv: list[str], model_dir: Path, damaged: str) -> in
 @example(damage=Damage(bpe.META_FILE, "bad_json", text="{"))  # JSONDecodeError past the boundary, before
 @example(damage=Damage(bpe.META_FILE, "wrong_json", text="[]"))  # AttributeError
 @example(damage=Damage("model.int8.static.onnx", "truncate", keep=0.0))  # onnxruntime's InvalidArgument
-@example(damage=Damage(f"{DATA_DIR}/train.bin", "empty"))  # np.memmap's ValueError
-@example(damage=Damage(f"{DATA_DIR}/val.bin", "truncate", keep=0.5001))  # an odd number of bytes
-@example(damage=Damage(f"{DATA_DIR}/meta.json", "bad_json", text="\udcff"))  # UnicodeDecodeError
+@example(damage=Damage(TRAIN_BIN, "empty"))  # np.memmap's ValueError
+@example(damage=Damage(VAL_BIN, "truncate", keep=0.5001))  # an odd number of bytes
+@example(damage=Damage(SHARD_META, "bad_json", text="\udcff"))  # UnicodeDecodeError
 def test_damaged_file_fails_in_one_line(damage: Damage, complete_dir: Path, text_file: Path, corpus_file: Path,
                                         tmp_path_factory: pytest.TempPathFactory,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
