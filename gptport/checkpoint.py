@@ -17,7 +17,7 @@ from gptport.checkpoint_paths import CONFIG, OPTIMIZER, TRAINER, WEIGHTS
 from gptport.config import ModelConfig, model_config_from_dict, model_config_to_dict, read_json
 from gptport.errors import ArtifactError, first_line
 from gptport.model import GPT
-from gptport.tokenizer import BPETokenizer
+from gptport.tokenizer import BPETokenizer, check_trained_with
 
 TIED_KEY = "lm_head.weight"
 
@@ -62,13 +62,8 @@ def read_card(model_dir: Path) -> ModelCard:
 
 
 def check_tokenizer(card: ModelCard, tok: BPETokenizer, model_dir: Path) -> None:
-    """Refuse a tokenizer other than the one the model was trained with."""
-    if card.tokenizer_sha256 != tok.sha256:
-        raise ArtifactError(
-            f"{model_dir}/tokenizer.json (sha256 {tok.sha256[:12]}…) is not the tokenizer this model was "
-            f"trained with ({card.tokenizer_sha256[:12]}…); retrain the model or restore the tokenizer")
-    if card.model.vocab_size != tok.vocab_size:
-        raise ArtifactError(f"{model_dir}: model vocab_size {card.model.vocab_size} != tokenizer's {tok.vocab_size}")
+    """Refuse a tokenizer other than the one the model was trained with (tokenizer.check_trained_with)."""
+    check_trained_with(tok, model_dir, card.tokenizer_sha256, card.model.vocab_size)
 
 
 def save_weights(model_dir: Path, model: GPT, step: int) -> None:

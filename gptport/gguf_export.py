@@ -94,12 +94,8 @@ class Summary:
 def read_vocab(model_dir: Path, cfg: ModelConfig, tokenizer_sha256: str) -> Vocab:
     """tokenizer.json's vocabulary, token types and merges, checked against config.json."""
     tok = bpe.load(model_dir)  # checks tokenizer_meta.json's sha256
+    bpe.check_trained_with(tok, model_dir, tokenizer_sha256, cfg.vocab_size)
     path = model_dir / bpe.TOKENIZER_FILE
-    if tok.sha256 != tokenizer_sha256:
-        raise ArtifactError(f"{path} (sha256 {tok.sha256[:12]}…) is not the tokenizer this model was trained "
-                            f"with ({tokenizer_sha256[:12]}…)")
-    if tok.vocab_size != cfg.vocab_size:
-        raise ArtifactError(f"{path}: {tok.vocab_size} tokens, but {CONFIG} says vocab_size {cfg.vocab_size}")
     spec = json.loads(tok.json)
     model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
     if model.get("type") != "BPE":

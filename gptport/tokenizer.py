@@ -263,6 +263,21 @@ def hf_config(tok: BPETokenizer) -> dict[str, object]:
             "additional_special_tokens": extra, "errors": "replace"}
 
 
+def check_trained_with(tok: BPETokenizer, model_dir: str | os.PathLike[str], recorded_sha256: object,
+                       vocab_size: object = None) -> None:
+    """Refuse a tokenizer other than the one the model of `model_dir` was trained with: its config.json
+    records the tokenizer's sha256 (`recorded_sha256`) and the model's `vocab_size` (None: not compared).
+    The one check of that kind: training, export, the torch engine, the ONNX engines and GGUF use it."""
+    if recorded_sha256 != tok.sha256:
+        raise ArtifactError(
+            f"{Path(model_dir) / TOKENIZER_FILE} (sha256 {tok.sha256[:12]}…) does not match the model: it is not "
+            f"the tokenizer this model was trained with ({str(recorded_sha256)[:12]}… in {paths.CONFIG}); retrain "
+            "the model or restore the tokenizer")
+    if vocab_size is not None and vocab_size != tok.vocab_size:
+        raise ArtifactError(f"{Path(model_dir) / paths.CONFIG}: model vocab_size {vocab_size} != the tokenizer's "
+                            f"{tok.vocab_size}")
+
+
 def load(model_dir: str | os.PathLike[str]) -> BPETokenizer:
     """Load the tokenizer of a model directory, checking it against tokenizer_meta.json if present."""
     path = Path(model_dir) / TOKENIZER_FILE

@@ -139,3 +139,13 @@ def test_load_refuses_a_changed_tokenizer_file(tok: bpe.BPETokenizer, tmp_path: 
         bpe.load(tmp_path)
     with pytest.raises(ArtifactError, match="no tokenizer.json"):
         bpe.load(tmp_path / "nowhere")
+
+
+def test_check_trained_with(tok: bpe.BPETokenizer, tmp_path: Path) -> None:
+    """The one check that a model's tokenizer is the one it was trained with (config.json's record)."""
+    bpe.check_trained_with(tok, tmp_path, tok.sha256, tok.vocab_size)
+    bpe.check_trained_with(tok, tmp_path, tok.sha256)  # a config without the model's vocab_size
+    with pytest.raises(ArtifactError, match="does not match the model: it is not the tokenizer this model was"):
+        bpe.check_trained_with(tok, tmp_path, "0" * 64, tok.vocab_size)
+    with pytest.raises(ArtifactError, match=f"model vocab_size {tok.vocab_size + 1} != the tokenizer's"):
+        bpe.check_trained_with(tok, tmp_path, tok.sha256, tok.vocab_size + 1)
