@@ -77,7 +77,7 @@ def bench(
     with err.status("benchmarking") as status:
         result = measure.run(model_dir, plan, say=lambda m: status.update(escape(m)),
                              warn=lambda m: err.print(f"[yellow]warning:[/] {escape(m)}"))
-    _table(result)
+    print_table(result)
     if json_path:
         atomic.write_text(json_path, json.dumps(result, indent=2) + "\n")
         err.print(f"wrote {json_path}")
@@ -97,7 +97,9 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _table(result: dict) -> None:
+def print_table(result: dict) -> None:
+    """The rows of a bench result (bench.run) as a table on stderr, then why each row that failed did not run;
+    `gptport bench` and `gptport demo` print it."""
     from rich.markup import escape
     from rich.table import Table
 

@@ -35,7 +35,7 @@ def demo(
     library's own source files."""
     from gptport import bench, export
     from gptport import tokenizer as bpe
-    from gptport.cli.bench_cmd import _table
+    from gptport.cli.bench_cmd import print_table
     from gptport.cli.train_cmd import prepare_with_progress, train_with_progress
     from gptport.config import ModelConfig, TrainConfig, load_preset
     from gptport.corpus import CorpusReader, default_corpus
@@ -93,7 +93,7 @@ def demo(
                            repeat=2, warmup=1)
     with err.status("benchmarking") as status:
         result = bench.run(out, plan, say=status.update)
-    _table(result)
+    print_table(result)
     _summary(out, records[-1] if records else None, exported, result, time.perf_counter() - t_start)
 
 
