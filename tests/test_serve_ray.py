@@ -169,6 +169,7 @@ def test_ray_two_replicas_serve_32_streams(cluster: Cluster) -> None:
         assert count(text) - before[n] == served_by.count(n), (n, served_by.count(n))
         assert sample(text, "gptport_requests_total", replica=n) and not sample(
             text, "gptport_requests_total", replica=next(iter(names - {n})))  # a replica counts only its own
+        assert sample(text, "gptport_info", threads="1") == 1  # its onnxruntime session runs its one CPU
 
 
 @needs_ray

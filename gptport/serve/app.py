@@ -98,9 +98,10 @@ class State:
         self.metrics.slots.set(s.slots)
         self.metrics.capacity.set(s.slots * self.n_ctx)
         graph = f"{opened.precision} {opened.cache} cache"
-        self.metrics.info.labels(s.model_name, graph, opened.provider).set(1)
-        self.scheduler.start()
         engine: Any = opened.engine  # an OnnxModel: serve opens onnx engines only
+        threads = engine.session.get_session_options().intra_op_num_threads
+        self.metrics.info.labels(s.model_name, graph, opened.provider, str(threads or "auto")).set(1)
+        self.scheduler.start()
         kv = 2 * int(engine.config["n_layer"]) * int(engine.config["d_model"]) * self.n_ctx * s.slots
         kv *= engine.kv_dtype.itemsize
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "

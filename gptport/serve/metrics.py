@@ -35,8 +35,9 @@ class Metrics(Observer):
         self.positions = Gauge("gptport_kv_cache_positions_used", "KV-cache positions held by busy slots",
                                registry=r)
         self.capacity = Gauge("gptport_kv_cache_positions", "KV-cache positions in all (slots x n_ctx)", registry=r)
-        self.info = Gauge("gptport_info", "The model this server runs (labels), value 1",
-                          ["model", "graph", "provider"], registry=r)
+        self.info = Gauge("gptport_info", "The model this server runs (labels; threads: onnxruntime's intra-op "
+                          "threads, auto = one per core), value 1", ["model", "graph", "provider", "threads"],
+                          registry=r)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

@@ -50,7 +50,8 @@ class GptportReplica:
         self.settings.model_dir = Path(self.settings.model_dir)
         self.settings.threads = max(1, round(cpus)) if cpus else self.settings.threads
         self.settings.replica, self.settings.wait_loaded = replica_name(), True
-        self.settings.on_ready = lambda line: log.warning("gptport replica %s: %s", self.settings.replica, line)
+        self.settings.url = f"Ray Serve replica {self.settings.replica}"
+        self.settings.on_ready = lambda line: log.warning("gptport serve: %s", line)
 
     def __serve_build_asgi_app__(self) -> Any:
         self.gptport_app = create_app(self.settings)
@@ -60,14 +61,15 @@ class GptportReplica:
         """Ray's periodic health check: the scheduler's thread must be alive."""
         app = getattr(self, "gptport_app", None)
         scheduler = app.state.gptport.scheduler if app is not None else None
-        if scheduler is None or not scheduler._thread.is_alive():
+        if scheduler is None or not scheduler.alive:
             raise RuntimeError("the scheduler thread is not running")
 
 
 def settings_dict(settings: Settings) -> dict[str, Any]:
-    """What a replica is built from (plain values: it travels to other processes and machines)."""
+    """What a replica is built from (plain values: it travels to other processes and machines; the model
+    directory as an absolute path, which every machine must have)."""
     out = {k: v for k, v in asdict(settings).items() if k not in ("on_ready", "on_failure")}
-    out["model_dir"] = str(settings.model_dir)
+    out["model_dir"] = str(Path(settings.model_dir).resolve())
     return out
 
 

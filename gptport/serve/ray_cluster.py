@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from gptport.errors import GptportError, UsageError
 from gptport.serve.app import Settings
-from gptport.serve.server import _bind, check
+from gptport.serve.server import bind, check
 
 PROXY_CALLBACK = "gptport.serve.proxy_errors:proxy_middlewares"
 INSTALL = "--ray needs Ray Serve, which is not installed: pip install 'gptport[ray]' (or pip install 'ray[serve]')"
@@ -44,7 +44,7 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
     ray_app.deployment_options(settings, replicas, bounds)  # refuses bad numbers before anything starts
     check(settings)
     if address is None:
-        _bind(host, port).close()  # a taken port is a one-line error before a cluster starts
+        bind(host, port).close()  # a taken port is a one-line error before a cluster starts
     import ray
     from ray import serve
 
@@ -58,6 +58,7 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
                      logging_level=logging.WARNING, configure_logging=False)
         else:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's own notes of what it deploys
         try:
             serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
             serve.run(ray_app.build_app(settings, replicas, bounds), name=ray_app.APP_NAME, route_prefix="/",

@@ -144,6 +144,11 @@ class Scheduler:
             self._cond.notify()
 
     @property
+    def alive(self) -> bool:
+        """The scheduler's thread is running."""
+        return self._thread.is_alive()
+
+    @property
     def waiting(self) -> int:
         return len(self._waiting)
 

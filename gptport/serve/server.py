@@ -51,7 +51,7 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], sh
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
                             access_log=access_log, timeout_graceful_shutdown=int(shutdown_timeout),
                             lifespan="on", server_header=False)
-    listener = _bind(host, port)
+    listener = bind(host, port)
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again through the handler it
     # found installed; a no-op handler there lets a clean shutdown end in exit code 0.
@@ -69,7 +69,7 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], sh
     return 0
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound here so that a taken port is a one-line error before anything loads."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
