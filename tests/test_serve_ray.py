@@ -341,6 +341,35 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
+@needs_ray
+@pytest.mark.slow
+def test_ray_replica_that_cannot_load_is_one_line(ray_model: Path, tmp_path: Path) -> None:
+    """A graph that onnxruntime refuses (it passes the checks made before Ray starts): the replica fails with the
+    loader's message, the command says it in one line naming the file, exits 1, and leaves no process."""
+    bad = tmp_path / "bad"
+    shutil.copytree(ray_model, bad)
+    (bad / "model.static.onnx").write_bytes((ray_model / "model.static.onnx").read_bytes()[:1000])
+    (tmp_path / "home").mkdir()
+    ray_tmp = tempfile.mkdtemp(prefix="gptport-ray-")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "gptport.cli.main", "serve", str(bad), "--ray", "--port",
+                                 str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=ray_env(tmp_path / "home", ray_tmp), start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=180)
+        finally:
+            stop(proc, signal.SIGINT, 30, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        assert proc.returncode == 1, out
+        errors = [line for line in out.splitlines() if line.startswith("gptport: error:")]
+        assert len(errors) == 1 and "model.static.onnx" in errors[0] and "Traceback" not in out, out
+        deadline = time.monotonic() + 20
+        while left := _session(proc.pid):
+            assert time.monotonic() < deadline, f"left running: {left}"
+            time.sleep(0.2)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 # ---- without a cluster ----------------------------------------------------------------------------------------------
 
 

@@ -58,7 +58,6 @@ class Settings:
     spin: bool = False  # onnxruntime's workers sleep after a step: the HTTP side needs the cores too
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
-    wait_loaded: bool = False  # the app's startup waits for the model (Ray: a replica is ready once loaded)
     on_ready: Callable[[str], None] = field(default=lambda line: None)
     on_failure: Callable[[str], None] = field(default=lambda message: None)
 
@@ -244,13 +243,9 @@ def create_app(settings: Settings) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
-        if settings.wait_loaded:
-            await asyncio.to_thread(state.load, loop)
-            if state.error is not None:
-                raise RuntimeError(state.error)
-        else:
-            threading.Thread(target=state.load, args=(loop,), name="gptport-load", daemon=True).start()
+        if state.scheduler is None and state.error is None:  # not loaded beforehand (Ray's replicas do)
+            threading.Thread(target=state.load, args=(asyncio.get_running_loop(),), name="gptport-load",
+                             daemon=True).start()
         yield
         if state.scheduler is not None:
             state.scheduler.stop()

@@ -38,8 +38,8 @@ def replica_name() -> str:
 
 @serve.ingress()
 class GptportReplica:
-    """One replica: the app is built on the replica (`__serve_build_asgi_app__`), and Ray waits for its
-    startup, which here waits for the model, before it routes requests to it."""
+    """One replica: the app is built on the replica (`__serve_build_asgi_app__`) and its model loaded there
+    before Ray routes requests to it; a model that does not load fails the replica with its message."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         import ray
@@ -49,12 +49,18 @@ class GptportReplica:
         self.settings = Settings(**{k: v for k, v in settings.items() if k in known})
         self.settings.model_dir = Path(self.settings.model_dir)
         self.settings.threads = max(1, round(cpus)) if cpus else self.settings.threads
-        self.settings.replica, self.settings.wait_loaded = replica_name(), True
+        self.settings.replica = replica_name()
         self.settings.url = f"Ray Serve replica {self.settings.replica}"
         self.settings.on_ready = lambda line: log.warning("gptport serve: %s", line)
 
-    def __serve_build_asgi_app__(self) -> Any:
+    async def __serve_build_asgi_app__(self) -> Any:
+        import asyncio
+
         self.gptport_app = create_app(self.settings)
+        state = self.gptport_app.state.gptport
+        await asyncio.to_thread(state.load, asyncio.get_running_loop())  # on the loop that serves requests
+        if state.error is not None:
+            raise RuntimeError(state.error)
         return self.gptport_app
 
     def check_health(self) -> None:

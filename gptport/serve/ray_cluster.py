@@ -61,8 +61,13 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's own notes of what it deploys
         try:
             serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
-            serve.run(ray_app.build_app(settings, replicas, bounds), name=ray_app.APP_NAME, route_prefix="/",
-                      blocking=False)
+            try:
+                serve.run(ray_app.build_app(settings, replicas, bounds), name=ray_app.APP_NAME, route_prefix="/",
+                          blocking=False)
+            except RuntimeError as e:  # Ray's message names no cause; the deployment's status does
+                app = serve.status().applications.get(ray_app.APP_NAME)
+                detail = "\n".join(d.message for d in app.deployments.values()) if app is not None else ""
+                raise RuntimeError(f"{e}\n{detail}") from None
             cluster = ray.get_runtime_context().gcs_address
             scale = f"autoscaling {bounds[0]}-{bounds[1]} replicas" if bounds else f"{replicas} replica(s)"
             say(f"gptport serve: http://{host}:{port} · Ray Serve · {scale} × {max(1, settings.threads)} thread(s), "
@@ -79,7 +84,7 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
     except GptportError:
         raise
     except Exception as e:  # noqa: BLE001 - Ray's failures (a replica that cannot load, say) end in one line
-        say(f"gptport: error: Ray Serve: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+        say(f"gptport: error: Ray Serve: {_why(e)}")
         return 1
     finally:
         if ray.is_initialized():
@@ -87,3 +92,12 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _why(e: Exception) -> str:
+    """One line: the replica's own error when Ray's names one (a model that did not load), else Ray's."""
+    text = str(e)
+    for line in reversed(text.splitlines()):
+        if "RuntimeError: " in line:
+            return line.split("RuntimeError: ", 1)[1].strip()
+    return f"{type(e).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
