@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 
 def speeds(model: OnnxModel, prompt_len: int, gen: int, repeat: int) -> tuple[float, float]:
     """Median prefill and decode tokens/s at batch 1 (prompt of `prompt_len`, `gen` new tokens)."""
-    vocab = int(model.config["vocab_size"])
+    vocab = model.config.vocab_size
     prefill, decode = [], []
     for i in range(repeat + 1):  # the first is warm-up
         t_prefill, _, steps = time_generation(model, vocab, 1, prompt_len, gen, seed=i)

@@ -24,8 +24,9 @@ import numpy as np
 import onnxruntime as ort
 
 from gptport import contract
+from gptport.config import model_config_to_dict
 from gptport.engine import positions
-from gptport.onnx_engine import OnnxModel, session_options
+from gptport.onnx_engine import OnnxModel, graph_config, session_options
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,10 +67,10 @@ def main() -> None:
         opts.enable_profiling = True
         opts.profile_file_prefix = os.path.join(tmp, "decode")
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        meta = json.loads(session.get_modelmeta().custom_metadata_map[contract.META_CONFIG])
-        model = OnnxModel(session, meta, args.precision, "", cache=args.kv_cache)  # the step fn generate uses
+        config = graph_config(path, session.get_modelmeta().custom_metadata_map)
+        model = OnnxModel(session, config, args.precision, "", cache=args.kv_cache)  # the step fn generate uses
         step = model.step(last_only=True)
-        ids = np.random.default_rng(0).integers(0, meta["vocab_size"], (1, 64), dtype=np.int64)
+        ids = np.random.default_rng(0).integers(0, config.vocab_size, (1, 64), dtype=np.int64)
         mask = np.ones_like(ids)
         step(ids, mask, positions(mask), model.empty_past(1))  # warm-up: the profiled prefill is the second
         logits, past = step(ids, mask, positions(mask), model.empty_past(1))
@@ -82,7 +83,8 @@ def main() -> None:
     decode = summarize(runs[-args.steps:], events)
     prefill = summarize(runs[-args.steps - 1:-args.steps], events)
     result = {"model": str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else path.name,
-              "config": meta, "precision": args.precision, "threads": args.threads, "decode_steps": args.steps,
+              "config": model_config_to_dict(config), "precision": args.precision, "threads": args.threads,
+              "decode_steps": args.steps,
               "onnxruntime": ort.__version__, **decode, "prefill_64": prefill}
     for label, r in (("decode step", decode), ("prefill of 64 tokens", prefill)):
         print(f"{path}: {r['us_per_step']:.0f} µs per {label}, {r['us_in_nodes_per_step']:.0f} in "

@@ -28,7 +28,7 @@ from bench_serve import MAX_TOKENS, WORK, cpu_name, free_port, wait_healthy
 from profile_decode import summarize
 
 from gptport import contract
-from gptport.onnx_engine import session_options
+from gptport.onnx_engine import graph_config, session_options
 from gptport.slots import StaticSlots
 
 HERE = Path(__file__).resolve().parent
@@ -58,15 +58,15 @@ def step_profile(d: Path, rows: int, threads: int, steps: int = 20) -> dict[str,
         opts = session_options(threads)
         opts.enable_profiling = True
         opts.profile_file_prefix = os.path.join(tmp, "step")
-        session = ort.InferenceSession(str(d / contract.onnx_file("fp32", contract.CACHE_STATIC)), opts,
-                                       providers=["CPUExecutionProvider"])
-        config = json.loads(session.get_modelmeta().custom_metadata_map[contract.META_CONFIG])
+        path = d / contract.onnx_file("fp32", contract.CACHE_STATIC)
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        config = graph_config(path, session.get_modelmeta().custom_metadata_map)
         slots = StaticSlots(session, config, rows)
         rng = np.random.default_rng(0)
         for s in range(rows):
-            slots.append(s, rng.integers(1, config["vocab_size"], 64))
+            slots.append(s, rng.integers(1, config.vocab_size, 64))
         for _ in range(steps):
-            slots.decode(list(range(rows)), rng.integers(1, config["vocab_size"], rows))
+            slots.decode(list(range(rows)), rng.integers(1, config.vocab_size, rows))
         events = json.loads(Path(session.end_profiling()).read_text())
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
     return summarize(runs[-steps:], events)

@@ -31,7 +31,7 @@ from profile_decode import summarize
 
 from gptport import contract
 from gptport.engine import positions
-from gptport.onnx_engine import OnnxModel, session_options
+from gptport.onnx_engine import OnnxModel, graph_config, session_options
 
 HERE = Path(__file__).resolve().parent
 PROMPT = 64
@@ -52,8 +52,8 @@ def decode(path: Path, threads: int, spin: bool, steps: int, profile_dir: str | 
         opts.enable_profiling = True
         opts.profile_file_prefix = os.path.join(profile_dir, "decode")
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    meta = json.loads(session.get_modelmeta().custom_metadata_map[contract.META_CONFIG])
-    model = OnnxModel(session, meta, "fp32", "", cache=contract.CACHE_STATIC)
+    config = graph_config(path, session.get_modelmeta().custom_metadata_map)
+    model = OnnxModel(session, config, "fp32", "", cache=contract.CACHE_STATIC)
     step = model.step(last_only=True)
     run_s = [0.0]
     real_run = session.run_with_iobinding
@@ -65,7 +65,7 @@ def decode(path: Path, threads: int, spin: bool, steps: int, profile_dir: str | 
         return out
 
     session.run_with_iobinding = timed_run  # type: ignore[method-assign]
-    ids = np.random.default_rng(0).integers(0, meta["vocab_size"], (1, PROMPT), dtype=np.int64)
+    ids = np.random.default_rng(0).integers(0, config.vocab_size, (1, PROMPT), dtype=np.int64)
     mask = np.ones_like(ids)
     step(ids, mask, positions(mask), model.empty_past(1))
     logits, past = step(ids, mask, positions(mask), model.empty_past(1))

@@ -232,7 +232,6 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
             say(f"onnx {provider} {precision} {cache}: {e}")
             continue
         session_s = time.perf_counter() - t0
-        config = model.config
         assert model.path is not None  # open_graph's models know their file
         wbytes = weight_bytes_per_token(model.path)
         for batch, prompt_len in _shapes(plan, model.n_ctx):
@@ -240,7 +239,7 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
             row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, kv_cache=model.cache,
                       session_s=session_s, weight_bytes_per_token=wbytes,
                       providers_ran=model.session.get_providers())
-            _fill(row, model, int(config["vocab_size"]), plan, probe if provider == "cpu" else None)
+            _fill(row, model, model.config.vocab_size, plan, probe if provider == "cpu" else None)
             if row.bandwidth_gb_s:
                 row.bandwidth_fraction = wbytes * row.decode_tok_s / row.batch / (row.bandwidth_gb_s * 1e9)
             rows.append(row)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -202,14 +203,31 @@ def model_config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     return asdict(cfg)
 
 
-def model_config_from_dict(data: dict[str, Any], where: str = CONFIG) -> ModelConfig:
-    known = {f.name for f in fields(ModelConfig)}
+# the JSON types each ModelConfig field takes (bool is no int here; a float field takes an int)
+_JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
+    "PosEncoding": ((str,), "a string"), "Gelu": ((str,), "a string")}
+
+
+def model_config_from_dict(data: Mapping[str, Any], where: str = CONFIG) -> ModelConfig:
+    """A ModelConfig from a JSON object (config.json's "model", a graph's gptport.config metadata), or an
+    ArtifactError naming `where`: no vocab_size, a value of the wrong type, a shape the model cannot have."""
+    if not isinstance(data, Mapping):
+        raise ArtifactError(f"{where}: the model config is not a JSON object")
+    known = {f.name: str(f.type) for f in fields(ModelConfig)}
     missing = {"vocab_size"} - set(data)
     if missing:
         raise ArtifactError(f"{where}: model has no {', '.join(sorted(missing))}")
+    values = {k: v for k, v in data.items() if k in known}
+    for name, value in values.items():
+        kinds, words = _JSON_TYPES[known[name]]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise ArtifactError(f"{where}: invalid model config (model.{name} must be {words}, not {value!r})")
+        if known[name] == "float":
+            values[name] = float(value)
     try:
-        return ModelConfig(**{k: v for k, v in data.items() if k in known})
-    except (TypeError, UsageError) as e:
+        return ModelConfig(**values)
+    except UsageError as e:
         raise ArtifactError(f"{where}: invalid model config ({e})") from e
 
 

@@ -194,7 +194,7 @@ def export(
     model, card = load_model(model_dir, tok)
     targets = {p: model_dir / contract.onnx_file(p) for p in precisions}
     report = ExportReport(gated=gate)
-    report.static_skipped = gqa_graph.unsupported(model_config_to_dict(card.model)) if static else ""
+    report.static_skipped = gqa_graph.unsupported(card.model) if static else ""
     static_targets = {p: model_dir / contract.onnx_file(p, contract.CACHE_STATIC)
                       for p in precisions if static and not report.static_skipped and p in STATIC_PRECISIONS}
     existing = [str(p) for p in [*targets.values(), *static_targets.values()] if p.exists()]
@@ -256,7 +256,7 @@ def export(
                 path.unlink()
                 report.removed[path] = "an earlier export's; this one did not pass its gate"
         report.removed.update(_remove_stale(model_dir, sources, set(written.values())))
-        report.genai = genai.write(model_dir, model_config_to_dict(card.model), card.eot_id)
+        report.genai = genai.write(model_dir, card.model, card.eot_id)
         hf_tokenizer = model_dir / bpe.HF_CONFIG_FILE
         if not hf_tokenizer.exists():  # directories from before tokenizer_config.json was written
             atomic.write_text(hf_tokenizer, json.dumps(bpe.hf_config(tok), indent=2) + "\n")
@@ -316,7 +316,7 @@ def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pendin
 def save_static(model: GPT, card: ModelCard, path: Path, sources: Mapping[str, str] | None = None) -> None:
     """The fp32 static-cache graph (gqa_graph.py) of the model's weights, with its metadata, at `path`."""
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    proto = gqa_graph.build(model_config_to_dict(card.model), weights)
+    proto = gqa_graph.build(card.model, weights)
     save(proto, path, metadata(card, "fp32", contract.CACHE_STATIC, sources))
 
 

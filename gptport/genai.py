@@ -15,27 +15,28 @@ from typing import Any
 
 from gptport import atomic, contract
 from gptport import checkpoint_paths as paths
+from gptport.config import ModelConfig
 
 GENAI_FILE = paths.GENAI
 GENAI_TYPE = "phi"
 
 
-def genai_config(config: dict[str, Any], eot_id: int, filename: str = "model.onnx") -> dict[str, Any]:
-    heads = int(config["n_head"])
+def genai_config(config: ModelConfig, eot_id: int, filename: str = "model.onnx") -> dict[str, Any]:
+    heads = config.n_head
     return {
         "model": {
             "type": GENAI_TYPE,
-            "vocab_size": config["vocab_size"],
-            "context_length": config["n_ctx"],
+            "vocab_size": config.vocab_size,
+            "context_length": config.n_ctx,
             "bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": eot_id,
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "filename": filename,
-                "head_size": int(config["d_model"]) // heads,
-                "hidden_size": config["d_model"],
+                "head_size": config.head_dim,
+                "hidden_size": config.d_model,
                 "num_attention_heads": heads,
                 "num_key_value_heads": heads,
-                "num_hidden_layers": config["n_layer"],
+                "num_hidden_layers": config.n_layer,
                 "inputs": {"input_ids": contract.INPUT_IDS, "attention_mask": contract.ATTENTION_MASK,
                            "position_ids": contract.POSITION_IDS,
                            "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
@@ -43,14 +44,14 @@ def genai_config(config: dict[str, Any], eot_id: int, filename: str = "model.onn
                             "present_value_names": "present.%d.value"},
             },
         },
-        "search": {"do_sample": False, "max_length": config["n_ctx"], "min_length": 0, "num_beams": 1,
+        "search": {"do_sample": False, "max_length": config.n_ctx, "min_length": 0, "num_beams": 1,
                    "num_return_sequences": 1, "past_present_share_buffer": False, "repetition_penalty": 1.0,
                    "temperature": 1.0, "top_k": 1, "top_p": 1.0, "early_stopping": True, "length_penalty": 1.0,
                    "diversity_penalty": 0.0, "no_repeat_ngram_size": 0},
     }
 
 
-def write(model_dir: Path, config: dict[str, Any], eot_id: int) -> Path:
+def write(model_dir: Path, config: ModelConfig, eot_id: int) -> Path:
     path = model_dir / GENAI_FILE
     atomic.write_text(path, json.dumps(genai_config(config, eot_id), indent=2) + "\n")
     return path

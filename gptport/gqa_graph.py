@@ -29,15 +29,16 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gptport import contract
+from gptport.config import ModelConfig
 
 CACHE = "max_sequence"  # the cache's length dimension: n_ctx at run time
 OPSET = 21
 IR_VERSION = 10  # what onnxruntime 1.20 and later read (onnx writes newer ones by default)
 
 
-def unsupported(config: Mapping[str, Any]) -> str:
+def unsupported(config: ModelConfig) -> str:
     """Why this config cannot have a static-cache graph ("" when it can)."""
-    head_dim = int(config["d_model"]) // int(config["n_head"])
+    head_dim = config.head_dim
     if head_dim % 8:
         return f"GroupQueryAttention needs a head size that is a multiple of 8 (this model's is {head_dim})"
     return ""
@@ -110,17 +111,16 @@ class _Builder:
         return self.op("Gelu", [x], approximate="none")[0]
 
 
-def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+def build(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """The static-cache graph of a GPT with this config (config.json's "model") and these weights
     (model.safetensors as numpy, GPT-2 names; the head is wte.weight when the embeddings are tied)."""
-    n_layer, n_head, d_model = int(config["n_layer"]), int(config["n_head"]), int(config["d_model"])
-    n_ctx, eps = int(config["n_ctx"]), float(config["ln_eps"])
-    head_dim = d_model // n_head
+    n_layer, n_head, d_model = config.n_layer, config.n_head, config.d_model
+    n_ctx, eps, head_dim = config.n_ctx, config.ln_eps, config.head_dim
     w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
     g = _Builder()
 
     x = g.op("Gather", [g.const("wte.weight", w["wte.weight"]), contract.INPUT_IDS])[0]  # (B, S, D)
-    table = w["wpe.weight"] if config["pos_encoding"] == "learned" else sinusoidal_table(n_ctx, d_model)
+    table = w["wpe.weight"] if config.pos_encoding == "learned" else sinusoidal_table(n_ctx, d_model)
     delta = g.op("Gather", [g.const("positions", table), contract.POSITION_IDS])[0]  # (B, S, D)
     delta_bias = ""
     for i in range(n_layer):
@@ -135,7 +135,7 @@ def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.
                     num_heads=n_head, kv_num_heads=n_head, scale=1.0 / math.sqrt(head_dim))[0]  # (B, S, D)
         delta, delta_bias = g.matmul(attn, w, f"{p}.attn.c_proj")
         h, x = g.add_layer_norm(x, delta, delta_bias, w, f"{p}.ln_2", eps)
-        f = g.gelu(*g.matmul(h, w, f"{p}.mlp.c_fc"), config["gelu"])  # (B, S, 4D)
+        f = g.gelu(*g.matmul(h, w, f"{p}.mlp.c_fc"), config.gelu)  # (B, S, 4D)
         delta, delta_bias = g.matmul(f, w, f"{p}.mlp.c_proj")
     if delta_bias:
         delta = g.op("Add", [delta, delta_bias])[0]
@@ -143,7 +143,7 @@ def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.
     index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", np.array([-1], dtype=np.int64))])[0]
     x = g.op("GatherND", [x, index], batch_dims=1)[0]  # (B, L, D): only the positions asked for
     h = g.layer_norm(x, w, "ln_f", eps)
-    if config["tie_embeddings"]:  # stored once; onnxruntime folds the Transpose when it loads the graph
+    if config.tie_embeddings:  # stored once; onnxruntime folds the Transpose when it loads the graph
         head = g.op("Transpose", ["wte.weight"], perm=[1, 0])[0]  # (D, V)
         g.op("MatMul", [h, head], [contract.LOGITS])  # (B, L, V)
     else:
@@ -160,7 +160,7 @@ def build(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> onnx.
         *[helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.past_names(n_layer)],
     ]
     outputs = [
-        helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [batch, "logits", int(config["vocab_size"])]),
+        helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [batch, "logits", config.vocab_size]),
         *[helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.present_names(n_layer)],
     ]
     graph = helper.make_graph(g.nodes, "gptport_static_cache", inputs, outputs, g.inits)

@@ -90,8 +90,8 @@ def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", pre
     if model.tokenizer_sha256 != tok.sha256:
         raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "
                             f"than {model_dir}/tokenizer.json ({tok.sha256[:12]}…); export again")
-    if model.config.get("vocab_size") != tok.vocab_size:
-        raise ArtifactError(f"{path}: vocab_size {model.config.get('vocab_size')} != tokenizer's {tok.vocab_size}")
+    if model.config.vocab_size != tok.vocab_size:
+        raise ArtifactError(f"{path}: vocab_size {model.config.vocab_size} != tokenizer's {tok.vocab_size}")
     return Opened(model, tok, "onnx", model.provider, model.precision, model.cache)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from gptport import contract, provenance, providers, static_cache
+from gptport.config import ModelConfig, model_config_from_dict
 from gptport.engine import Past, StepFn
 from gptport.errors import ArtifactError, ProviderError
 
@@ -33,7 +34,7 @@ class OnnxModel:
     """A session, what its metadata says, and the provider that really runs it."""
 
     session: ort.InferenceSession
-    config: dict[str, Any]
+    config: ModelConfig  # the one recorded in the graph's metadata
     precision: str
     tokenizer_sha256: str
     provider: str = "cpu"
@@ -44,11 +45,11 @@ class OnnxModel:
 
     @property
     def n_layer(self) -> int:
-        return int(self.config["n_layer"])
+        return self.config.n_layer
 
     @property
     def n_ctx(self) -> int:
-        return int(self.config["n_ctx"])
+        return self.config.n_ctx
 
     @property
     def kv_dtype(self) -> np.dtype:
@@ -65,8 +66,7 @@ class OnnxModel:
             if self._buffers is None:
                 self._buffers = static_cache.Buffers(self.config, self.kv_dtype)
             return self._buffers.fresh(batch)
-        heads = int(self.config["n_head"])
-        shape = (batch, heads, 0, int(self.config["d_model"]) // heads)
+        shape = (batch, self.config.n_head, 0, self.config.head_dim)
         if not self.on_gpu:
             return [np.zeros(shape, dtype=self.kv_dtype) for _ in range(2 * self.n_layer)]
         return [ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.kv_dtype.type, "cuda", 0)
@@ -145,22 +145,21 @@ def file_metadata(path: Path) -> dict[str, str]:
         raise ArtifactError(f"{path}: not a readable ONNX file ({e})") from e
 
 
-def _file_metadata(path: Path) -> tuple[dict[str, Any], str]:
+def _file_metadata(path: Path) -> tuple[ModelConfig, str]:
     """The config and precision in a graph's metadata, read without creating a session."""
     meta = file_metadata(path)
     provenance.check_contract(path, meta)
     return graph_config(path, meta), meta.get(contract.META_PRECISION, "fp32")
 
 
-def graph_config(path: Path, meta: dict[str, str]) -> dict[str, Any]:
-    """The model config recorded in a graph's metadata (check_contract has seen that there is one)."""
+def graph_config(path: Path | str, meta: Mapping[str, str]) -> ModelConfig:
+    """The model config recorded in a graph's metadata (check_contract has seen that there is one),
+    refused in one line naming the graph when it is not valid JSON or not a config the model can have."""
     try:
-        config = json.loads(meta[contract.META_CONFIG])
+        data = json.loads(meta[contract.META_CONFIG])
     except ValueError as e:
         raise ArtifactError(f"{path}: its {contract.META_CONFIG} metadata is not valid JSON ({e})") from e
-    if not isinstance(config, dict):
-        raise ArtifactError(f"{path}: its {contract.META_CONFIG} metadata is not a JSON object")
-    return config
+    return model_config_from_dict(data, f"{path}: its {contract.META_CONFIG} metadata")
 
 
 def load_cpu(path: str | os.PathLike[str], threads: int = 0) -> OnnxModel:
@@ -214,17 +213,14 @@ def _try(path: Path, provider: str, threads: int, spin: bool = True) -> tuple[On
                      meta.get(contract.META_TOKENIZER, ""), provider, cache=cache, path=path, meta=meta), ""
 
 
-def check_io(session: ort.InferenceSession, config: dict[str, Any], cache: str, path: Path) -> None:
+def check_io(session: ort.InferenceSession, config: ModelConfig, cache: str, path: Path) -> None:
     """Refuse a graph whose inputs and outputs are not those its recorded config implies (the metadata
     damaged, or not written by gptport export): names per layer, heads and head size of the cache,
     vocabulary of the logits."""
-    try:
-        n_layer, n_head, d_model, vocab = (int(config[k]) for k in ("n_layer", "n_head", "d_model", "vocab_size"))
-        expected = {"input names": sorted(contract.static_input_names(n_layer) if cache == contract.CACHE_STATIC
-                                          else contract.input_names(n_layer)),
-                    "cache heads": n_head, "head size": d_model // n_head, "vocabulary": vocab}
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        raise ArtifactError(f"{path}: its {contract.META_CONFIG} metadata is not a model config ({e!r})") from e
+    n_layer, n_head, d_model, vocab = config.n_layer, config.n_head, config.d_model, config.vocab_size
+    expected = {"input names": sorted(contract.static_input_names(n_layer) if cache == contract.CACHE_STATIC
+                                      else contract.input_names(n_layer)),
+                "cache heads": n_head, "head size": config.head_dim, "vocabulary": vocab}
     inputs = session.get_inputs()
     past = next((i.shape for i in inputs if i.name.startswith("past_key_values.")), [None] * 4)
     found = {"input names": sorted(i.name for i in inputs), "cache heads": past[1], "head size": past[3],

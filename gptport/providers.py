@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gptport import contract
+from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.provenance import file_digest  # keys the TensorRT engine cache: a changed graph rebuilds its engines
 
@@ -29,12 +30,10 @@ def check_name(provider: str) -> str:
     return provider
 
 
-def trt_profiles(config: dict[str, Any], max_batch: int = TRT_MAX_BATCH) -> dict[str, str]:
+def trt_profiles(config: ModelConfig, max_batch: int = TRT_MAX_BATCH) -> dict[str, str]:
     """Optimization profiles for every dynamic input, the KV cache included: batch 1..max_batch,
     sequence 1..n_ctx, past 0..n_ctx-1; the optimum is batch-1 decoding at half the context."""
-    n_ctx, heads = int(config["n_ctx"]), int(config["n_head"])
-    hd = int(config["d_model"]) // heads
-    n_layer = int(config["n_layer"])
+    n_ctx, heads, hd, n_layer = config.n_ctx, config.n_head, config.head_dim, config.n_layer
     half = max(1, n_ctx // 2)
 
     def shapes(batch: int, seq: int, past: int) -> str:
@@ -48,7 +47,7 @@ def trt_profiles(config: dict[str, Any], max_batch: int = TRT_MAX_BATCH) -> dict
             "trt_profile_max_shapes": shapes(max_batch, n_ctx, n_ctx - 1)}
 
 
-def provider_options(provider: str, config: dict[str, Any], model_path: Path, precision: str,
+def provider_options(provider: str, config: ModelConfig, model_path: Path, precision: str,
                      device_id: int = 0) -> dict[str, Any]:
     """The options each provider gets. TensorRT: profiles, an engine cache inside the model directory
     keyed by the model file's digest, fp16 for the fp16 variant."""

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gptport import contract
+from gptport.config import ModelConfig
 from gptport.engine import FLOAT32, Engine, Past
 
 
@@ -48,14 +49,13 @@ class SlotEngine(Protocol):
 class StaticSlots:
     """Slots as rows of the static-cache graph's preallocated cache (CPU, float32)."""
 
-    def __init__(self, session: Any, config: dict[str, Any], slots: int, dtype: np.dtype = FLOAT32) -> None:
+    def __init__(self, session: Any, config: ModelConfig, slots: int, dtype: np.dtype = FLOAT32) -> None:
         import onnxruntime as ort
 
         self._ort, self.session, self.slots = ort, session, slots
-        heads, self.n_ctx, layers = int(config["n_head"]), int(config["n_ctx"]), int(config["n_layer"])
-        hd = int(config["d_model"]) // heads
+        self.n_ctx, layers = config.n_ctx, config.n_layer
         self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
-        shape = (slots, heads, self.n_ctx, hd)  # (S, H, C, hd)
+        shape = (slots, config.n_head, self.n_ctx, config.head_dim)  # (S, H, C, hd)
         self.buffers = [np.zeros(shape, dtype=dtype) for _ in range(2 * layers)]
         self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
         self._bindings: dict[tuple[int, int], Any] = {}

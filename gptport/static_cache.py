@@ -10,12 +10,11 @@ is its mask's sum.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import onnxruntime as ort
 
 from gptport import contract
+from gptport.config import ModelConfig
 from gptport.engine import Past, StepFn
 
 
@@ -33,9 +32,9 @@ class Buffers:
     allocation and no page faults (a prefill writes every position it will read). One live cache per
     engine: fresh() makes the previous cache of that batch size stale, and stepping it an error."""
 
-    def __init__(self, config: dict[str, Any], dtype: np.dtype) -> None:
-        heads, self.layers = int(config["n_head"]), int(config["n_layer"])
-        self.shape = (heads, int(config["n_ctx"]), int(config["d_model"]) // heads)  # (H, C, hd)
+    def __init__(self, config: ModelConfig, dtype: np.dtype) -> None:
+        self.layers = config.n_layer
+        self.shape = (config.n_head, config.n_ctx, config.head_dim)  # (H, C, hd)
         self.dtype = dtype
         self._live: dict[int, StaticCache] = {}
 

@@ -14,14 +14,15 @@ import pytest
 from gptport import contract, providers
 from gptport import tokenizer as bpe
 from gptport.checkpoint import load_model
+from gptport.config import ModelConfig
 from gptport.errors import ProviderError, UsageError
 from gptport.generate import generate
-from gptport.onnx_engine import load
+from gptport.onnx_engine import graph_config, load
 from gptport.providers import ORT_NAMES, TRT_MAX_BATCH, ProviderStatus, check_name, probe, provider_options
 from gptport.sampling import Sampling
 from gptport.validate import parity
 
-CONFIG = {"n_ctx": 128, "n_head": 4, "d_model": 64, "n_layer": 2, "vocab_size": 512}
+CONFIG = ModelConfig(vocab_size=512, n_ctx=128, d_model=64, n_layer=2, n_head=4)
 
 
 def _profile(text: str) -> dict[str, tuple[int, ...]]:
@@ -42,11 +43,11 @@ def test_trt_profiles_cover_the_contract_graphs_dynamic_inputs(trained_dir: Path
     graph = tmp_path / "model.onnx"  # provider_options makes trt_cache/ beside the graph: not in the shared dir
     shutil.copy(trained_dir / "model.onnx", graph)
     proto = onnx.load(str(graph), load_external_data=False)
-    config = json.loads({p.key: p.value for p in proto.metadata_props}[contract.META_CONFIG])
-    n_ctx, heads, head_dim = config["n_ctx"], config["n_head"], config["d_model"] // config["n_head"]
+    config = graph_config(graph, {p.key: p.value for p in proto.metadata_props})
+    n_ctx, heads, head_dim = config.n_ctx, config.n_head, config.head_dim
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input}
     dynamic = {name: d for name, d in dims.items() if any(isinstance(x, str) for x in d)}
-    assert len(dynamic) == 3 + 2 * config["n_layer"]
+    assert len(dynamic) == 3 + 2 * config.n_layer
     options = provider_options("tensorrt", config, graph, "fp32")
     points: dict[str, dict[str, int]] = {}
     for which in ("min", "opt", "max"):

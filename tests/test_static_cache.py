@@ -52,7 +52,7 @@ def test_the_cache_is_appended_in_place(trained_dir: Path) -> None:
     past = engine.empty_past(2)
     buffers = [v.data_ptr() for v in past]
     cfg = engine.config
-    assert past[0].shape() == [2, cfg["n_head"], cfg["n_ctx"], cfg["d_model"] // cfg["n_head"]]
+    assert past[0].shape() == [2, cfg.n_head, cfg.n_ctx, cfg.head_dim]
     mask = np.array([[0, 1, 1], [1, 1, 1]], dtype=np.int64)
     ids = np.array([[0, 5, 6], [7, 8, 9]], dtype=np.int64)
     logits, past = step(ids, mask, positions(mask), past)

@@ -101,7 +101,7 @@ class State:
         threads = engine.session.get_session_options().intra_op_num_threads
         self.metrics.info.labels(s.model_name, graph, opened.provider, str(threads or "auto")).set(1)
         self.scheduler.start()
-        kv = 2 * int(engine.config["n_layer"]) * int(engine.config["d_model"]) * self.n_ctx * s.slots
+        kv = 2 * engine.config.n_layer * engine.config.d_model * self.n_ctx * s.slots
         kv *= engine.kv_dtype.itemsize
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
                    f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
