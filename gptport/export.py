@@ -1,22 +1,17 @@
-"""torch -> ONNX: the fp32 graph under the I/O contract (gptport/contract.py), validated against the
-torch model before it is renamed into place, then the requested variants."""
+"""The export: the fp32 graph under the I/O contract (torch_to_onnx.py), validated against the torch
+model before it is renamed into place, then the requested variants and static-cache graphs. `export`
+reads top to bottom as its steps; each graph it may write is a `Graph`, what they share a `_Job`."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
-import torch
-from torch.export import Dim
 
 from gptport import __version__, atomic, contract, genai, gqa_graph, provenance, validate, variants
 from gptport import tokenizer as bpe
@@ -25,6 +20,7 @@ from gptport.config import model_config_to_dict
 from gptport.errors import ArtifactError, UsageError, ValidationError
 from gptport.model import GPT
 from gptport.onnx_engine import file_metadata, load_cpu
+from gptport.torch_to_onnx import to_onnx, untie_folded_head
 
 TWO_GB = 2 * 1024**3
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
@@ -76,78 +72,6 @@ def metadata(card: ModelCard, precision: str, cache: str = contract.CACHE_CONCAT
             contract.META_CACHE: cache, **sources, contract.META_GATED: "true" if gated else "false", **gate}
 
 
-@contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
-    """The exporter logs and warns about things that are not the user's concern (torchvision ops...)."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
-def to_onnx(model: GPT, opset: int) -> onnx.ModelProto:
-    """Export with torch.export's dynamic shapes; batch, sequence and past traced at values >= 2."""
-    cfg = model.cfg
-    B, T, P = 2, 3, min(4, max(2, cfg.n_ctx - 3))
-    ids = torch.randint(0, cfg.vocab_size, (B, T))
-    mask = torch.ones(B, P + T, dtype=torch.long)
-    pos = torch.arange(P, P + T).expand(B, T).contiguous()
-    past = [(torch.zeros(B, cfg.n_head, P, cfg.head_dim), torch.zeros(B, cfg.n_head, P, cfg.head_dim))
-            for _ in range(cfg.n_layer)]
-    batch, seq = Dim(contract.BATCH), Dim(contract.SEQUENCE)
-    past_len, total = Dim(contract.PAST), Dim(contract.TOTAL)
-    shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
-              [({0: batch, 2: past_len}, {0: batch, 2: past_len}) for _ in range(cfg.n_layer)])
-    with _quiet_exporter():
-        program = torch.onnx.export(
-            model, (ids, mask, pos, past), dynamic_shapes=shapes, dynamo=True, opset_version=opset,
-            input_names=contract.input_names(cfg.n_layer), output_names=contract.output_names(cfg.n_layer),
-            optimize=True, verbose=False)
-    proto = program.model_proto
-    _name_total_dims(proto)
-    if cfg.tie_embeddings:
-        _untie_folded_head(proto)
-    return proto
-
-
-def _name_total_dims(proto: onnx.ModelProto) -> None:
-    """The exporter names present's length 'past_sequence + sequence'; the contract says total_sequence."""
-    for value in [*proto.graph.input, *proto.graph.output]:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param.replace(" ", "") in (f"{contract.PAST}+{contract.SEQUENCE}",
-                                                  f"{contract.SEQUENCE}+{contract.PAST}"):
-                dim.dim_param = contract.TOTAL
-
-
-def _untie_folded_head(proto: onnx.ModelProto) -> None:
-    """Store the tied embedding once. The exporter either reads the head as Transpose(embedding)
-    (stored once already) or folds that transpose into a second copy of the embedding; in the latter
-    case the copy is dropped and a Transpose node, which onnxruntime folds when it loads, takes its place."""
-    graph = proto.graph
-    inits = {i.name: i for i in graph.initializer}
-    head = next((n for n in graph.node if contract.LOGITS in n.output and n.op_type == "MatMul"), None)
-    gather = next((n for n in graph.node if n.op_type == "Gather" and n.input[1] == contract.INPUT_IDS), None)
-    if head is None or gather is None or gather.input[0] not in inits:
-        raise ValidationError("export: unexpected graph (no head MatMul or token Gather); cannot check tied weights")
-    if head.input[1] not in inits:
-        return  # computed from the embedding: stored once
-    folded = onnx.numpy_helper.to_array(inits[head.input[1]])
-    wte = onnx.numpy_helper.to_array(inits[gather.input[0]])
-    if folded.shape != wte.T.shape or not np.array_equal(folded, wte.T):
-        return
-    graph.initializer.remove(inits[head.input[1]])
-    transpose = onnx.helper.make_node("Transpose", [gather.input[0]], [head.input[1]], perm=[1, 0],
-                                      name="tied_head_transpose")
-    graph.node.insert(list(graph.node).index(head), transpose)
-
-
 def save(proto: onnx.ModelProto, path: Path, meta: dict[str, str]) -> None:
     """Write `proto` with `meta` as metadata_props to `path` (external data beyond 2 GB)."""
     onnx.helper.set_model_props(proto, meta)
@@ -156,6 +80,42 @@ def save(proto: onnx.ModelProto, path: Path, meta: dict[str, str]) -> None:
                         location=path.name.removeprefix(".").split(".tmp-")[0] + ".data")
     else:
         onnx.save_model(proto, str(path))
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One graph export writes: its precision, cache layout and file in the model directory."""
+
+    precision: str
+    cache: str
+    path: Path
+
+    @property
+    def label(self) -> str:
+        """"int8", "int8 static": its key in ExportReport.files and .schemes and its gate row's name."""
+        return self.precision if self.cache == contract.CACHE_CONCAT else f"{self.precision} {self.cache}"
+
+
+@dataclass
+class _Job:
+    """What the steps of one export share: the model, where its graphs go, and what has passed."""
+
+    model_dir: Path
+    tok: bpe.BPETokenizer
+    model: GPT
+    card: ModelCard
+    sources: Mapping[str, str]  # provenance.sources, hashed once before the model was loaded
+    atol: float
+    say: Callable[[str], None]
+    report: ExportReport
+    graphs: list[Graph] = field(default_factory=list)  # every graph asked for, contract graphs first
+    windows: np.ndarray | None = None  # the gate's held-out windows; None: --no-gate (or no variant)
+    prompts: list[list[int]] = field(default_factory=list)  # of the greedy check
+    plain: Path | None = None  # the unfused fp32 graph (temporary): what the variants are made from
+    passed: dict[Graph, Path] = field(default_factory=dict)  # graph -> its checked temporary file
+
+    def graph(self, precision: str, cache: str = contract.CACHE_CONCAT) -> Graph | None:
+        return next((g for g in self.graphs if g.precision == precision and g.cache == cache), None)
 
 
 def export(
@@ -184,86 +144,186 @@ def export(
     `sampled_text`, the model's own samples; with none of them a variant is refused before anything is
     written. Without `gate` (untrained weights cannot pass it: speed measurements) the variants are
     written unchecked with the first scheme of their ladder and record gptport.gated = false."""
+    _check_options(opset, gate, heldout, sampled_text)
+    job = _open(model_dir, gate, atol, say)
+    _plan(job, precisions, static, force)
+    if gate and len(precisions) > 1:
+        _gate_text(job, heldout, sampled_text)
+    say("exporting fp32 graph (torch.export)")
+    proto = to_onnx(job.model, opset)
+    try:
+        _check_fp32(job, proto)
+        if optimize:
+            _optimize_fp32(job)
+        for g in job.graphs:
+            if g.cache == contract.CACHE_CONCAT and g.precision != "fp32":
+                say(f"making the {g.precision} variant")
+                _variant(job, g, variants.LADDER.get(g.precision, ("",)))
+        if any(g.cache == contract.CACHE_STATIC for g in job.graphs):
+            _static_graphs(job)
+        _rename_into_place(job)
+        job.report.removed.update(_remove_stale(model_dir, job.sources, set(job.report.files.values())))
+        _side_files(job)
+    finally:
+        for p in model_dir.glob(".model*.tmp-*"):
+            p.unlink(missing_ok=True)
+    return job.report
+
+
+def _check_options(opset: int, gate: bool, heldout: Path | None, sampled_text: bool) -> None:
     if opset < 18:
         raise UsageError(f"--opset {opset}: the exporter needs opset 18 or later")
     if not gate and (heldout is not None or sampled_text):
         raise UsageError("--no-gate writes the variants unchecked; --heldout and --gate-on-sampled-text choose the "
                          "gate's text: give one or the other")
+
+
+def _open(model_dir: Path, gate: bool, atol: float, say: Callable[[str], None]) -> _Job:
+    """The tokenizer, the hashes of the sources, then the model (a file replaced meanwhile fails the check)."""
     tok = bpe.load(model_dir)
-    sources = provenance.sources(model_dir)  # before loading: a file replaced meanwhile fails the check
+    sources = provenance.sources(model_dir)
     model, card = load_model(model_dir, tok)
-    targets = {p: model_dir / contract.onnx_file(p) for p in precisions}
-    report = ExportReport(gated=gate)
-    report.static_skipped = gqa_graph.unsupported(card.model) if static else ""
-    static_targets = {p: model_dir / contract.onnx_file(p, contract.CACHE_STATIC)
-                      for p in precisions if static and not report.static_skipped and p in STATIC_PRECISIONS}
-    existing = [str(p) for p in [*targets.values(), *static_targets.values()] if p.exists()]
+    return _Job(model_dir, tok, model, card, sources, atol, say, ExportReport(gated=gate))
+
+
+def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool) -> None:
+    """The graphs to write: each precision's contract graph, then the static-cache graphs where the model
+    can have them (report.static_skipped says why not); refused if one exists and not `force`."""
+    report = job.report
+    job.graphs = [Graph(p, contract.CACHE_CONCAT, job.model_dir / contract.onnx_file(p)) for p in precisions]
+    report.static_skipped = gqa_graph.unsupported(job.card.model) if static else ""
+    if static and not report.static_skipped:
+        job.graphs += [Graph(p, contract.CACHE_STATIC, job.model_dir / contract.onnx_file(p, contract.CACHE_STATIC))
+                       for p in precisions if p in STATIC_PRECISIONS]
+    existing = [str(g.path) for g in job.graphs if g.path.exists()]
     if existing and not force:
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
-    text = validate.heldout(model_dir, model, tok, heldout, sampled_text) if gate and len(precisions) > 1 else None
-    if text is not None:
-        report.heldout, report.sampled = text.source, text.sampled
-    say("exporting fp32 graph (torch.export)")
-    proto = to_onnx(model, opset)
-    fp32_tmp = atomic.temp_name(targets["fp32"])
-    try:
-        report.size_ratio = _size_ratio(proto, model)
-        save(proto, fp32_tmp, metadata(card, "fp32", sources=sources))
-        if report.size_ratio > 1.01:
-            raise ValidationError(f"export: model.onnx holds {report.size_ratio:.3f}x the parameter bytes "
-                                  "(a weight is stored twice); not written")
-        say("checking fp32 graph: onnx.checker, onnxruntime, parity, greedy decoding")
-        onnx.checker.check_model(str(fp32_tmp), full_check=True)
-        onnx_model = load_cpu(fp32_tmp)
-        report.parity = validate.parity(model, onnx_model.step(), atol=atol)
-        bad = [r for r in report.parity if not r.ok]
-        if bad:
-            raise ValidationError(f"export: fp32 parity failed on case {bad[0].case}: max |Δ logits| "
-                                  f"{bad[0].max_logits:.2e} (atol {atol:g}), max |Δ present| {bad[0].max_present:.2e}")
-        prompts = validate.prompts(model_dir, tok, card.model.n_ctx)
-        report.greedy_tokens = validate.greedy_match(model, onnx_model, prompts)
-        pending = {"fp32": fp32_tmp}
-        if optimize:  # model.onnx gets the fused graph; the variants are made from the plain one
-            say("optimizing with onnxruntime's transformer optimizer")
-            optimized, report.fused = variants.optimize(fp32_tmp, card.model)
-            proto = onnx.load(str(optimized))
-            optimized.unlink()
-            if card.model.tie_embeddings:
-                _untie_folded_head(proto)  # the optimizer folds the head's transpose again
-            if _size_ratio(proto, model) > 1.01:
-                raise ValidationError("export: the optimized graph stores a weight twice; not written")
-            pending["fp32"] = atomic.temp_name(targets["fp32"])
-            save(proto, pending["fp32"], metadata(card, "fp32", sources=sources))
-            validate.check_again(model, load_cpu(pending["fp32"]), atol, "optimized fp32")
-        windows = text.windows if text is not None else None
-        for precision in precisions[1:]:
-            say(f"making the {precision} variant")
-            tmp = _gated_variant(model, card, precision, fp32_tmp, targets[precision], windows, report,
-                                 variants.LADDER.get(precision, ("",)), sources=sources)
-            if tmp is not None:
-                pending[precision] = tmp
-        written = {p: targets[p] for p in pending}
-        if static_targets:
-            static_pending = _static_graphs(model, card, static_targets, pending, windows, prompts, atol,
-                                            report, say, sources)
-            pending.update({f"{p} static": tmp for p, tmp in static_pending.items()})
-            written.update({f"{p} static": static_targets[p] for p in static_pending})
-        for key, tmp in pending.items():
-            os.replace(tmp, written[key])
-            report.files[key] = written[key]
-        for path in [*targets.values(), *static_targets.values()]:  # a variant that missed its gate this time
-            if path.exists() and path not in written.values():
-                path.unlink()
-                report.removed[path] = "an earlier export's; this one did not pass its gate"
-        report.removed.update(_remove_stale(model_dir, sources, set(written.values())))
-        report.genai = genai.write(model_dir, card.model, card.eot_id)
-        hf_tokenizer = model_dir / bpe.HF_CONFIG_FILE
-        if not hf_tokenizer.exists():  # directories from before tokenizer_config.json was written
-            atomic.write_text(hf_tokenizer, json.dumps(bpe.hf_config(tok), indent=2) + "\n")
-    finally:
-        for p in model_dir.glob(".model*.tmp-*"):
-            p.unlink(missing_ok=True)
-    return report
+
+
+def _gate_text(job: _Job, heldout: Path | None, sampled_text: bool) -> None:
+    """The held-out text the variants' gate scores (validate.heldout), before anything is written."""
+    text = validate.heldout(job.model_dir, job.model, job.tok, heldout, sampled_text)
+    job.report.heldout, job.report.sampled = text.source, text.sampled
+    job.windows = text.windows
+
+
+def _check_fp32(job: _Job, proto: onnx.ModelProto) -> None:
+    """The exported graph, saved under a temporary name and checked: every weight stored once,
+    onnx.checker, parity with torch, greedy decoding. It is model.onnx unless it is optimized."""
+    fp32 = job.graph("fp32")
+    assert fp32 is not None  # parse_precisions puts fp32 first
+    report, model = job.report, job.model
+    job.plain = atomic.temp_name(fp32.path)
+    report.size_ratio = _size_ratio(proto, model)
+    save(proto, job.plain, metadata(job.card, "fp32", sources=job.sources))
+    if report.size_ratio > 1.01:
+        raise ValidationError(f"export: model.onnx holds {report.size_ratio:.3f}x the parameter bytes "
+                              "(a weight is stored twice); not written")
+    job.say("checking fp32 graph: onnx.checker, onnxruntime, parity, greedy decoding")
+    onnx.checker.check_model(str(job.plain), full_check=True)
+    onnx_model = load_cpu(job.plain)
+    report.parity = validate.parity(model, onnx_model.step(), atol=job.atol)
+    _refuse_bad_parity("fp32 parity", report.parity, job.atol)
+    job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx)
+    report.greedy_tokens = validate.greedy_match(model, onnx_model, job.prompts)
+    job.passed[fp32] = job.plain
+
+
+def _refuse_bad_parity(what: str, rows: list[validate.ParityRow], atol: float) -> None:
+    bad = [r for r in rows if not r.ok]
+    if bad:
+        raise ValidationError(f"export: {what} failed on case {bad[0].case}: max |Δ logits| "
+                              f"{bad[0].max_logits:.2e} (atol {atol:g}), max |Δ present| {bad[0].max_present:.2e}")
+
+
+def _optimize_fp32(job: _Job) -> None:
+    """model.onnx becomes the graph fused by onnxruntime's transformer optimizer, checked again; the
+    variants are still made from the plain graph, which quantizes better."""
+    assert job.plain is not None
+    fp32 = job.graph("fp32")
+    assert fp32 is not None
+    job.say("optimizing with onnxruntime's transformer optimizer")
+    optimized, job.report.fused = variants.optimize(job.plain, job.card.model)
+    proto = onnx.load(str(optimized))
+    optimized.unlink()
+    if job.card.model.tie_embeddings:
+        untie_folded_head(proto)  # the optimizer folds the head's transpose again
+    if _size_ratio(proto, job.model) > 1.01:
+        raise ValidationError("export: the optimized graph stores a weight twice; not written")
+    job.passed[fp32] = atomic.temp_name(fp32.path)
+    save(proto, job.passed[fp32], metadata(job.card, "fp32", sources=job.sources))
+    validate.check_again(job.model, load_cpu(job.passed[fp32]), job.atol, "optimized fp32")
+
+
+def _static_graphs(job: _Job) -> None:
+    """The static-cache graphs of the precisions whose contract graph passed: fp32 built from the weights
+    and checked like model.onnx, int8/int4 quantized from it, starting with the scheme their contract
+    twin shipped, and gated again."""
+    job.say("building the static-cache graph (GroupQueryAttention, cache preallocated at n_ctx)")
+    fp32 = job.graph("fp32", contract.CACHE_STATIC)
+    assert fp32 is not None
+    tmp = atomic.temp_name(fp32.path)
+    save_static(job.model, job.card, tmp, job.sources)
+    onnx.checker.check_model(str(tmp), full_check=True)
+    engine = load_cpu(tmp)
+    job.report.static_parity = validate.static_parity(job.model, engine, job.atol)
+    _refuse_bad_parity("static-cache graph parity", job.report.static_parity, job.atol)
+    validate.greedy_match(job.model, engine, job.prompts)
+    job.passed[fp32] = tmp
+    for g in job.graphs:
+        twin = job.graph(g.precision)
+        if g.cache != contract.CACHE_STATIC or g.precision == "fp32" or twin not in job.passed:
+            continue
+        job.say(f"making the {g.precision} static-cache variant")
+        ladder = variants.LADDER[g.precision]
+        _variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=tmp)
+
+
+def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | None = None) -> None:
+    """The `graph` variant of the fp32 graph at `source` (the plain contract graph by default), under a
+    temporary name, made with the first of `schemes` that passes the accuracy gate on job.windows (each
+    try recorded in the report); nothing, and nothing left behind, if none does. Without windows
+    (--no-gate): the first scheme, unchecked, recorded as ungated."""
+    fp32 = source or job.plain
+    assert fp32 is not None
+    report, card, tmp = job.report, job.card, atomic.temp_name(graph.path)
+    if job.windows is None:
+        variants.make(graph.precision, fp32, tmp, card.model, schemes[0])
+        set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gated=False))
+        report.schemes[graph.label] = schemes[0]
+        job.passed[graph] = tmp
+        return
+    for scheme in schemes:
+        variants.make(graph.precision, fp32, tmp, card.model, scheme)
+        set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gate_text=report.heldout))
+        gate = replace(validate.gate(job.model, load_cpu(tmp), job.windows, graph.label), scheme=scheme)
+        report.gates.append(gate)
+        if gate.ok:
+            report.schemes[graph.label] = scheme
+            job.passed[graph] = tmp
+            return
+    tmp.unlink(missing_ok=True)
+
+
+def _rename_into_place(job: _Job) -> None:
+    """Each graph that passed renamed into place (report.files); an earlier export's file of a graph
+    that did not pass this time removed (report.removed)."""
+    for g in job.graphs:  # contract graphs first, as _plan lists them
+        if g in job.passed:
+            os.replace(job.passed[g], g.path)
+            job.report.files[g.label] = g.path
+    for g in job.graphs:
+        if g.path.exists() and g not in job.passed:
+            g.path.unlink()
+            job.report.removed[g.path] = "an earlier export's; this one did not pass its gate"
+
+
+def _side_files(job: _Job) -> None:
+    """genai_config.json, and tokenizer_config.json for directories from before it was written."""
+    job.report.genai = genai.write(job.model_dir, job.card.model, job.card.eot_id)
+    hf_tokenizer = job.model_dir / bpe.HF_CONFIG_FILE
+    if not hf_tokenizer.exists():
+        atomic.write_text(hf_tokenizer, json.dumps(bpe.hf_config(job.tok), indent=2) + "\n")
 
 
 def _remove_stale(model_dir: Path, sources: Mapping[str, str], written: set[Path]) -> dict[Path, str]:
@@ -286,64 +346,11 @@ def _remove_stale(model_dir: Path, sources: Mapping[str, str], written: set[Path
     return removed
 
 
-def _static_graphs(model: GPT, card: ModelCard, targets: dict[str, Path], pending: dict[str, Path],
-                   windows: np.ndarray | None, prompts: list[list[int]], atol: float, report: ExportReport,
-                   say: Callable[[str], None], sources: Mapping[str, str]) -> dict[str, Path]:
-    """The static-cache graphs (temporary files) of the precisions in `targets` whose contract graph
-    passed: fp32 built from the weights and checked like model.onnx, int8/int4 quantized from it,
-    starting with the scheme their contract twin shipped, and gated again."""
-    say("building the static-cache graph (GroupQueryAttention, cache preallocated at n_ctx)")
-    out = {"fp32": atomic.temp_name(targets["fp32"])}
-    save_static(model, card, out["fp32"], sources)
-    onnx.checker.check_model(str(out["fp32"]), full_check=True)
-    engine = load_cpu(out["fp32"])
-    report.static_parity = validate.static_parity(model, engine, atol)
-    bad = [r for r in report.static_parity if not r.ok]
-    if bad:
-        raise ValidationError(f"export: static-cache graph parity failed on case {bad[0].case}: max |Δ logits| "
-                              f"{bad[0].max_logits:.2e} (atol {atol:g}), max |Δ present| {bad[0].max_present:.2e}")
-    validate.greedy_match(model, engine, prompts)
-    for precision in [p for p in targets if p != "fp32" and p in pending]:
-        say(f"making the {precision} static-cache variant")
-        ladder = variants.LADDER[precision]
-        tmp = _gated_variant(model, card, precision, out["fp32"], targets[precision], windows, report,
-                             ladder[ladder.index(report.schemes[precision]):], contract.CACHE_STATIC, sources)
-        if tmp is not None:
-            out[precision] = tmp
-    return out
-
-
 def save_static(model: GPT, card: ModelCard, path: Path, sources: Mapping[str, str] | None = None) -> None:
     """The fp32 static-cache graph (gqa_graph.py) of the model's weights, with its metadata, at `path`."""
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     proto = gqa_graph.build(card.model, weights)
     save(proto, path, metadata(card, "fp32", contract.CACHE_STATIC, sources))
-
-
-def _gated_variant(model: GPT, card: ModelCard, precision: str, fp32: Path, target: Path,
-                   windows: np.ndarray | None, report: ExportReport, schemes: Sequence[str],
-                   cache: str = contract.CACHE_CONCAT, sources: Mapping[str, str] | None = None) -> Path | None:
-    """The `precision` variant of the graph at `fp32`, under a temporary name next to `target`, made
-    with the first of `schemes` that passes the accuracy gate on `windows` (each try recorded in
-    `report`); None, and nothing left behind, if none does. Without `windows` (--no-gate): the first
-    scheme, unchecked, recorded as ungated."""
-    tmp = atomic.temp_name(target)
-    label = precision if cache == contract.CACHE_CONCAT else f"{precision} {cache}"
-    if windows is None:
-        variants.make(precision, fp32, tmp, card.model, schemes[0])
-        set_metadata(tmp, metadata(card, precision, cache, sources, gated=False))
-        report.schemes[label] = schemes[0]
-        return tmp
-    for scheme in schemes:
-        variants.make(precision, fp32, tmp, card.model, scheme)
-        set_metadata(tmp, metadata(card, precision, cache, sources, gate_text=report.heldout))
-        gate = replace(validate.gate(model, load_cpu(tmp), windows, label), scheme=scheme)
-        report.gates.append(gate)
-        if gate.ok:
-            report.schemes[label] = scheme
-            return tmp
-    tmp.unlink(missing_ok=True)
-    return None
 
 
 def set_metadata(path: Path, meta: dict[str, str]) -> None:
