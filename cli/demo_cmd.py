@@ -89,7 +89,7 @@ def demo(
     sys.stdout.flush()
 
     err.rule("6/6 bench (batch 1, prompt 64, 64 new tokens)")
-    plan = bench.BenchPlan(precisions=list(exported.files), prompt_lens=(min(64, cfg.n_ctx - 64),), gen_len=64,
+    plan = bench.BenchPlan(precisions=exported.precisions, prompt_lens=(min(64, cfg.n_ctx - 64),), gen_len=64,
                            repeat=2, warmup=1)
     with err.status("benchmarking") as status:
         result = bench.run(out, plan, say=status.update)

@@ -46,6 +46,11 @@ class ExportReport:
     size_ratio: float = 0.0
     genai: Path | None = None
 
+    @property
+    def precisions(self) -> list[str]:
+        """The precisions written, each once in the order written: "int8" and "int8 static" are one."""
+        return list(dict.fromkeys(label.split()[0] for label in self.files))
+
 
 def parse_precisions(text: str) -> list[str]:
     """'fp32,int8' -> ['fp32', 'int8']; fp32 always comes first (the variants are made from it)."""

@@ -166,5 +166,6 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     for needle in ("1/6 corpus", "not UTF-8", "2/6 tokenizer", "4/6 export", "6/6 bench", "gptport demo:",
                    "bits per byte", "decode"):
         assert needle in r.stderr, needle
+    assert "not run" not in r.stderr, r.stderr[-3000:]  # every graph export wrote is benchmarked
     assert (out / "model.onnx").exists() and (out / "model.safetensors").exists()
     _assert_one_line_error(gptport("demo", "--out", str(out), "--minutes", "0.1"), 1, "--force")
