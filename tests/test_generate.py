@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, UsageError
@@ -82,6 +83,17 @@ def test_context_overflow_slides_or_stops(trained_dir: Path, prompt_ids: list[li
     # the model saw n_ctx tokens; the last new token is its prediction from that full window
     assert len(stopped.prompt_ids) + len(stopped.new_ids) == n_ctx + 1
     assert stopped.new_ids == slid.new_ids[: len(stopped.new_ids)]
+    # after the slide, each token is the greedy choice of a plain torch forward (no cache) over the sequence
+    # from the slide's start: the most recent n_ctx // 2 tokens when the window was full, and those since
+    from gptport.checkpoint import load_model
+
+    model, _ = load_model(trained_dir, bpe.load(trained_dir))
+    seq = slid.prompt_ids + slid.new_ids
+    full = n_ctx + 1  # the sequence's length when the slide came
+    for j in range(full, len(seq)):  # 20 more tokens: the window (n_ctx // 2 = 48 tokens, then more) stays < n_ctx
+        with torch.no_grad():
+            logits = model(torch.tensor([seq[full - n_ctx // 2:j]]))[0][0, -1]
+        assert logits[seq[j]] >= logits.max() - 1e-4, f"token {j}: not the greedy choice of the slid window"
 
 
 def test_eot_and_stop_callback_end_a_row(trained_dir: Path, prompt_ids: list[list[int]]) -> None:
