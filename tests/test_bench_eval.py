@@ -126,6 +126,27 @@ def test_eval_onnx_and_torch_agree(trained_dir: Path, heldout: Path) -> None:
     assert onnx_result.perplexity < bpe.load(trained_dir).vocab_size  # the model learned something
 
 
+def test_eval_scores_the_models_next_token_cross_entropy(trained_dir: Path) -> None:
+    """Within one window (a text shorter than n_ctx), evaluate's nats per token are the torch model's mean
+    cross-entropy of each token given those before it (the first given EOT), computed here directly; bits
+    per byte divide their sum by ln 2 and the text's UTF-8 bytes."""
+    import torch
+
+    tok = bpe.load(trained_dir)
+    text = make_text(4, seed=7)
+    ids = [tok.eot_id, *tok.encode(text)]
+    assert len(ids) - 1 <= 96  # one window of trained_dir's n_ctx
+    model, _ = load_model(trained_dir, tok)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids[:-1]]))[0][0].double()
+    want = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])).item()
+    for engine in ("onnx", "torch"):
+        got = evaluate(open_model(trained_dir, engine).engine, tok, text)
+        assert got.tokens == len(ids) - 1 and abs(got.nats_per_token - want) < 1e-4, (engine, got, want)
+        assert got.bits_per_byte == pytest.approx(want * (len(ids) - 1) / math.log(2) / len(text.encode()),
+                                                  rel=1e-4), engine
+
+
 def test_stride_covers_every_token_once(trained_dir: Path, heldout: Path) -> None:
     text = heldout.read_text()
     engine, tok = open_model(trained_dir).engine, bpe.load(trained_dir)
