@@ -34,7 +34,8 @@ def browser() -> Iterator[Any]:
     """A headless Chromium for the module's tests."""
     path = chromium_path()
     assert path is not None  # else the module skips
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is missing: pip install -e '.[dev]'")
+    from playwright import sync_api  # a dev dependency: its absence is a failure, not a skip
+
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
         try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai  # a dev dependency: its absence is a failure, not a skip
 import pytest
 
 from gptport import tokenizer as bpe
@@ -44,7 +45,6 @@ def model(server: Served) -> str:
 
 @pytest.fixture(scope="module")
 def client(server: Served) -> Any:
-    openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60)
 
 
@@ -352,7 +352,6 @@ def test_invalid_requests(server: Served, model: str, tokenizer: bpe.BPETokenize
 
 
 def test_openai_client_raises_on_errors(client: Any, model: str) -> None:
-    openai = pytest.importorskip("openai")
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=model, prompt="ka", max_tokens=4, temperature=-1)
     assert e.value.status_code == 400 and e.value.body["param"] == "temperature"  # type: ignore[index]

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import openai  # a dev dependency: its absence is a failure, not a skip
 import pytest
 
 from tests.serving import (
@@ -155,7 +156,6 @@ def test_api_key(trained_dir: Path, tmp_path: Path) -> None:
         assert s.get("/v1/models", key)[0] == 200
         assert s.post("/v1/completions", {"prompt": "ka", "max_tokens": 2}, key)[0] == 200
         assert sample(metrics(s, key), "gptport_requests_total", route="/v1/completions", status="401") == 3
-        openai = pytest.importorskip("openai")
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0).models.list()
         good = openai.OpenAI(base_url=s.url + "/v1", api_key="k", max_retries=0)
