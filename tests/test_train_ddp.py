@@ -56,8 +56,18 @@ def run_ranks(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     """`gptport train … --nproc-per-node 2`: torchrun's launcher starts the ranks."""
     full = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full.pop("GPTPORT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "gptport.cli.main", "train", *args, "--nproc-per-node", "2"],
-                          capture_output=True, text=True, env=full, timeout=TIMEOUT, check=False)
+    cmd = [sys.executable, "-m", "gptport.cli.main", "train", *args, "--nproc-per-node", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=TIMEOUT, check=False)
+    if SIGABRT_AT_START in r.stderr and "step " not in r.stderr:
+        # A known intermittent fault, open as its own issue: on a loaded machine a rank now and then
+        # dies by SIGABRT before its first step, printing nothing (2 of ~30 runs here, never alone).
+        # Such a run did no work, so it is run once more, saying so; any other failure stands.
+        print(f"run_ranks: a rank aborted at start; running once more\n{r.stderr}", file=sys.stderr)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=TIMEOUT, check=False)
+    return r
+
+
+SIGABRT_AT_START = "failed first (killed by SIGABRT)"
 
 
 def weights(d: Path) -> dict[str, torch.Tensor]:
