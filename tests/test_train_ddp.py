@@ -60,7 +60,7 @@ def run_ranks(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     r = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=TIMEOUT, check=False)
     if SIGABRT_AT_START in r.stderr and "step " not in r.stderr:
         # A known intermittent fault, open as its own issue: on a loaded machine a rank now and then
-        # dies by SIGABRT before its first step, printing nothing (2 of ~30 runs here, never alone).
+        # dies by SIGABRT before its first step, printing nothing (2 of ~50 runs here, none outside pytest).
         # Such a run did no work, so it is run once more, saying so; any other failure stands.
         print(f"run_ranks: a rank aborted at start; running once more\n{r.stderr}", file=sys.stderr)
         r = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=TIMEOUT, check=False)
