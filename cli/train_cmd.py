@@ -95,7 +95,6 @@ def train(
     if steps is not None:
         options["minutes"] = 0.0
     rank, world = distributed.env_world()
-    ctx: Dist | None = None
     try:
         ctx = _train(corpus, model_dir, preset, set_ or [], options, resume, force, glob, encoding_errors,
                      allow_world_size_change)
@@ -109,9 +108,7 @@ def train(
             raise
         raise GptportError(f"rank {rank} of {world}: a collective failed, another rank has gone "
                            f"({text.splitlines()[0]})") from e
-    finally:
-        if ctx is not None:
-            distributed.shutdown(ctx)
+    distributed.shutdown(ctx)  # a run that failed leaves its process group to the exit (and torchrun)
 
 
 def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], options: dict[str, Any], resume: bool,
