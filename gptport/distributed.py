@@ -106,12 +106,6 @@ def init(device_name: str) -> tuple[Dist, torch.device]:
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # --compile: a kernel cache of each local rank's own
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-        # Ranks of one machine compiling the same kernels into one cache raced: a rank loaded another's
-        # half-written .so ("file too short").
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"rank{local_rank}")
     dist.init_process_group(backend, timeout=TIMEOUT)
     return Dist(rank, world, local_rank, backend, device), device
 
