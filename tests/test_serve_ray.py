@@ -100,27 +100,39 @@ def cluster(ray_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def replica_metrics(url: str, name: str, tries: int = 50) -> str:
-    """/metrics of the replica `name`: scraped through the proxy until that replica answers. Eight
-    requests at a time: Ray's router may send one request after another to the same idle replica, and
-    spreads requests that are in flight together."""
+def _spread(url: str, path: str, done: Any, seconds: float = 60.0) -> list[httpx.Response]:
+    """GET `path` through the proxy eight requests at a time until `done(responses so far)` holds, for at most
+    `seconds`: Ray's router may send one request after another to the same idle replica for a while (it picks by
+    the queue lengths it last saw, which it keeps for some seconds), and spreads requests in flight together."""
     from concurrent.futures import ThreadPoolExecutor
 
+    seen: list[httpx.Response] = []
+    deadline = time.monotonic() + seconds
     with ThreadPoolExecutor(8) as pool:
-        for _ in range(tries):
-            for r in pool.map(lambda _: httpx.get(url + "/metrics", timeout=10), range(8)):
-                if r.headers["x-gptport-replica"] == name:
-                    return r.text
-    raise AssertionError(f"the replica {name} never answered /metrics")
+        while time.monotonic() < deadline:
+            seen += pool.map(lambda _: httpx.get(url + path, timeout=10), range(8))
+            if done(seen):
+                return seen
+            time.sleep(0.1)
+    return seen
 
 
-def replica_names(url: str, k: int = 2, tries: int = 200) -> set[str]:
-    seen: set[str] = set()
-    for _ in range(tries):
-        seen.add(httpx.get(url + "/health", timeout=10).headers["x-gptport-replica"])
-        if len(seen) == k:
-            return seen
-    raise AssertionError(f"only {seen} answered /health")
+def replica_metrics(url: str, name: str) -> str:
+    """/metrics of the replica `name`, scraped through the proxy until that replica answers."""
+    answers = _spread(url, "/metrics", lambda rs: any(r.headers["x-gptport-replica"] == name for r in rs))
+    for r in answers:
+        if r.headers["x-gptport-replica"] == name:
+            return r.text
+    raise AssertionError(f"the replica {name} never answered /metrics in 60 s ({len(answers)} scrapes)")
+
+
+def replica_names(url: str, k: int = 2) -> set[str]:
+    """The names of the replicas that answer /health, once `k` have (at most 60 s)."""
+    names = lambda rs: {r.headers["x-gptport-replica"] for r in rs}  # noqa: E731
+    answers = _spread(url, "/health", lambda rs: len(names(rs)) >= k)
+    if len(names(answers)) < k:
+        raise AssertionError(f"only {names(answers)} answered /health in 60 s ({len(answers)} requests)")
+    return names(answers)
 
 
 async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], started: asyncio.Event | None = None
@@ -286,7 +298,7 @@ def test_ray_replica_killed_mid_load(cluster: Cluster) -> None:
         while True:
             r = httpx.post(url + "/v1/completions", json={"prompt": "ka", "max_tokens": 2}, timeout=60)
             probes.append(r.status_code)
-            new = {n for n in replica_names(url, 1, 1)} - old
+            new = {r.headers["x-gptport-replica"] for r in _spread(url, "/health", bool, 1)} - old
             if new:
                 break
             assert time.monotonic() < deadline, "no new replica served within 120 s of the kill"
