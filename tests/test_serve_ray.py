@@ -30,16 +30,16 @@ HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray Serve is not installed: pip install -e '.[ray]'")
 N_CTX = 1024  # long enough that a stream runs for a while on one thread
 LONG = {"max_tokens": 10_000, "ignore_eos": True, "temperature": 0}
-# A driver of its own connects to the cluster, looks up the replica named on its first stdin line, and kills its
-# actor when the second line comes (the kill is then one call: it lands while the load runs).
+# A driver of its own connects to the cluster, looks up the actors of the replicas named on its first stdin line,
+# and kills the one named on the second line when it comes (the kill is then one call: it lands while the load runs).
 KILLER = """
 import sys, time, ray
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 print("ready", flush=True)
-actor = ray.get_actor("SERVE_REPLICA::" + sys.stdin.readline().strip().split("@")[0], namespace="serve")
+actors = {name: ray.get_actor("SERVE_REPLICA::" + name.split("@")[0], namespace="serve")
+          for name in sys.stdin.readline().split()}
 print("armed", flush=True)
-sys.stdin.readline()
-ray.kill(actor, no_restart=False)
+ray.kill(actors[sys.stdin.readline().strip()], no_restart=False)
 print("killed", time.monotonic(), flush=True)
 """
 
@@ -135,17 +135,17 @@ def replica_names(url: str, k: int = 2) -> set[str]:
     return names(answers)
 
 
-async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], started: asyncio.Event | None = None
-                 ) -> tuple[int, str | None, list[Any]]:
-    """(status, x-gptport-replica, the parsed data: payloads) of one streamed completion; `started` is set at its
-    first chunk."""
+async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                 started: asyncio.Future[str] | None = None) -> tuple[int, str | None, list[Any]]:
+    """(status, x-gptport-replica, the parsed data: payloads) of one streamed completion; `started` gets the
+    replica's name at its first chunk."""
     out: list[Any] = []
     async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
         if r.status_code != 200:
             return r.status_code, r.headers.get("x-gptport-replica"), [json.loads(await r.aread())]
         async for line in r.aiter_lines():
-            if started is not None:
-                started.set()
+            if started is not None and not started.done():
+                started.set_result(r.headers.get("x-gptport-replica", ""))
             if line.startswith("data: "):
                 data = line[len("data: "):]
                 out.append(data if data == "[DONE]" else json.loads(data))
@@ -253,27 +253,28 @@ def test_ray_replica_killed_mid_load(cluster: Cluster) -> None:
         assert killer.stdout is not None and killer.stdin is not None
         assert killer.stdout.readline().strip() == b"ready"
         old = replica_names(url)
-        victim = sorted(old)[0]
-        killer.stdin.write(victim.encode() + b"\n")
+        killer.stdin.write(" ".join(sorted(old)).encode() + b"\n")
         killer.stdin.flush()
         assert killer.stdout.readline().strip() == b"armed"
 
-        async def run() -> tuple[list[Any], float]:
+        async def run() -> tuple[list[Any], float, str]:
             async with httpx.AsyncClient(timeout=httpx.Timeout(60), limits=httpx.Limits(max_connections=64)) as c:
-                started = [asyncio.Event() for _ in range(8)]
+                loop = asyncio.get_running_loop()
+                started: list[asyncio.Future[str]] = [loop.create_future() for _ in range(8)]
                 streams = [asyncio.create_task(stream(c, url, {"prompt": f"ka {i}", **LONG}, started[i]))
                            for i in range(8)]
                 plain = [asyncio.create_task(c.post(url + "/v1/completions", json={"prompt": f"ka {i}", **LONG}))
                          for i in range(8)]
-                for e in started:  # every stream is decoding
-                    await e.wait()
-                killer.stdin.write(b"go\n")  # type: ignore[union-attr]
+                serving = await asyncio.gather(*started)  # every stream is decoding, on these replicas
+                # the victim: a replica with streams in flight (Ray's router may have sent them all to one)
+                victim = min(serving)
+                killer.stdin.write(victim.encode() + b"\n")  # type: ignore[union-attr]
                 killer.stdin.flush()  # type: ignore[union-attr]
                 t_kill = float((await asyncio.to_thread(killer.stdout.readline)).split()[1])  # type: ignore[union-attr]
                 outcomes = await asyncio.gather(*streams, *plain, return_exceptions=True)
-                return list(outcomes), t_kill
+                return list(outcomes), t_kill, victim
 
-        outcomes, t_kill = asyncio.run(run())
+        outcomes, t_kill, victim = asyncio.run(run())
         failures: list[str] = []
         for o in outcomes:
             assert not isinstance(o, BaseException), repr(o)  # no hang (timeout) and no dropped connection
