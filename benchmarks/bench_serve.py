@@ -5,10 +5,12 @@ batch-1 decode latency of the same graph in each round, for the concurrency-1 co
 
 Load: /v1/completions, streamed, prompts of ~64 tokens (bench-serve calibrates its word count), 128
 new tokens (64 for gpt2-124m), temperature 0.8, ignore_eos, usage from `stream_options.include_usage`;
-16 slots, 2 threads.
-Writes benchmarks/results/serve-<shape>.json (medians over rounds, and every round).
+16 slots, 2 threads, `--spin step` (serve's default).
+Writes benchmarks/results/serve-<shape>.json (medians over rounds, and every round). With several
+`--spin` modes, one gptport server per mode in the same rounds (serve-spin-<shape>.json).
 
     python benchmarks/bench_serve.py [--shapes small,gpt2-124m] [--rounds 3] [--llama-server PATH]
+    python benchmarks/bench_serve.py --shapes small --spin step,never,always
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--spin", default="step", help="gptport serve's --spin; several (step,never,always) compare "
+                    "them in the same rounds and write serve-spin-<shape>.json")
     ap.add_argument("--llama-server", type=Path, default=os.environ.get("GPTPORT_LLAMA_SERVER"),
                     help="a llama-server binary (README: building one from the llama-cpp-python sdist)")
     args = ap.parse_args()
@@ -150,8 +154,10 @@ def main() -> None:
     for shape in args.shapes.split(","):
         d = model_dir(shape, corpus, args.llama_server is not None)
         n_ctx = json.loads((d / "config.json").read_text())["model"]["n_ctx"]
-        servers = {"gptport": [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", "PORT",
-                               "--slots", str(args.slots), "--threads", str(args.threads)]}
+        modes = args.spin.split(",")
+        servers = {"gptport" if len(modes) == 1 else f"gptport --spin {mode}": [
+            sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", "PORT", "--slots", str(args.slots),
+            "--threads", str(args.threads), "--spin", mode] for mode in modes}
         if args.llama_server is not None:
             servers["llama.cpp"] = [str(args.llama_server), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1",
                                     "--port", "PORT", "-np", str(args.slots), "-t", str(args.threads),
@@ -163,18 +169,18 @@ def main() -> None:
                 port = str(free_port())
                 print(f"== {shape} round {r + 1}/{args.rounds}: {name}", file=sys.stderr)
                 cmd = [port if a == "PORT" else a for a in servers[name]]
-                log = WORK / f"{shape}-{name}.log"
+                log = WORK / f"{shape}-{name.replace(' ', '')}.log"
                 rounds[name].append(served(cmd, f"http://127.0.0.1:{port}", shape, levels, log, seed=r))
-                if name == "gptport":  # the CLI's decode latency right beside the server's TPOT (the host drifts)
+                if name == list(servers)[0]:  # the CLI's decode latency beside the server's TPOT (the host drifts)
                     latencies.append(decode_latency_ms(d, shape, args.threads))
         latency = statistics.median(latencies)
         result = {"shape": shape, "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
                   "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,
                                "max_tokens": MAX_TOKENS[shape], "temperature": 0.8, "rounds": args.rounds,
-                               "concurrency": levels},
+                               "concurrency": levels, "spin": modes},
                   "bench_decode_ms_per_token": latency, "bench_decode_ms_per_token_rounds": latencies,
                   "servers": {name: {"median": median_rows(rs), "rounds": rs} for name, rs in rounds.items()}}
-        out = HERE / "results" / f"serve-{shape}.json"
+        out = HERE / "results" / (f"serve-{shape}.json" if len(modes) == 1 else f"serve-spin-{shape}.json")
         out.write_text(json.dumps(result, indent=2) + "\n")
         print_table(result)
 
@@ -182,11 +188,11 @@ def main() -> None:
 def print_table(result: dict[str, Any]) -> None:
     print(f"\n{result['shape']} on {result['machine']['cpu']}, {result['machine']['cores']} cores; "
           f"gptport bench decode {result['bench_decode_ms_per_token']:.2f} ms/token")
-    print(f"{'server':<10} {'conc':>4} {'ok/fail':>8} {'out tok/s':>10} {'TTFT med':>9} {'TTFT p99':>9} "
+    print(f"{'server':<22} {'conc':>4} {'ok/fail':>8} {'out tok/s':>10} {'TTFT med':>9} {'TTFT p99':>9} "
           f"{'TPOT med':>9} {'ITL p99':>8}")
     for name, data in result["servers"].items():
         for row in data["median"]:
-            print(f"{name:<10} {row['concurrency']:>4} {row['completed']:>5}/{row['failed']:<2} "
+            print(f"{name:<22} {row['concurrency']:>4} {row['completed']:>5}/{row['failed']:<2} "
                   f"{row['output_throughput']:>10.1f} {row['median_ttft_ms']:>9.1f} {row['p99_ttft_ms']:>9.1f} "
                   f"{row['median_tpot_ms']:>9.2f} {row['p99_itl_ms']:>8.2f}")
 

@@ -4,10 +4,11 @@ For bench_llamacpp.py's `small` model directory (random weights; its fp32 static
 GGUF), in rounds that alternate the order: llama-bench's decode (-p 0 -n STEPS, 2 threads) as ms per
 token; gptport's decode step as `gptport generate` runs it (the static graph's step function, last
 position only, argmax in numpy) timed by the wall clock with onnxruntime's thread pool spinning (what
-generate and bench do), not spinning, and with 1 thread; and a profiled run (onnxruntime's profiler,
-spinning) per round that splits a step into its operators and the executor's time outside them (the
-least disturbed round's profile, its shares applied to the median session.run time); the Python
-side is the wall time outside session.run. Writes benchmarks/results/profile-vs-llamacpp-<shape>.json.
+generate and bench do), spinning only while a step runs (what serve does), not spinning, and with 1
+thread; and a profiled run (onnxruntime's profiler, spinning) per round that splits a step into its
+operators and the executor's time outside them (the least disturbed round's profile, its shares
+applied to the median session.run time); the Python side is the wall time outside session.run.
+Writes benchmarks/results/profile-vs-llamacpp-<shape>.json.
 
     python benchmarks/profile_vs_llamacpp.py --llama-bench PATH [--shape small] [--steps 128] [--rounds 3]
 """
@@ -44,7 +45,7 @@ def llama_ms(bench: Path, gguf: Path, steps: int, repeat: int, threads: int) -> 
     return 1e3 / json.loads(r.stdout)[0]["avg_ts"]
 
 
-def decode(path: Path, threads: int, spin: bool, steps: int, profile_dir: str | None = None) -> dict[str, Any]:
+def decode(path: Path, threads: int, spin: str, steps: int, profile_dir: str | None = None) -> dict[str, Any]:
     """Mean wall ms per decode step after a 64-token prefill (a warm-up prefill first), and the share of
     it spent in session.run; with `profile_dir`, onnxruntime's profile of the decode steps."""
     opts = session_options(threads, spin)
@@ -98,7 +99,7 @@ def main() -> None:
     if not graph.exists() or not gguf.exists():
         raise SystemExit(f"{d}: run benchmarks/bench_llamacpp.py --shapes {args.shape} first")
     t = args.threads
-    variants = {"spin": (t, True), "no_spin": (t, False), "one_thread": (1, True)}
+    variants = {"spin": (t, "always"), "spin_step": (t, "step"), "no_spin": (t, "never"), "one_thread": (1, "always")}
     rounds = []
     for i in range(args.rounds):
         runs: dict[str, Any] = {}
@@ -124,6 +125,7 @@ def main() -> None:
                  "in_nodes_ms": prof["us_in_nodes_per_step"] / 1e3 * scale,
                  "by_op_type_ms": {r["op"]: r["us_per_step"] / 1e3 * scale for r in prof["by_op_type"]},
                  "nodes_per_step": prof["nodes_per_step"], "no_spin_ms_per_token": med["no_spin"],
+                 "spin_step_ms_per_token": med["spin_step"],
                  "one_thread_ms_per_token": med["one_thread"]}
     result = {"benchmark": "time per decode token, gptport's static-cache fp32 step against llama-bench's F32",
               "machine": cpu(), "shape": args.shape, "threads": t, "steps": args.steps, "rounds": rounds,
@@ -132,7 +134,8 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{result['machine']['cpu']}, {t} threads, {args.shape} fp32 decode, {args.rounds} rounds (medians), "
           "ms per token:")
-    print(f"  llama.cpp {llama:.3f}; gptport {med['spin']:.3f} (no spinning {med['no_spin']:.3f}, "
+    print(f"  llama.cpp {llama:.3f}; gptport {med['spin']:.3f} (spinning within a step only {med['spin_step']:.3f}, "
+          f"no spinning {med['no_spin']:.3f}, "
           f"1 thread {med['one_thread']:.3f}); extra {med['spin'] - llama:+.3f}")
     print(f"  gptport: session.run {run_ms:.3f} = nodes {breakdown['in_nodes_ms']:.3f} + executor "
           f"{breakdown['executor_outside_nodes_ms']:.3f}; outside session.run (Python, binding, argmax) "

@@ -46,8 +46,9 @@ def serve(
                                                "requests wait at most this long a prefill.")] = 512,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM/Ctrl-C, seconds running requests get to "
                                                     "finish.")] = 30.0,
-    spin: Annotated[bool, typer.Option("--spin/--no-spin", help="Let onnxruntime's threads spin between steps "
-                                       "(faster steps when the HTTP side has a core of its own).")] = False,
+    spin: Annotated[str, typer.Option(help="What onnxruntime's idle threads do: 'step' spin while a step runs "
+                                      "and sleep between steps (the HTTP side gets the cores), 'always' spin "
+                                      "between steps too, 'never' sleep at once.")] = "step",
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
                                              "load).")] = False,
     ray: Annotated[bool, typer.Option("--ray", help="Serve on Ray Serve (pip install 'gptport[ray]'): replicas, "

@@ -51,7 +51,7 @@ def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACH
 
 def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", cache: str = CACHE_AUTO,
                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-               spin: bool = True) -> onnx_engine.OnnxModel:
+               spin: str = onnx_engine.SPIN_ALWAYS) -> onnx_engine.OnnxModel:
     """The graph of this precision and cache layout (graph_path) opened on `provider`, refused unless
     it was exported from the directory's model.safetensors and config.json (provenance.check; a file
     the directory lacks is not compared); `say` gets the fallbacks taken and, for a graph written with
@@ -72,7 +72,7 @@ def ungated_warning(path: Path) -> str:
 
 def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-               cache: str = CACHE_AUTO, spin: bool = True) -> Opened:
+               cache: str = CACHE_AUTO, spin: str = onnx_engine.SPIN_ALWAYS) -> Opened:
     """Load the tokenizer and the engine of `model_dir`, refusing a tokenizer that is not the model's.
     `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract)."""
     tok = bpe.load(model_dir)

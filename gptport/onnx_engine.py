@@ -20,7 +20,7 @@ import onnxruntime as ort
 from gptport import contract, provenance, providers, static_cache
 from gptport.config import ModelConfig, model_config_from_dict
 from gptport.engine import Past, StepFn
-from gptport.errors import ArtifactError, ProviderError
+from gptport.errors import ArtifactError, ProviderError, UsageError
 
 _ORT = ort.capi.onnxruntime_pybind11_state
 # what InferenceSession raises on a file it cannot load (damaged bytes: a bad protobuf, a graph without
@@ -114,15 +114,25 @@ def _bound_step(session: ort.InferenceSession, names_in: list[str], names_out: l
     return step
 
 
-def session_options(threads: int = 0, spin: bool = True) -> ort.SessionOptions:
-    """`spin`: the thread pool's workers spin for a while after each run (fastest when onnxruntime has
-    the cores to itself); off, they sleep at once and leave the cores to other threads (the server's)."""
+SPIN_ALWAYS, SPIN_STEP, SPIN_NEVER = "always", "step", "never"
+SPIN_MODES = (SPIN_ALWAYS, SPIN_STEP, SPIN_NEVER)
+
+
+def session_options(threads: int = 0, spin: str = SPIN_ALWAYS) -> ort.SessionOptions:
+    """`spin`, what the thread pool's idle workers do: "always" spin (onnxruntime's default: they go on
+    spinning for a while after a run; fastest when onnxruntime has the cores to itself), "step" spin
+    while a run lasts and stop as it returns (node-to-node hand-offs stay fast, and the cores are free
+    between steps for other threads: the server's), "never" sleep at once."""
+    if spin not in SPIN_MODES:
+        raise UsageError(f"--spin {spin!r} is unknown; choose one of {', '.join(SPIN_MODES)}")
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads > 0:
         opts.intra_op_num_threads = threads
-    if not spin:
+    if spin == SPIN_NEVER:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif spin == SPIN_STEP:
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.log_severity_level = 3  # errors only: warnings about unused initializers are noise here
     return opts
 
@@ -168,7 +178,7 @@ def load_cpu(path: str | os.PathLike[str], threads: int = 0) -> OnnxModel:
 
 
 def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = False,
-         say: Callable[[str], None] = lambda msg: None, spin: bool = True) -> OnnxModel:
+         say: Callable[[str], None] = lambda msg: None, spin: str = SPIN_ALWAYS) -> OnnxModel:
     """A session on `provider`, checked with session.get_providers(). A provider that does not really
     run fails with the reason, or with `fallback` is reported through `say` and the next one is tried."""
     if not path.is_file():
@@ -185,7 +195,7 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
     raise AssertionError("unreachable: the CPU provider is last in the fallback order")
 
 
-def _try(path: Path, provider: str, threads: int, spin: bool = True) -> tuple[OnnxModel | None, str]:
+def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tuple[OnnxModel | None, str]:
     ort_name = providers.ORT_NAMES[provider]
     if ort_name not in ort.get_available_providers():
         return None, f"this onnxruntime build has no {ort_name} (install onnxruntime-gpu)"

@@ -322,3 +322,28 @@ def test_taken_port_is_a_one_line_error(trained_dir: Path) -> None:
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [f"gptport: error: --host 127.0.0.1 --port {port}: cannot listen there "
                                              "(Address already in use)"]
+
+
+def test_spin_modes(trained_dir: Path) -> None:
+    """--spin: an unknown mode is a one-line usage error before anything loads; each mode sets onnxruntime's
+    thread-pool options as documented (step: spin during a run, stop as it returns)."""
+    from gptport.onnx_engine import session_options
+
+    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--spin", "sometimes"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["gptport: error: --spin 'sometimes' is unknown; choose one of always, "
+                                             "step, never"]
+
+    def entries(mode: str) -> dict[str, str]:
+        opts, out = session_options(2, mode), {}
+        for key in ("session.intra_op.allow_spinning", "session.force_spinning_stop"):
+            try:
+                out[key] = opts.get_session_config_entry(key)
+            except RuntimeError:  # not set: onnxruntime's default (spinning allowed, not stopped after a run)
+                pass
+        return out
+
+    assert entries("always") == {}
+    assert entries("step") == {"session.force_spinning_stop": "1"}
+    assert entries("never") == {"session.intra_op.allow_spinning": "0"}

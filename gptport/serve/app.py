@@ -55,7 +55,7 @@ class Settings:
     model_name: str = ""
     prefill_chunk: int = 512
     max_body: int = 1 << 20
-    spin: bool = False  # onnxruntime's workers sleep after a step: the HTTP side needs the cores too
+    spin: str = "step"  # onnxruntime's workers spin during a step and sleep between: the HTTP side needs the cores
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
     on_ready: Callable[[str], None] = field(default=lambda line: None)

@@ -120,7 +120,8 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 
 def app(args: dict[str, str]) -> Application:
     """The application builder for `serve run gptport.serve.ray_app:app model_dir=DIR [replicas=N |
-    autoscale=MIN:MAX] [threads=N slots=N max_queue=N precision=... kv_cache=... model_name=... api_key=...]`."""
+    autoscale=MIN:MAX] [threads=N slots=N max_queue=N precision=... kv_cache=... model_name=... api_key=...
+    spin=step|always|never]`."""
     from gptport.serve.server import check
 
     args = dict(args)
@@ -132,7 +133,7 @@ def app(args: dict[str, str]) -> Application:
     settings = Settings(model_dir, model_name=args.pop("model_name", "") or model_dir.resolve().name,
                         threads=int(args.pop("threads", "1")))
     for name, kind in (("precision", str), ("provider", str), ("kv_cache", str), ("slots", int),
-                       ("max_queue", int), ("prefill_chunk", int), ("api_key", str)):
+                       ("max_queue", int), ("prefill_chunk", int), ("api_key", str), ("spin", str)):
         if name in args:
             setattr(settings, name, kind(args.pop(name)))
     if args:
