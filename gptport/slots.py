@@ -21,6 +21,7 @@ import numpy as np
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.engine import FLOAT32, Engine, Past
+from gptport.static_cache import DecodeStep
 
 
 class SlotEngine(Protocol):
@@ -53,12 +54,13 @@ class StaticSlots:
         import onnxruntime as ort
 
         self._ort, self.session, self.slots = ort, session, slots
-        self.n_ctx, layers = config.n_ctx, config.n_layer
+        self.n_ctx, layers, self.vocab_size = config.n_ctx, config.n_layer, config.vocab_size
         self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
         shape = (slots, config.n_head, self.n_ctx, config.head_dim)  # (S, H, C, hd)
         self.buffers = [np.zeros(shape, dtype=dtype) for _ in range(2 * layers)]
         self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
         self._bindings: dict[tuple[int, int], Any] = {}
+        self._steps: dict[tuple[int, int], DecodeStep] = {}
         self._views: list[Any] = []  # OrtValues over the buffers: they must live as long as their bindings
 
     def length(self, slot: int) -> int:
@@ -68,15 +70,25 @@ class StaticSlots:
         """An I/O binding with rows [lo, lo + n) of every cache buffer bound as past and present."""
         binding = self._bindings.get((lo, n))
         if binding is None:
-            binding = self.session.io_binding()
-            binding.bind_output(contract.LOGITS, "cpu")  # output 0; rebinding it in _run keeps its place
-            for past, present, buf in zip(self._pasts, self._presents, self.buffers, strict=True):
-                view = self._ort.OrtValue.ortvalue_from_numpy(buf[lo:lo + n])  # shares the buffer's memory
-                self._views.append(view)
-                binding.bind_ortvalue_input(past, view)
-                binding.bind_ortvalue_output(present, view)  # the same memory: appended in place
-            self._bindings[(lo, n)] = binding
+            binding = self._bindings[(lo, n)] = self._bind_cache(lo, n)
         return binding
+
+    def _bind_cache(self, lo: int, n: int) -> Any:
+        binding = self.session.io_binding()
+        binding.bind_output(contract.LOGITS, "cpu")  # output 0 (get_outputs()[0]); rebinding it keeps its place
+        for past, present, buf in zip(self._pasts, self._presents, self.buffers, strict=True):
+            view = self._ort.OrtValue.ortvalue_from_numpy(buf[lo:lo + n])  # shares the buffer's memory
+            self._views.append(view)
+            binding.bind_ortvalue_input(past, view)
+            binding.bind_ortvalue_output(present, view)  # the same memory: appended in place
+        return binding
+
+    def _decode_step(self, lo: int, n: int) -> DecodeStep:
+        """The decode binding of rows [lo, lo + n), made once."""
+        step = self._steps.get((lo, n))
+        if step is None:
+            step = self._steps[(lo, n)] = DecodeStep(self._bind_cache(lo, n), n, self.vocab_size)
+        return step
 
     def _run(self, binding: Any, ids: np.ndarray, pos: np.ndarray, seqlens_k: np.ndarray, total: int,
              index: np.ndarray) -> np.ndarray:
@@ -122,13 +134,15 @@ class StaticSlots:
         n = hi - lo
         # Rows in [lo, hi) that are not decoding (free, or between prefill chunks) step a dummy token 0
         # at their own length: a position that their next append overwrites, so nothing they hold changes.
-        pos = np.minimum(self.lengths[lo:hi], self.n_ctx - 1).copy()  # (n,) write positions
-        ids = np.zeros((n, 1), dtype=np.int64)  # (n, 1)
-        ids[rows - lo, 0] = tokens
-        logits = self._run(self._binding(lo, n), ids, pos[:, None], pos, int(pos.max()) + 1,
-                           np.zeros((n, 1), dtype=np.int64))
+        step = self._decode_step(lo, n)
+        np.minimum(self.lengths[lo:hi], self.n_ctx - 1, out=step.pos[:, 0])  # (n,) write positions
+        step.ids.fill(0)
+        step.ids[rows - lo, 0] = tokens
+        step.seqlens_k[:] = step.pos[:, 0]
+        step.total[()] = step.seqlens_k.max() + 1
+        self.session.run_with_iobinding(step.binding)
         self.lengths[rows] += 1
-        return logits[rows - lo, 0]  # (k, V)
+        return step.logits[rows - lo, 0]  # (k, V): a copy (fancy indexing); the buffer is the next step's
 
     def free(self, slot: int) -> None:
         self.lengths[slot] = 0

@@ -25,6 +25,7 @@ class StaticCache(list):  # type: ignore[type-arg]
     lengths: np.ndarray | None = None
     stale: bool = False
     binding: ort.IOBinding | None = None  # the cache bound as past and present, reused step after step
+    decode: DecodeStep | None = None  # the decode step's inputs and logits, bound once to the binding
 
 
 class Buffers:
@@ -51,6 +52,29 @@ class Buffers:
         return cache
 
 
+class DecodeStep:
+    """A decode step's binding (n rows, one token each) with every input and the logits bound once to
+    arrays of their own (the OrtValues share their memory): a step writes its inputs in place, runs and
+    reads the logits, and no OrtValue is made or fetched per step."""
+
+    def __init__(self, binding: ort.IOBinding, n: int, vocab: int) -> None:
+        self.binding = binding
+        self.ids = np.zeros((n, 1), dtype=np.int64)  # (n, 1)
+        self.pos = np.zeros((n, 1), dtype=np.int64)  # (n, 1)
+        self.seqlens_k = np.zeros(n, dtype=np.int32)  # (n,)
+        self.total = np.zeros((), dtype=np.int32)
+        self.logits = np.zeros((n, 1, vocab), dtype=np.float32)  # (n, 1, V)
+        self._values: list[ort.OrtValue] = []  # they must live as long as the binding
+        for name, array in ((contract.INPUT_IDS, self.ids), (contract.POSITION_IDS, self.pos),
+                            (contract.SEQLENS_K, self.seqlens_k), (contract.TOTAL_SEQUENCE_LENGTH, self.total),
+                            (contract.LOGITS_INDEX, np.zeros((n, 1), dtype=np.int64))):
+            self._values.append(value := ort.OrtValue.ortvalue_from_numpy(array))
+            binding.bind_ortvalue_input(name, value)
+        self._values.append(value := ort.OrtValue.ortvalue_from_numpy(self.logits))
+        binding.bind_ortvalue_output(contract.LOGITS, value)
+
+
+
 def _rotation(shift: np.ndarray, width: int) -> np.ndarray:
     """(B, T) indices that rotate each row left by `shift[b]` (right for a negative shift)."""
     return (np.arange(width)[None, :] + shift[:, None]) % width
@@ -60,6 +84,7 @@ def step_fn(session: ort.InferenceSession, n_layer: int, last_only: bool = False
     """The contract's step function (left-padded ids, mask and positions) over a static-cache session.
     `last_only`: logits (B, 1, V) of each row's last token, the head computed for those rows only."""
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
+    vocab = next(int(o.shape[-1]) for o in session.get_outputs() if o.name == contract.LOGITS)
 
     def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
         if not isinstance(past, StaticCache):
@@ -88,6 +113,17 @@ def step_fn(session: ort.InferenceSession, n_layer: int, last_only: bool = False
             binding.bind_output(contract.LOGITS, "cpu")  # output 0; rebinding it below keeps its place
             for name, value in zip(presents, past, strict=True):
                 binding.bind_ortvalue_output(name, value)  # the same buffer: appended in place
+        if not prefill and T == 1:  # decode: the inputs written in place into arrays bound once
+            decode = past.decode
+            if decode is None:
+                past.decode = decode = DecodeStep(binding, B, vocab)
+            decode.ids[:, 0], decode.pos[:, 0] = ids[:, 0], pos[:, 0]
+            decode.seqlens_k[:] = lengths - 1
+            decode.total[()] = total
+            session.run_with_iobinding(binding)
+            past.lengths = lengths
+            return decode.logits.copy(), past  # (B, 1, V): the buffer is the next step's
+        past.decode = None  # the inputs below replace what it bound
         binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(ids, dtype=np.int64))
         binding.bind_cpu_input(contract.POSITION_IDS, np.ascontiguousarray(pos, dtype=np.int64))
         binding.bind_cpu_input(contract.SEQLENS_K, (lengths - 1).astype(np.int32))
