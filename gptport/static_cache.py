@@ -74,7 +74,6 @@ class DecodeStep:
         binding.bind_ortvalue_output(contract.LOGITS, value)
 
 
-
 def _rotation(shift: np.ndarray, width: int) -> np.ndarray:
     """(B, T) indices that rotate each row left by `shift[b]` (right for a negative shift)."""
     return (np.arange(width)[None, :] + shift[:, None]) % width
