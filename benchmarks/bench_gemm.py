@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -27,6 +25,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from gptport import contract, variants
+from gptport.machine import describe
 
 HERE = Path(__file__).resolve().parent
 D = 384
@@ -95,7 +94,7 @@ def main() -> None:
                     print(f"{kind:<18}{placement:<13}{r['weight_mb']:>7.1f} MB  M={m:<3}{ms:>8.3f} ms "
                           f"{r['gflop_s']:>8.1f} GFLOP/s")
     result = {"benchmark": "onnxruntime CPU GEMM ceiling at d=384 (small)", "layers": args.layers,
-              "threads": args.threads, "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+              "threads": args.threads, "machine": describe(),
               "versions": {"onnxruntime": ort.__version__}, "rows": rows}
     out = HERE / "results" / "gemm.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
 import subprocess
@@ -32,29 +30,16 @@ from typing import Any
 from bench_decode import random_weights
 from bench_tokenizer import big_corpus
 
+from gptport.machine import describe
+
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "llamacpp"
 PROMPT = 64
 ROWS = (("fp32", "f32", "F32"), ("int8", "q8_0", "Q8_0"))  # gptport precision, export-gguf outtype, GGUF name
-ISA = re.compile(r"^(avx2|avx512\w*|amx\w*|avx_vnni\w*|fma|f16c)$")
 
 
 def gptport(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
-
-
-def cpu() -> dict[str, Any]:
-    """The CPU's model name, logical cores and the vector extensions that matter to both engines."""
-    name, flags = platform.processor() or platform.machine(), []
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name == (platform.processor() or platform.machine()):
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = sorted(f for f in value.split() if ISA.match(f))
-    return {"cpu": name, "cores": os.cpu_count(), "isa": flags}
 
 
 def model_dir(shape: str, corpus: Path) -> Path:
@@ -126,7 +111,7 @@ def main() -> None:
     if not args.llama_bench.is_file():
         raise SystemExit(f"--llama-bench {args.llama_bench}: no such file")
     corpus = args.corpus or big_corpus()
-    machine = cpu()
+    machine = describe()
     shapes = args.shapes.split(",")
     dirs = {shape: model_dir(shape, corpus) for shape in shapes}
     rounds: dict[str, list[dict[str, Any]]] = {shape: [] for shape in shapes}

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from gptport import contract, export, validate, variants
 from gptport import tokenizer as bpe
 from gptport.bench import time_generation
 from gptport.checkpoint import load_model
+from gptport.machine import describe
 from gptport.onnx_engine import OnnxModel, load_cpu
 
 HERE = Path(__file__).resolve().parent
@@ -83,7 +82,7 @@ def main() -> None:
 
     result = {"benchmark": "quantization schemes of the static-cache graph: accuracy gate, batch-1 CPU "
                            "prefill and decode",
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads},
+              "machine": {**describe(), "threads": args.threads},
               "versions": {"onnxruntime": onnxruntime.__version__}, "model": card.model.__dict__,
               "prompt_len": prompt_len, "gen": args.gen, "gate": "top-1 >= 98% vs fp32 torch", "rows": rows,
               "shipped": variants.LADDER}

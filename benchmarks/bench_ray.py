@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from importlib.metadata import version
 from typing import Any
 
-from bench_serve import HERE, KEYS, MAX_TOKENS, WORK, cpu_name, free_port, model_dir, served
+from bench_serve import HERE, KEYS, MAX_TOKENS, WORK, free_port, model_dir, served
 from bench_tokenizer import big_corpus
+
+from gptport.machine import describe
 
 SERVERS = {  # name: (extra arguments of gptport serve, threads per engine)
     "ray 2x1": (["--ray", "--replicas", "2", "--threads", "1"], 1),
@@ -48,7 +49,7 @@ def main() -> None:
                *extra]
         rows = served(cmd, f"http://127.0.0.1:{port}", args.shape, levels, WORK / f"{args.shape}-ray-bench.log", 0)
         results[name] = [{k: r.get(k) for k in ("concurrency", *KEYS)} for r in rows]
-    result = {"shape": args.shape, "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+    result = {"shape": args.shape, "machine": describe(),
               "ray_version": version("ray"),
               "settings": {"slots_per_engine": args.slots, "prompt_len": 64, "max_tokens": MAX_TOKENS[args.shape],
                            "temperature": 0.8, "concurrency": levels,

@@ -4,7 +4,8 @@ shapes, at concurrency 1, 4 and 16, in rounds that alternate the two servers. Al
 batch-1 decode latency of the same graph in each round, for the concurrency-1 cost of serving.
 
 Load: /v1/completions, streamed, prompts of ~64 tokens (bench-serve calibrates its word count), 128
-new tokens (64 for gpt2-124m), temperature 0.8, ignore_eos, usage from `stream_options.include_usage`;
+new tokens (64 for gpt2-124m), temperature 0.8 (and one user once more at temperature 0, greedy as
+`gptport bench` decodes), ignore_eos, usage from `stream_options.include_usage`;
 16 slots, 2 threads, `--spin step` (serve's default).
 Writes benchmarks/results/serve-<shape>.json (medians over rounds, and every round). With several
 `--spin` modes, one gptport server per mode in the same rounds (serve-spin-<shape>.json).
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import statistics
@@ -33,6 +33,8 @@ from typing import Any
 from bench_decode import random_weights
 from bench_tokenizer import big_corpus
 
+from gptport.machine import describe
+
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "serve"
 MAX_TOKENS = {"small": 128, "gpt2-124m": 64}
@@ -44,13 +46,6 @@ def gptport(*args: str, capture: bool = False) -> str:
     r = subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True, text=True,
                        stdout=subprocess.PIPE if capture else None)
     return r.stdout or ""
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def model_dir(shape: str, corpus: Path, gguf: bool) -> Path:
@@ -87,15 +82,17 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300) ->
 
 
 def load(url: str, shape: str, levels: list[int], seed: int) -> list[dict[str, Any]]:
-    """One bench-serve run per concurrency level (more prompts for more users); `seed` differs per
-    round, so that no prompt repeats in a server's life (llama-server caches prompt prefixes)."""
+    """One bench-serve run per concurrency level (more prompts for more users) at temperature 0.8, then
+    one user greedy (what `gptport bench` decodes: the like-for-like row for one user's cost over the
+    CLI); `seed` differs per round, so that no prompt repeats in a server's life (llama-server caches
+    prompt prefixes)."""
     rows = []
-    for c in levels:
+    for c, temperature, run_seed in [*((c, 0.8, seed) for c in levels), (1, 0.0, seed + 1000)]:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             gptport("bench-serve", url, "--concurrency", str(c), "--num-prompts", str(max(8, 4 * c)),
-                    "--prompt-len", "64", "--max-tokens", str(MAX_TOKENS[shape]), "--temperature", "0.8",
-                    "--seed", str(seed), "--json", f.name)
-            rows += json.loads(Path(f.name).read_text())["results"]
+                    "--prompt-len", "64", "--max-tokens", str(MAX_TOKENS[shape]), "--temperature",
+                    str(temperature), "--seed", str(run_seed), "--json", f.name)
+            rows += [{**r, "temperature": temperature} for r in json.loads(Path(f.name).read_text())["results"]]
     return rows
 
 
@@ -127,7 +124,7 @@ def decode_latency_ms(d: Path, shape: str, threads: int) -> float:
 def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
     for level in zip(*rounds, strict=True):
-        row = {"concurrency": level[0]["concurrency"]}
+        row = {"concurrency": level[0]["concurrency"], "temperature": level[0]["temperature"]}
         for key in KEYS:
             values = [r[key] for r in level if r.get(key) is not None]
             row[key] = statistics.median(values) if values else None
@@ -174,9 +171,10 @@ def main() -> None:
                 if name == list(servers)[0]:  # the CLI's decode latency beside the server's TPOT (the host drifts)
                     latencies.append(decode_latency_ms(d, shape, args.threads))
         latency = statistics.median(latencies)
-        result = {"shape": shape, "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+        result = {"shape": shape, "machine": describe(),
                   "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,
-                               "max_tokens": MAX_TOKENS[shape], "temperature": 0.8, "rounds": args.rounds,
+                               "max_tokens": MAX_TOKENS[shape], "temperature": [0.8, "0 (one user)"],
+                               "rounds": args.rounds,
                                "concurrency": levels, "spin": modes},
                   "bench_decode_ms_per_token": latency, "bench_decode_ms_per_token_rounds": latencies,
                   "servers": {name: {"median": median_rows(rs), "rounds": rs} for name, rs in rounds.items()}}
@@ -188,11 +186,12 @@ def main() -> None:
 def print_table(result: dict[str, Any]) -> None:
     print(f"\n{result['shape']} on {result['machine']['cpu']}, {result['machine']['cores']} cores; "
           f"gptport bench decode {result['bench_decode_ms_per_token']:.2f} ms/token")
-    print(f"{'server':<22} {'conc':>4} {'ok/fail':>8} {'out tok/s':>10} {'TTFT med':>9} {'TTFT p99':>9} "
+    print(f"{'server':<22} {'conc':>4} {'temp':>4} {'ok/fail':>8} {'out tok/s':>10} {'TTFT med':>9} {'TTFT p99':>9} "
           f"{'TPOT med':>9} {'ITL p99':>8}")
     for name, data in result["servers"].items():
         for row in data["median"]:
-            print(f"{name:<22} {row['concurrency']:>4} {row['completed']:>5}/{row['failed']:<2} "
+            print(f"{name:<22} {row['concurrency']:>4} {row['temperature']:>4} "
+                  f"{row['completed']:>5}/{row['failed']:<2} "
                   f"{row['output_throughput']:>10.1f} {row['median_ttft_ms']:>9.1f} {row['p99_ttft_ms']:>9.1f} "
                   f"{row['median_tpot_ms']:>9.2f} {row['p99_itl_ms']:>8.2f}")
 

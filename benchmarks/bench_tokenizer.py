@@ -22,6 +22,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from gptport.machine import describe
+
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
 RESULTS = HERE / "results"
@@ -131,8 +133,7 @@ def main() -> None:
 
     result = {
         "benchmark": "tokenizer training throughput",
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        "machine": {**describe(), "python": platform.python_version()},
         "versions": {"tokenizers": tokenizers.__version__},
         "goal": "gptport within 10% of the bare tokenizers trainer (time ratio <= 1.10)",
         "rows": rows,

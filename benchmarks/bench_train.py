@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from gptport.machine import describe
+
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "train"
 RESULTS = HERE / "results"
@@ -33,12 +35,6 @@ RESULTS = HERE / "results"
 
 def gptport(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
-
-
-def cpu_name() -> str:
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or platform.machine()
 
 
 def ddp_rows(args: argparse.Namespace) -> None:
@@ -68,14 +64,14 @@ def ddp_rows(args: argparse.Namespace) -> None:
     import torch
 
     result = {"benchmark": "DDP on the CPU: 2 ranks x 1 thread vs 1 process x 2 threads, same global batch",
-              "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform()},
+              "machine": describe(),
               "versions": {"torch": torch.__version__}, "preset": args.preset, "sets": args.sets,
               "steps": args.steps, "target_val_loss": target, "rows": rows,
               "ratio_tokens_per_s": rows[1]["tokens_per_s_median"] / rows[0]["tokens_per_s_median"]}
     out = args.out if args.out != RESULTS / "train.json" else RESULTS / "train-ddp.json"
     RESULTS.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{cpu_name()}, {os.cpu_count()} cores; {args.preset} preset, {args.steps} steps, "
+    print(f"{describe()['cpu']}, {os.cpu_count()} cores; {args.preset} preset, {args.steps} steps, "
           f"target val loss {target:.4f}")
     print(f"{'run':<42} {'tok/s (median)':>14} {'val loss':>9} {'s to target':>12}")
     for row in rows:
@@ -116,7 +112,7 @@ def main() -> None:
 
     result = {
         "benchmark": "tiny preset on tinyshakespeare, fixed wall time, CPU",
-        "machine": {"cpu": cpu_name(), "platform": platform.platform(), "cpus": os.cpu_count(),
+        "machine": {**describe(), "cpus": os.cpu_count(),
                     "python": platform.python_version(),
                     "torch_threads": torch.get_num_threads(),
                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from bench_serve import MAX_TOKENS, WORK, cpu_name, free_port, wait_healthy
+from bench_serve import MAX_TOKENS, WORK, free_port, wait_healthy
 from profile_decode import summarize
 
 from gptport import contract
+from gptport.machine import describe
 from gptport.onnx_engine import graph_config, session_options
 from gptport.slots import StaticSlots
 
@@ -97,7 +98,7 @@ def profile(shape: str, concurrency: int, threads: int) -> dict[str, Any]:
         proc.wait(timeout=60)
     busy = sum(spent.values())
     return {"shape": shape, "concurrency": concurrency, "threads": threads,
-            "machine": {"cpu": cpu_name(), "cores": os.cpu_count()}, "wall_s": wall,
+            "machine": describe(), "wall_s": wall,
             "server_cpu_s": cpu, "scheduler_s": spent, "scheduler_busy_fraction": busy / wall,
             "phase_share": {k: v / busy for k, v in spent.items()},
             "output_tokens": load["total_output_tokens"], "output_throughput": load["output_throughput"],

@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from bench_llamacpp import WORK, cpu
+from bench_llamacpp import WORK
 from profile_decode import summarize
 
 from gptport import contract
 from gptport.engine import positions
+from gptport.machine import describe
 from gptport.onnx_engine import OnnxModel, graph_config, session_options
 
 HERE = Path(__file__).resolve().parent
@@ -128,7 +129,7 @@ def main() -> None:
                  "spin_step_ms_per_token": med["spin_step"],
                  "one_thread_ms_per_token": med["one_thread"]}
     result = {"benchmark": "time per decode token, gptport's static-cache fp32 step against llama-bench's F32",
-              "machine": cpu(), "shape": args.shape, "threads": t, "steps": args.steps, "rounds": rounds,
+              "machine": describe(), "shape": args.shape, "threads": t, "steps": args.steps, "rounds": rounds,
               "breakdown": breakdown, "onnxruntime": ort.__version__}
     out = HERE / "results" / f"profile-vs-llamacpp-{args.shape}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

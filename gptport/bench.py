@@ -24,6 +24,7 @@ import numpy as np
 from gptport import __version__
 from gptport.engine import Engine, positions
 from gptport.errors import GptportError
+from gptport.machine import describe
 
 
 @dataclass(frozen=True)
@@ -285,13 +286,9 @@ def _speedups(rows: list[Row]) -> None:
 
 
 def machine(bandwidth: float, threads: int) -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(), "threads": threads or None,
+    """The CPU (machine.describe: name, cores, vector extensions), the threads and the probed bandwidth."""
+    host = describe()
+    return {**host, "cpus": host["cores"], "threads": threads or None,
             "memory_read_gb_s": round(bandwidth / 1e9, 2), "python": platform.python_version()}
 
 

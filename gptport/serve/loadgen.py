@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import platform
 import random
 import time
 from collections.abc import Callable
@@ -35,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptport.errors import InputError, UsageError
+from gptport.machine import describe
 from gptport.serve.loadstats import RequestRecord, level_metrics
 
 WORDS = """the of and to in is was for on that with as by at from his her they this have had not are but
@@ -293,18 +292,6 @@ async def _level(settings: Settings, model: str, prompts: list[str], concurrency
     return list(records), duration
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else what platform knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run every concurrency level; returns {url, model, settings, machine, results}."""
     check(settings)
@@ -324,4 +311,4 @@ def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict
         results.append({"concurrency": c, "num_prompts": settings.num_prompts,
                         **level_metrics(records, duration, settings.prompt_len)})
     return {"url": base_url(settings.url), "model": model, "settings": {**settings.as_json(), "prompt_words": words},
-            "machine": {"cpu": cpu_name(), "cores": os.cpu_count()}, "results": results}
+            "machine": describe(), "results": results}

@@ -1,0 +1,32 @@
+"""machine.describe: what every results file records about the CPU that ran it."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+from gptport.machine import describe
+
+CPUINFO = """processor\t: 0
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma f16c bmi2 avx512f avx512_vnni avx_vnni amx_tile amx_int8 sha_ni
+
+processor\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2
+"""
+
+
+def test_describe_reads_the_first_cpu_and_its_vector_extensions(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(CPUINFO)
+    got = describe(info)
+    assert got["cpu"] == "AMD EPYC 7B13"
+    assert got["isa"] == ["amx_int8", "amx_tile", "avx2", "avx512_vnni", "avx512f", "avx_vnni", "f16c", "fma"]
+    assert got["cores"] == os.cpu_count() and got["platform"] == platform.platform()
+
+
+def test_describe_without_cpuinfo_names_what_platform_knows(tmp_path: Path) -> None:
+    got = describe(tmp_path / "missing")
+    assert got["cpu"] == (platform.processor() or platform.machine()) and got["isa"] == []
