@@ -111,7 +111,7 @@ def main() -> None:
             else:
                 runs[name] = decode(graph, *variants[name], args.steps)
         with tempfile.TemporaryDirectory() as tmp:
-            runs["profiled"] = decode(graph, t, True, args.steps, tmp)
+            runs["profiled"] = decode(graph, t, "always", args.steps, tmp)
         rounds.append({"order": order, **runs})
     profiled = min((r["profiled"] for r in rounds), key=lambda p: p["profile"]["us_per_step"])
     med = {name: statistics.median(r[name]["wall_ms"] for r in rounds) for name in variants}
