@@ -142,6 +142,8 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     out: list[Any] = []
     async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
         if r.status_code != 200:
+            if started is not None and not started.done():
+                started.set_result("")  # it never started: the caller sees no replica
             return r.status_code, r.headers.get("x-gptport-replica"), [json.loads(await r.aread())]
         async for line in r.aiter_lines():
             if started is not None and not started.done():
@@ -265,7 +267,8 @@ def test_ray_replica_killed_mid_load(cluster: Cluster) -> None:
                            for i in range(8)]
                 plain = [asyncio.create_task(c.post(url + "/v1/completions", json={"prompt": f"ka {i}", **LONG}))
                          for i in range(8)]
-                serving = await asyncio.gather(*started)  # every stream is decoding, on these replicas
+                serving = await asyncio.wait_for(asyncio.gather(*started), 60)  # every stream decoding, there
+                assert all(serving), f"a stream failed before the kill: {serving}"
                 # the victim: a replica with streams in flight (Ray's router may have sent them all to one)
                 victim = min(serving)
                 killer.stdin.write(victim.encode() + b"\n")  # type: ignore[union-attr]
