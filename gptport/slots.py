@@ -61,6 +61,9 @@ class StaticSlots:
         self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
         self._bindings: dict[tuple[int, int], Any] = {}
         self._steps: dict[tuple[int, int], DecodeStep] = {}
+        # one logits buffer for every decode span (its first n rows): a span per (lo, n) with logits of
+        # its own would hold ~S^3/6 rows of V floats (9 GB at 64 slots and GPT-2's vocabulary)
+        self._logits = np.zeros((slots, 1, config.vocab_size), dtype=np.float32)  # (S, 1, V)
         self._views: list[Any] = []  # OrtValues over the buffers: they must live as long as their bindings
 
     def length(self, slot: int) -> int:
@@ -87,7 +90,7 @@ class StaticSlots:
         """The decode binding of rows [lo, lo + n), made once."""
         step = self._steps.get((lo, n))
         if step is None:
-            step = self._steps[(lo, n)] = DecodeStep(self._bind_cache(lo, n), n, self.vocab_size)
+            step = self._steps[(lo, n)] = DecodeStep(self._bind_cache(lo, n), n, self.vocab_size, self._logits[:n])
         return step
 
     def _run(self, binding: Any, ids: np.ndarray, pos: np.ndarray, seqlens_k: np.ndarray, total: int,

@@ -57,13 +57,18 @@ class DecodeStep:
     arrays of their own (the OrtValues share their memory): a step writes its inputs in place, runs and
     reads the logits, and no OrtValue is made or fetched per step."""
 
-    def __init__(self, binding: ort.IOBinding, n: int, vocab: int) -> None:
+    def __init__(self, binding: ort.IOBinding, n: int, vocab: int, logits: np.ndarray | None = None) -> None:
+        """`logits`: a (n, 1, vocab) float32 buffer to write into (several steps may share one, as a
+        view of its first rows, when only one runs at a time); by default one of its own."""
         self.binding = binding
         self.ids = np.zeros((n, 1), dtype=np.int64)  # (n, 1)
         self.pos = np.zeros((n, 1), dtype=np.int64)  # (n, 1)
         self.seqlens_k = np.zeros(n, dtype=np.int32)  # (n,)
         self.total = np.zeros((), dtype=np.int32)
-        self.logits = np.zeros((n, 1, vocab), dtype=np.float32)  # (n, 1, V)
+        self.logits = np.zeros((n, 1, vocab), dtype=np.float32) if logits is None else logits  # (n, 1, V)
+        if self.logits.shape != (n, 1, vocab) or self.logits.dtype != np.float32 or not self.logits.flags.c_contiguous:
+            raise ValueError(f"logits buffer {self.logits.shape} {self.logits.dtype}: expected ({n}, 1, {vocab}) "
+                             "contiguous float32")
         self._values: list[ort.OrtValue] = []  # they must live as long as the binding
         for name, array in ((contract.INPUT_IDS, self.ids), (contract.POSITION_IDS, self.pos),
                             (contract.SEQLENS_K, self.seqlens_k), (contract.TOTAL_SEQUENCE_LENGTH, self.total),

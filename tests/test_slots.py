@@ -87,6 +87,27 @@ def test_static_slots_prefill_in_chunks(trained_dir: Path) -> None:
     assert int(last.argmax()) == int(expect.argmax())
 
 
+def test_decode_spans_share_one_logits_buffer(trained_dir: Path) -> None:
+    """Every span of slots a decode step can cover (136 at 16 slots) gets a binding made once, and all write
+    their logits into one (S, 1, V) buffer (a buffer per span would hold ~S^3/6 rows of logits: 9 GB at 64
+    slots and GPT-2's vocabulary); each span still returns its own rows, as the same span run afresh does."""
+    opened = open_model(trained_dir, cache="static")
+    S = 16
+    slots, fresh = open_slots(opened.engine, S), open_slots(opened.engine, S)
+    assert isinstance(slots, StaticSlots)
+    for lo in range(S):
+        for hi in range(lo + 1, S + 1):
+            for engine in (slots, fresh):
+                for s in range(S):
+                    engine.free(s)
+                    engine.append(s, np.array([1 + s, 2, 3]))
+            got = slots.decode([lo, hi - 1], np.array([5, 6]))  # (2, V): the span's first and last rows
+            np.testing.assert_array_equal(got, fresh.decode([lo, hi - 1], np.array([5, 6])))
+            fresh._steps.clear()  # a binding made afresh every time
+    assert len(slots._steps) == S * (S + 1) // 2
+    assert all(np.shares_memory(step.logits, slots._logits) for step in slots._steps.values())
+
+
 def test_slot_refuses_past_n_ctx(opened: Any) -> None:
     slots = open_slots(opened.engine, 1)
     with pytest.raises(ValueError, match="n_ctx"):
