@@ -118,13 +118,18 @@ SPIN_ALWAYS, SPIN_STEP, SPIN_NEVER = "always", "step", "never"
 SPIN_MODES = (SPIN_ALWAYS, SPIN_STEP, SPIN_NEVER)
 
 
+def check_spin(spin: str) -> None:
+    """A spin mode is one of SPIN_MODES (a one-line usage error naming --spin otherwise)."""
+    if spin not in SPIN_MODES:
+        raise UsageError(f"--spin {spin!r} is unknown; choose one of {', '.join(SPIN_MODES)}")
+
+
 def session_options(threads: int = 0, spin: str = SPIN_ALWAYS) -> ort.SessionOptions:
     """`spin`, what the thread pool's idle workers do: "always" spin (onnxruntime's default: they go on
     spinning for a while after a run; fastest when onnxruntime has the cores to itself), "step" spin
     while a run lasts and stop as it returns (node-to-node hand-offs stay fast, and the cores are free
     between steps for other threads: the server's), "never" sleep at once."""
-    if spin not in SPIN_MODES:
-        raise UsageError(f"--spin {spin!r} is unknown; choose one of {', '.join(SPIN_MODES)}")
+    check_spin(spin)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads > 0:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import ModelConfig
@@ -51,9 +52,7 @@ class StaticSlots:
     """Slots as rows of the static-cache graph's preallocated cache (CPU, float32)."""
 
     def __init__(self, session: Any, config: ModelConfig, slots: int, dtype: np.dtype = FLOAT32) -> None:
-        import onnxruntime as ort
-
-        self._ort, self.session, self.slots = ort, session, slots
+        self.session, self.slots = session, slots
         self.n_ctx, layers, self.vocab_size = config.n_ctx, config.n_layer, config.vocab_size
         self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
         shape = (slots, config.n_head, self.n_ctx, config.head_dim)  # (S, H, C, hd)
@@ -80,7 +79,7 @@ class StaticSlots:
         binding = self.session.io_binding()
         binding.bind_output(contract.LOGITS, "cpu")  # output 0 (get_outputs()[0]); rebinding it keeps its place
         for past, present, buf in zip(self._pasts, self._presents, self.buffers, strict=True):
-            view = self._ort.OrtValue.ortvalue_from_numpy(buf[lo:lo + n])  # shares the buffer's memory
+            view = ort.OrtValue.ortvalue_from_numpy(buf[lo:lo + n])  # shares the buffer's memory
             self._views.append(view)
             binding.bind_ortvalue_input(past, view)
             binding.bind_ortvalue_output(present, view)  # the same memory: appended in place

@@ -1,7 +1,7 @@
 """`gptport serve --ray`: the same API on Ray Serve, on a local Ray cluster (loopback only) that the command
 starts itself. One cluster for the module (Ray's own start costs most of its time on 2 cores): 2 replicas x 1
-thread; tests run in file order and the last one stops it with Ctrl-C. Plus the pieces that need no cluster:
-the proxy's error middleware, and --ray without Ray installed."""
+thread; tests run in file order and the last one stops it with Ctrl-C. The options that need no cluster are in
+test_serve_ray_options.py."""
 
 from __future__ import annotations
 
@@ -389,31 +389,3 @@ def test_ray_replica_that_cannot_load_is_one_line(ray_model: Path, tmp_path: Pat
             time.sleep(0.2)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-
-
-# ---- without a cluster ----------------------------------------------------------------------------------------------
-
-
-def test_ray_option_without_ray_is_one_line(trained_dir: Path, tmp_path: Path) -> None:
-    """With `import ray` failing, --ray is one line naming what to install, exit 2, no traceback."""
-    (tmp_path / "ray").mkdir()
-    (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
-    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--ray"],
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr
-    assert "pip install" in r.stderr and "gptport[ray]" in r.stderr
-
-
-def test_ray_options_need_ray(trained_dir: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--replicas", "2"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "--ray" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
-
-
-@needs_ray
-def test_ray_autoscale_bounds_are_checked(trained_dir: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--ray", "--autoscale",
-                        "3:1"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "--autoscale '3:1'" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from gptport import loader
 from gptport import tokenizer as bpe
 from gptport.errors import InputError, UsageError
-from gptport.onnx_engine import SPIN_MODES
+from gptport.onnx_engine import check_spin
 from gptport.providers import TRT_MAX_BATCH
 from gptport.serve.app import Settings, create_app
 
@@ -25,8 +25,7 @@ def check(settings: Settings) -> None:
         raise UsageError(f"--max-queue must be >= 0, not {settings.max_queue}")
     if settings.prefill_chunk < 1:
         raise UsageError(f"--prefill-chunk must be at least 1, not {settings.prefill_chunk}")
-    if settings.spin not in SPIN_MODES:
-        raise UsageError(f"--spin {settings.spin!r} is unknown; choose one of {', '.join(SPIN_MODES)}")
+    check_spin(settings.spin)
     if settings.provider == "tensorrt" and settings.slots > TRT_MAX_BATCH:
         raise UsageError(f"--slots {settings.slots}: the TensorRT engine's profiles go up to batch {TRT_MAX_BATCH}")
     loader.graph_path(settings.model_dir, settings.precision, settings.provider, settings.kv_cache)
