@@ -5,7 +5,8 @@ memory. It bounds what any graph change can give a prefill (see ARCHITECTURE.md)
 A chain of `--layers` MLP pairs (d -> 4d -> d, d = 384) with distinct weights (fp32: 4.7 MB per pair;
 12 pairs, 57 MB, exceed a 32 MB L3) or one pair repeated (in cache), per kernel: fp32 MatMul,
 MatMulNBits 8-bit block 32 / 128 (int8 compute), and dynamic int8 (DynamicQuantizeMatMul), at
-M = 1 (decode) and M = 64 (a 64-token prefill). Writes benchmarks/results/gemm.json.
+M = 1 (decode) and M = 64 (a 64-token prefill). Writes benchmarks/results/gemm-<cpu>.json (gemm.json:
+an earlier session's machine, whose CPU name it does not record; its fp32 rates imply AVX-512).
 
     python benchmarks/bench_gemm.py [--layers 12] [--threads 2] [--repeat 50]
 """
@@ -25,7 +26,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from gptport import contract, variants
-from gptport.machine import describe
+from gptport.machine import describe, slug
 
 HERE = Path(__file__).resolve().parent
 D = 384
@@ -96,7 +97,7 @@ def main() -> None:
     result = {"benchmark": "onnxruntime CPU GEMM ceiling at d=384 (small)", "layers": args.layers,
               "threads": args.threads, "machine": describe(),
               "versions": {"onnxruntime": ort.__version__}, "rows": rows}
-    out = HERE / "results" / "gemm.json"
+    out = HERE / "results" / f"gemm-{slug(result['machine']['cpu'])}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -29,3 +29,8 @@ def describe(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
             flags = sorted(f for f in value.split() if ISA.match(f))
     return {"cpu": name or platform.processor() or platform.machine(), "cores": os.cpu_count(), "isa": flags,
             "platform": platform.platform()}
+
+
+def slug(cpu: str) -> str:
+    """The CPU's name as a file-name part: "AMD EPYC" -> "amd-epyc" (results files are per machine class)."""
+    return re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-") or "unknown-cpu"

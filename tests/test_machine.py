@@ -1,4 +1,5 @@
-"""machine.describe: what every results file records about the CPU that ran it."""
+"""machine.describe: what every results file records about the CPU that ran it; machine.slug: the
+results file name it gives."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 import platform
 from pathlib import Path
 
-from gptport.machine import describe
+from gptport.machine import describe, slug
 
 CPUINFO = """processor\t: 0
 model name\t: AMD EPYC 7B13
@@ -30,3 +31,9 @@ def test_describe_reads_the_first_cpu_and_its_vector_extensions(tmp_path: Path) 
 def test_describe_without_cpuinfo_names_what_platform_knows(tmp_path: Path) -> None:
     got = describe(tmp_path / "missing")
     assert got["cpu"] == (platform.processor() or platform.machine()) and got["isa"] == []
+
+
+def test_slug_names_a_results_file_per_machine_class() -> None:
+    assert slug("AMD EPYC") == "amd-epyc"
+    assert slug("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz") == "intel-r-xeon-r-platinum-8481c-cpu-2-70ghz"
+    assert slug("  ") == "unknown-cpu"
