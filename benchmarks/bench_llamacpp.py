@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from typing import Any
 from bench_decode import random_weights
 from bench_tokenizer import big_corpus
 
-from gptport.machine import describe
+from gptport.machine import describe, slug
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "llamacpp"
@@ -83,18 +82,41 @@ def gptport_round(d: Path, gen: int, repeat: int, threads: int) -> dict[str, dic
     return {r["precision"]: {k: r[k] for k in keys} for r in rows if not r["error"]}
 
 
-def summarize(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (precision, phase): the median of each engine over rounds, their ratio, each round's ratio."""
+def gguf_bytes_per_token(path: Path) -> int:
+    """Bytes of weights one llama.cpp decode step reads from a GGUF: every tensor but the position table
+    (one row read), and the token table unless a separate output matrix is the head."""
+    from gguf import GGUFReader
+
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    skip = {"position_embd.weight"} | ({"token_embd.weight"} if "output.weight" in sizes else set())
+    return sum(n for name, n in sizes.items() if name not in skip)
+
+
+def summarize(rounds: list[dict[str, Any]], d: Path) -> list[dict[str, Any]]:
+    """Per (precision, phase): the median of each engine over rounds, their ratio, each round's ratio;
+    decode rows also give each engine's weight bytes per token and the share of the bandwidth probed
+    around gptport's run in the same round that its tokens/s read (median over rounds)."""
     rows = []
     for phase in ("decode", "prefill"):
-        for precision, _, gguf in ROWS:
+        for precision, outtype, gguf in ROWS:
             key = f"{phase}_tok_s"
             ours = [r["gptport"][precision][key] for r in rounds]
             theirs = [r["llama_cpp"][precision][key] for r in rounds]
-            rows.append({"row": f"{precision} / {gguf} {phase}", "gptport_tok_s": statistics.median(ours),
-                         "llama_cpp_tok_s": statistics.median(theirs),
-                         "ratio": statistics.median(ours) / statistics.median(theirs),
-                         "round_ratios": [round(a / b, 3) for a, b in zip(ours, theirs, strict=True)]})
+            row = {"row": f"{precision} / {gguf} {phase}", "gptport_tok_s": statistics.median(ours),
+                   "llama_cpp_tok_s": statistics.median(theirs),
+                   "ratio": statistics.median(ours) / statistics.median(theirs),
+                   "round_ratios": [round(a / b, 3) for a, b in zip(ours, theirs, strict=True)]}
+            if phase == "decode":
+                probes = [r["gptport"][precision]["bandwidth_gb_s"] * 1e9 for r in rounds]
+                ours_bytes = rounds[0]["gptport"][precision]["weight_bytes_per_token"]
+                theirs_bytes = gguf_bytes_per_token(d / f"model.{outtype}.gguf")
+                row |= {"probe_gb_s": statistics.median(probes) / 1e9,
+                        "gptport_bytes_per_token": ours_bytes, "llama_cpp_bytes_per_token": theirs_bytes,
+                        "gptport_bandwidth_fraction": statistics.median(
+                            t * ours_bytes / b for t, b in zip(ours, probes, strict=True)),
+                        "llama_cpp_bandwidth_fraction": statistics.median(
+                            t * theirs_bytes / b for t, b in zip(theirs, probes, strict=True))}
+            rows.append(row)
     return rows
 
 
@@ -129,17 +151,20 @@ def main() -> None:
               "settings": {"batch": 1, "prompt": PROMPT, "gen": args.gen_len, "threads": args.threads,
                            "rounds": args.rounds, "repeat": args.repeat, "gptport_graph": "model*.static.onnx",
                            "gptport_variants": "export --no-gate (int8: MatMulNBits 8-bit block 128)"},
-              "shapes": {shape: {"rows": summarize(rounds[shape]), "rounds": rounds[shape]} for shape in shapes}}
-    slug = re.sub(r"[^a-z0-9]+", "-", machine["cpu"].lower()).strip("-")
-    out = HERE / "results" / f"vs-llamacpp-{slug}.json"
+              "shapes": {shape: {"rows": summarize(rounds[shape], dirs[shape]), "rounds": rounds[shape]}
+                         for shape in shapes}}
+    out = HERE / "results" / f"vs-llamacpp-{slug(machine['cpu'])}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{machine['cpu']}, {machine['cores']} cores, {' '.join(machine['isa'])}; {args.threads} threads, batch 1, "
           f"prompt {PROMPT}, {args.gen_len} new tokens, {args.rounds} rounds x {args.repeat} runs (medians)")
-    print(f"{'shape':<11}{'row':<24}{'gptport tok/s':>15}{'llama.cpp tok/s':>17}{'ratio':>8}  rounds")
+    print(f"{'shape':<11}{'row':<24}{'gptport tok/s':>15}{'llama.cpp tok/s':>17}{'ratio':>8}  "
+          f"{'of probed bandwidth':>22}  rounds")
     for shape in shapes:
         for r in result["shapes"][shape]["rows"]:
+            share = (f"{r['gptport_bandwidth_fraction']:.0%} / {r['llama_cpp_bandwidth_fraction']:.0%}"
+                     if "probe_gb_s" in r else "")
             print(f"{shape:<11}{r['row']:<24}{r['gptport_tok_s']:>15,.1f}{r['llama_cpp_tok_s']:>17,.1f}"
-                  f"{r['ratio']:>7.2f}x  {', '.join(f'{x:.2f}' for x in r['round_ratios'])}")
+                  f"{r['ratio']:>7.2f}x  {share:>22}  {', '.join(f'{x:.2f}' for x in r['round_ratios'])}")
     print(f"wrote {out}")
 
 
