@@ -8,8 +8,10 @@ engines one after the other (the order alternates between rounds): llama-bench (
 THREADS, its own warm-up, -r REPEAT) and gptport bench (batch 1, prompt 64, GEN new tokens, 1 warm-up,
 REPEAT runs, THREADS threads). Each engine's figure in a round is the mean of its runs (llama-bench's
 avg_ts, bench's mean); the table gives the median over rounds and the ratio of the medians (and
-each round's ratio in the JSON). Writes benchmarks/results/vs-llamacpp-<cpu>.json naming the CPU and
-its vector extensions.
+each round's ratio in the JSON). Decode rows also give each engine's weight bytes per token (gptport's
+graph, llama.cpp's GGUF tensors) and the share of the memory bandwidth probed around gptport's row
+that its tokens/s read: where both sit at the same wall, that is the figure that shows it. Writes
+benchmarks/results/vs-llamacpp-<cpu>.json naming the CPU and its vector extensions.
 
     python benchmarks/bench_llamacpp.py --llama-bench PATH [--shapes small,gpt2-124m] [--rounds 3]
         [--repeat 3] [--gen-len 128] [--threads 2]
