@@ -41,8 +41,8 @@ class Load:
     """A scheduler stepped in this thread; a finished request can be replaced at once."""
 
     def __init__(self, opened: Any, slots: StaticSlots, max_tokens: int, seed: int) -> None:
-        self.events: list[tuple[Any, Any]] = []
-        self.s = Scheduler(slots, opened.tok, self.events.extend, max_queue=4 * SLOTS, prefill_chunk=PREFILL_CHUNK)
+        # iterate() returns each iteration's events; deliver is only the scheduler thread's (not started here)
+        self.s = Scheduler(slots, opened.tok, lambda events: None, max_queue=4 * SLOTS, prefill_chunk=PREFILL_CHUNK)
         self.vocab, self.max_tokens = slots.vocab_size, max_tokens
         self.rng = np.random.default_rng(seed)
         self.sent = 0
@@ -62,9 +62,7 @@ class Load:
         for _ in range(min(users, requests)):
             self.send()
         while done < requests:
-            self.events.clear()
-            self.events += self.s.iterate()
-            for _, event in self.events:
+            for _, event in self.s.iterate():
                 if isinstance(event, Finish):
                     tokens += event.completion_tokens
                     done += 1
