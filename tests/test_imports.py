@@ -1,47 +1,88 @@
-"""Importing gptport loads neither torch nor onnxruntime; the inference modules never load torch."""
+"""The torch boundary is a folder: every module outside gptport/training and gptport/export imports
+without loading torch, and the shared base without onnxruntime either; no import runs upward between
+the layers (tests/layout.py). Modules are found on disk, so a new one is checked the day it lands."""
 
 from __future__ import annotations
 
-import importlib.util
+import ast
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests import layout
 
-def loaded_after_import(module: str) -> set[str]:
-    code = (f"import sys, {module}; "
-            "print(','.join(m for m in ('torch', 'onnxruntime') if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(filter(None, r.stdout.strip().split(",")))
+FRAMEWORKS = ("torch", "onnxruntime")
 
 
-@pytest.mark.parametrize("module", ["gptport", "gptport.tokenizer", "gptport.corpus", "gptport.config",
-                                    "gptport.contract", "gptport.provenance", "gptport.cli.main"])
-def test_import_loads_no_framework(module: str) -> None:
-    assert loaded_after_import(module) == set()
+def loaded_after_import(modules: list[str]) -> dict[str, list[str]]:
+    """For each module, imported alone in a fresh interpreter: which of torch and onnxruntime it loaded
+    (or why the import failed)."""
+    probe = ("import importlib, sys; importlib.import_module(sys.argv[1]); "
+             f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])")
+
+    def one(module: str) -> list[str]:
+        r = subprocess.run([sys.executable, "-c", probe, module], capture_output=True, text=True)
+        return ast.literal_eval(r.stdout.strip()) if r.returncode == 0 else [f"import failed: {r.stderr[-300:]}"]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(modules, pool.map(one, modules), strict=True))
 
 
-INFERENCE_MODULES = ["gptport.engine", "gptport.onnx_engine", "gptport.static_cache", "gptport.loader",
-                     "gptport.generate", "gptport.slots", "gptport.variants", "gptport.sampling", "gptport.detok",
-                     "gptport.providers", "gptport.gqa_graph", "gptport.bench", "gptport.gguf_export",
-                     "gptport.serve.app", "gptport.serve.server", "gptport.serve.scheduler", "gptport.serve.loadgen",
-                     "gptport.cli.serve_cmd", "gptport.cli.bench_serve_cmd", "gptport.serve.proxy_errors",
-                     "gptport.serve.ray_cluster"]
+def torch_free_modules() -> list[str]:
+    # ray_app needs the ray extra (tested below where Ray is installed); importing __main__ runs the CLI
+    # (its one import, gptport.cli.main, is probed)
+    skip = {"gptport.serve.ray_app", "gptport.__main__"}
+    return [m for m in layout.modules() if layout.layer(m) not in layout.TORCH_SIDE and m not in skip]
 
 
-@pytest.mark.parametrize("module", INFERENCE_MODULES)
-def test_inference_modules_load_no_torch(module: str) -> None:
-    assert "torch" not in loaded_after_import(module)
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, list[str]]:
+    return loaded_after_import(torch_free_modules())
+
+
+def test_the_layers_cover_the_package() -> None:
+    """Each side of the boundary holds what it should: the check below walks real modules."""
+    found = {layout.layer(m) for m in layout.modules()}
+    assert found == set(layout.BELOW), found
+    assert {"gptport.runtime.onnx_engine", "gptport.serve.scheduler", "gptport.cli.generate_cmd",
+            "gptport.tokenizer"} <= set(torch_free_modules())
+    assert "gptport.training.model" not in torch_free_modules()
+
+
+def test_torch_free_modules_load_no_torch(loaded: dict[str, list[str]]) -> None:
+    """Every module outside training/ and export/ (the CLI's included: commands import their stage
+    lazily) imports in a fresh interpreter without loading torch."""
+    bad = {m: found for m, found in loaded.items() if "torch" in found or any("failed" in f for f in found)}
+    assert not bad, f"torch loaded (or the import failed) by: {bad}"
+
+
+def test_base_loads_no_framework(loaded: dict[str, list[str]]) -> None:
+    """`import gptport`, the shared base and the CLI's entry (`gptport --help` stays quick) load neither
+    torch nor onnxruntime."""
+    base = [m for m in loaded if layout.layer(m) == "base"]
+    assert "gptport" in base and len(base) >= 10
+    bad = {m: loaded[m] for m in [*base, "gptport.cli.main"] if loaded[m]}
+    assert not bad, f"a framework loaded by the shared base: {bad}"
+
+
+def test_no_import_runs_upward() -> None:
+    """A module imports its own layer and those below it (tests/layout.py's BELOW), lazy imports included."""
+    bad = [f"{u.module}:{u.line} imports {u.target} ({layout.layer(u.module)} -> {layout.layer(u.target)})"
+           for m in layout.modules() for u in layout.upward(m)]
+    assert not bad, "imports that run upward or sideways between the layers:\n" + "\n".join(bad)
 
 
 def test_ray_app_loads_no_torch() -> None:
     """The Ray Serve application (Ray imported with it) keeps serving torch-free."""
+    import importlib.util
+
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
-    assert "torch" not in loaded_after_import("gptport.serve.ray_app")
+    assert "torch" not in loaded_after_import(["gptport.serve.ray_app"])["gptport.serve.ray_app"]
 
 
 def test_serve_answers_with_torch_unimportable(tmp_path: Path, trained_dir: Path) -> None:
