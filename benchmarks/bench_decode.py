@@ -32,10 +32,10 @@ def random_weights(d: Path, shape: str, corpus: Path) -> None:
     shape's vocabulary trained on `corpus` (kept when already there)."""
     import torch
 
-    from gptport import checkpoint
     from gptport import tokenizer as bpe
     from gptport.config import ModelConfig, load_preset
-    from gptport.model import GPT
+    from gptport.training import checkpoint
+    from gptport.training.model import GPT
 
     if not (d / "tokenizer.json").exists():
         gptport("train-tokenizer", str(corpus), "--vocab-size", str(VOCAB[shape]), "--out", str(d), "--force")

@@ -25,7 +25,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from gptport import contract, variants
+from gptport import contract
+from gptport.export import variants
 from gptport.machine import describe, slug
 
 HERE = Path(__file__).resolve().parent

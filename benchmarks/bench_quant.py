@@ -1,7 +1,7 @@
 """Weight-quantization schemes of onnxruntime, side by side: accuracy gate and CPU decode speed.
 
 For a trained model directory (default: the one bench_train.py leaves), every scheme in
-gptport.variants.SCHEMES is made from the fp32 static-cache graph (what the CPU runs by default, built
+gptport.export.variants.SCHEMES is made from the fp32 static-cache graph (what the CPU runs by default, built
 from model.safetensors), checked against fp32 torch on held-out text (top-1 agreement, mean KL) and
 timed at batch 1 (prefill of 64 tokens, then --gen new tokens, 2 threads). The scheme that passes the
 gate and decodes fastest, prefill deciding near-ties, is what `gptport export` ships for int8 and int4.
@@ -17,12 +17,13 @@ import json
 import statistics
 from pathlib import Path
 
-from gptport import contract, export, validate, variants
+from gptport import contract
 from gptport import tokenizer as bpe
-from gptport.bench import time_generation
-from gptport.checkpoint import load_model
+from gptport.export import exporter, validate, variants
 from gptport.machine import describe
-from gptport.onnx_engine import OnnxModel, load_cpu
+from gptport.runtime.bench import time_generation
+from gptport.runtime.onnx_engine import OnnxModel, load_cpu
+from gptport.training.checkpoint import load_model
 
 HERE = Path(__file__).resolve().parent
 
@@ -55,14 +56,14 @@ def main() -> None:
     work = HERE / "work" / "quant"
     work.mkdir(parents=True, exist_ok=True)
     fp32 = work / "static.onnx"  # the fp32 static-cache graph: what the CPU runs by default
-    export.save_static(model, card, fp32)
+    exporter.save_static(model, card, fp32)
     rows = [{"scheme": "fp32", "bytes": fp32.stat().st_size, "top1": 1.0, "mean_kl": 0.0, "passes": True}]
     rows[0]["prefill_tok_s"], rows[0]["decode_tok_s"] = speeds(load_cpu(fp32, args.threads), prompt_len,
                                                              args.gen, args.repeat)
     for name, scheme in variants.SCHEMES.items():
         out = work / f"{name}.onnx"
         variants.quantize(fp32, out, scheme)
-        export.set_metadata(out, export.metadata(card, "int8", contract.CACHE_STATIC))
+        exporter.set_metadata(out, exporter.metadata(card, "int8", contract.CACHE_STATIC))
         q = load_cpu(out, args.threads)
         g = validate.gate(model, q, windows, name)
         row = {"scheme": name, "bits": scheme.bits, "bytes": out.stat().st_size, "top1": g.top1,

@@ -25,8 +25,8 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import model_config_to_dict
-from gptport.engine import positions
-from gptport.onnx_engine import OnnxModel, graph_config, session_options
+from gptport.runtime.engine import positions
+from gptport.runtime.onnx_engine import OnnxModel, graph_config, session_options
 
 HERE = Path(__file__).resolve().parent
 

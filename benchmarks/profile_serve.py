@@ -29,8 +29,8 @@ from profile_decode import summarize
 
 from gptport import contract
 from gptport.machine import describe
-from gptport.onnx_engine import graph_config, session_options
-from gptport.slots import StaticSlots
+from gptport.runtime.onnx_engine import graph_config, session_options
+from gptport.runtime.slots import StaticSlots
 
 HERE = Path(__file__).resolve().parent
 TICK = os.sysconf("SC_CLK_TCK")

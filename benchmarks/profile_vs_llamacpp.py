@@ -31,9 +31,9 @@ from bench_llamacpp import WORK
 from profile_decode import summarize
 
 from gptport import contract
-from gptport.engine import positions
 from gptport.machine import describe
-from gptport.onnx_engine import OnnxModel, graph_config, session_options
+from gptport.runtime.engine import positions
+from gptport.runtime.onnx_engine import OnnxModel, graph_config, session_options
 
 HERE = Path(__file__).resolve().parent
 PROMPT = 64

@@ -27,11 +27,11 @@ import numpy as np
 from bench_serve import MAX_TOKENS, model_dir
 from bench_tokenizer import big_corpus
 
-from gptport import loader
 from gptport.machine import describe, slug
-from gptport.sampling import Sampling
+from gptport.runtime import loader
+from gptport.runtime.sampling import Sampling
+from gptport.runtime.slots import StaticSlots, open_slots
 from gptport.serve.scheduler import Choice, Finish, Scheduler
-from gptport.slots import StaticSlots, open_slots
 
 HERE = Path(__file__).resolve().parent
 SLOTS, PROMPT, PREFILL_CHUNK, TEMPERATURE = 16, 64, 512, 0.8

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from gptport.checkpoint_paths import CONFIG
 from gptport.errors import ArtifactError, UsageError
+from gptport.paths import CONFIG
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gptport import __version__, atomic, contract
-from gptport.checkpoint_paths import CONFIG, DIGESTS, WEIGHTS
 from gptport.errors import ArtifactError
+from gptport.paths import CONFIG, DIGESTS, WEIGHTS
 
 CACHED_FROM = 1 << 20  # files smaller than this are hashed every time (config.json: microseconds)
 RACY_NS = 2_000_000_000  # a file modified this recently is not cached: a rewrite within the same

@@ -18,10 +18,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from gptport import __version__
-from gptport import checkpoint_paths as paths
+from gptport import __version__, paths
 from gptport.config import read_json
 from gptport.corpus import CorpusReader
 from gptport.errors import ArtifactError, InputError, UsageError
@@ -297,3 +297,13 @@ def load(model_dir: str | os.PathLike[str]) -> BPETokenizer:
             raise ArtifactError(f"{path}: sha256 {tok.sha256[:12]}… does not match {META_FILE} "
                                 f"({expected[:12]}…); the file was changed after training")
     return tok
+
+
+def token_bytes(tok: BPETokenizer) -> np.ndarray:
+    """Bytes of text each token id stands for (special tokens: 0). A byte-level BPE token's string
+    has one character per byte, so its length is its byte count."""
+    special = set(tok.special_tokens.values())
+    out = np.zeros(tok.vocab_size, dtype=np.int64)
+    for token, i in tok.backend.get_vocab().items():
+        out[i] = 0 if i in special else len(token)
+    return out

@@ -50,9 +50,9 @@ def build_model_dir(out: Path, tokenizer_dir: Path, corpus: Path, steps: int, **
     """A model directory holding a small GPT trained for `steps` steps (0: only initialised)."""
     import shutil
 
-    from gptport import data
     from gptport.config import ModelConfig, TrainConfig
-    from gptport.train import Trainer
+    from gptport.training import shards as data
+    from gptport.training.train import Trainer
 
     shutil.copytree(tokenizer_dir, out)
     tok = bpe.load(out)
@@ -61,7 +61,7 @@ def build_model_dir(out: Path, tokenizer_dir: Path, corpus: Path, steps: int, **
     tcfg = TrainConfig(steps=max(steps, 1), batch_size=16, lr=3e-3, warmup_steps=5, eval_every=max(steps, 1),
                        eval_batches=2, device="cpu", seed=0)
     shards = data.prepare(out, CorpusReader(resolve_sources([corpus])), tok, 0.1)
-    trainer = Trainer(out, cfg, tcfg, shards, tok, data.token_bytes(tok))
+    trainer = Trainer(out, cfg, tcfg, shards, tok, bpe.token_bytes(tok))
     if steps:
         trainer.run()
     else:
@@ -72,10 +72,10 @@ def build_model_dir(out: Path, tokenizer_dir: Path, corpus: Path, steps: int, **
 @pytest.fixture(scope="session")
 def trained_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
     """A tied, learned-position model (n_ctx 96) trained for 150 steps, exported to fp32, int8 and fp16."""
-    from gptport import export
+    from gptport.export import exporter
 
     out = build_model_dir(tmp_path_factory.mktemp("trained") / "m", tokenizer_dir, corpus_file, steps=150, n_ctx=96)
-    export.export(out, ["fp32", "int8", "fp16"])
+    exporter.export(out, ["fp32", "int8", "fp16"])
     return out
 
 
@@ -92,12 +92,12 @@ def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
              corpus_file: Path) -> tuple[Path, Any, Any]:
     """A model of each config variant (initialised, not trained), exported to fp32: (dir, torch model,
     model.onnx's engine)."""
-    from gptport import export
-    from gptport.checkpoint import load_model
-    from gptport.onnx_engine import load_cpu
+    from gptport.export import exporter
+    from gptport.runtime.onnx_engine import load_cpu
+    from gptport.training.checkpoint import load_model
 
     out = build_model_dir(tmp_path_factory.mktemp(request.param) / "m", tokenizer_dir, corpus_file, steps=0,
                           **VARIANTS[request.param])
-    export.export(out, ["fp32"])
+    exporter.export(out, ["fp32"])
     model, _ = load_model(out, bpe.load(out))
     return out, model, load_cpu(out / "model.onnx")

@@ -12,13 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptport import bench
 from gptport import tokenizer as bpe
-from gptport.checkpoint import load_model
+from gptport.cli.common import open_engine
 from gptport.errors import UsageError
-from gptport.evaluate import evaluate
-from gptport.loader import open_model
-from gptport.providers import probe
+from gptport.runtime import bench
+from gptport.runtime.evaluate import evaluate
+from gptport.runtime.loader import open_model
+from gptport.runtime.providers import probe
+from gptport.training.checkpoint import load_model
+from gptport.training.torch_engine import open_torch
 from tests.conftest import make_text
 from tests.test_cli import _assert_one_line_error, gptport
 
@@ -62,7 +64,7 @@ def test_bandwidth_probe_agrees_with_a_plain_numpy_timing() -> None:
 def test_run_measures_onnx_and_torch_rows(trained_dir: Path) -> None:
     plan = bench.BenchPlan(providers=("cpu", "tensorrt"), precisions=("fp32", "int8", "int4"), batches=(1, 2),
                            prompt_lens=(8,), gen_len=6, repeat=2, warmup=1, threads=1, probe_mib=64)
-    result = bench.run(trained_dir, plan)
+    result = bench.run(trained_dir, plan, open_torch=open_torch)
     assert {"machine", "versions", "rows"} <= set(result)
     machine_gb_s = result["machine"]["memory_read_gb_s"]
     ok = [r for r in result["rows"] if not r["error"]]
@@ -117,7 +119,7 @@ def heldout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_eval_onnx_and_torch_agree(trained_dir: Path, heldout: Path) -> None:
     text = heldout.read_text()
     onnx_result = evaluate(open_model(trained_dir).engine, bpe.load(trained_dir), text, stride=48)
-    torch_result = evaluate(open_model(trained_dir, "torch").engine, bpe.load(trained_dir), text, stride=48)
+    torch_result = evaluate(open_torch(trained_dir).engine, bpe.load(trained_dir), text, stride=48)
     assert abs(onnx_result.perplexity / torch_result.perplexity - 1) < 1e-3
     assert onnx_result.bytes == len(text.encode("utf-8"))
     assert onnx_result.tokens == len(bpe.load(trained_dir).encode(text))
@@ -141,7 +143,7 @@ def test_eval_scores_the_models_next_token_cross_entropy(trained_dir: Path) -> N
         logits = model(torch.tensor([ids[:-1]]))[0][0].double()
     want = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])).item()
     for engine in ("onnx", "torch"):
-        got = evaluate(open_model(trained_dir, engine).engine, tok, text)
+        got = evaluate(open_engine(trained_dir, engine).engine, tok, text)
         assert got.tokens == len(ids) - 1 and abs(got.nats_per_token - want) < 1e-4, (engine, got, want)
         assert got.bits_per_byte == pytest.approx(want * (len(ids) - 1) / math.log(2) / len(text.encode()),
                                                   rel=1e-4), engine

@@ -27,8 +27,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gptport import checkpoint_paths as paths
-from gptport import contract, provenance
+from gptport import contract, paths, provenance
 from gptport import tokenizer as bpe
 from gptport.cli.main import main
 from tests.conftest import build_model_dir, make_text
@@ -200,10 +199,10 @@ def complete_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, 
                  cache_every_digest: None) -> Path:
     """A model directory with every file: tokenizer, shards, weights, resume state, graphs of fp32 (both
     caches), int8 (both) and fp16, genai_config.json and digests.json."""
-    from gptport import export
+    from gptport.export import exporter
 
     out = build_model_dir(tmp_path_factory.mktemp("complete") / "m", tokenizer_dir, corpus_file, steps=STEPS)
-    export.export(out, ["fp32", "int8", "fp16"])
+    exporter.export(out, ["fp32", "int8", "fp16"])
     return out
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptport import data
 from gptport import tokenizer as bpe
 from gptport.corpus import CorpusReader, resolve_sources
 from gptport.errors import InputError
+from gptport.training import shards as data
 from tests.conftest import make_text
 
 
@@ -55,7 +55,7 @@ def test_cache_is_reused_and_invalidated(model_dir: Path, tok: bpe.BPETokenizer,
 def test_token_bytes_count_the_text(tok: bpe.BPETokenizer) -> None:
     text = "naïve café 日本語 🙂 and plain words\n"
     ids = tok.encode(text) + [tok.eot_id]
-    assert int(data.token_bytes(tok)[ids].sum()) == len(text.encode("utf-8"))
+    assert int(bpe.token_bytes(tok)[ids].sum()) == len(text.encode("utf-8"))
 
 
 def test_corpus_too_short_for_a_window(model_dir: Path, tok: bpe.BPETokenizer, tmp_path: Path) -> None:

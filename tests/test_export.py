@@ -16,14 +16,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptport import contract, export, validate, variants
+from gptport import contract
 from gptport import tokenizer as bpe
-from gptport.checkpoint import load_model
-from gptport.engine import empty_past, positions
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.onnx_engine import OnnxModel, load_cpu
-from gptport.torch_engine import torch_step
-from gptport.validate import parity
+from gptport.export import exporter, validate, variants
+from gptport.export.validate import parity
+from gptport.runtime.engine import empty_past, positions
+from gptport.runtime.onnx_engine import OnnxModel, load_cpu
+from gptport.training.checkpoint import load_model
+from gptport.training.torch_engine import torch_step
 from tests.test_cli import _assert_one_line_error, gptport
 
 
@@ -193,9 +194,9 @@ def test_cli_export_prints_the_parity_table(tmp_path: Path, trained_dir: Path) -
 
 
 def test_parse_precisions() -> None:
-    assert export.parse_precisions("int8,fp16") == ["fp32", "int8", "fp16"]
+    assert exporter.parse_precisions("int8,fp16") == ["fp32", "int8", "fp16"]
     with pytest.raises(UsageError):
-        export.parse_precisions("bf16")
+        exporter.parse_precisions("bf16")
     with pytest.raises(ArtifactError):
         load_cpu(Path("/nonexistent/model.onnx"))
 
@@ -203,7 +204,7 @@ def test_parse_precisions() -> None:
 def test_optimized_graph_passes_the_same_checks(tmp_path: Path, trained_dir: Path) -> None:
     d = tmp_path / "m"
     shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.onnx"))
-    report = export.export(d, ["fp32"], optimize=True, static=False)
+    report = exporter.export(d, ["fp32"], optimize=True, static=False)
     assert not (d / "model.static.onnx").exists() and not report.static_parity
     assert report.fused.get("SkipLayerNormalization", 0) > 0
     assert report.size_ratio <= 1.01
@@ -225,7 +226,7 @@ def test_a_scheme_that_misses_the_gate_gives_way_to_the_next(tmp_path: Path, tra
         return dataclasses.replace(row, ok=False) if len(calls) == 1 else row
 
     monkeypatch.setattr(validate, "gate", first_fails)
-    report = export.export(d, ["fp32", "int8"])
+    report = exporter.export(d, ["fp32", "int8"])
     first, second = variants.LADDER["int8"][:2]
     assert [(g.precision, g.scheme, g.ok) for g in report.gates] == [
         ("int8", first, False), ("int8", second, True), ("int8 static", second, True)]  # the twin's rung first
@@ -241,7 +242,7 @@ def test_a_variant_that_misses_its_gate_on_export_again_leaves_no_stale_file(
     stale = [d / "model.int8.onnx", d / "model.int8.static.onnx"]
     assert all(p.exists() for p in stale)
     monkeypatch.setattr(validate, "GATE_TOP1", 1.01)  # a threshold no agreement reaches: every rung fails
-    report = export.export(d, ["fp32", "int8"], force=True)
+    report = exporter.export(d, ["fp32", "int8"], force=True)
     assert [(g.precision, g.ok) for g in report.gates] == [("int8", False)] * len(variants.LADDER["int8"])
     assert sorted(report.removed) == sorted(stale) and not any(p.exists() for p in stale)
     assert (d / "model.onnx").exists() and (d / "model.static.onnx").exists()
@@ -262,7 +263,7 @@ def test_a_variant_is_written_only_if_it_passes_the_gate(tmp_path: Path, trained
         return real_gate(*args, **kwargs)
 
     monkeypatch.setattr(validate, "gate", gate)
-    report = export.export(d, ["fp32", "int8", "int4"])
+    report = exporter.export(d, ["fp32", "int8", "int4"])
     gates = {g.precision: g for g in report.gates}
     assert [g.precision for g in report.gates] == ["int8", "int4", "int8 static"]
     for g in report.gates:

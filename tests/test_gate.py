@@ -12,12 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gptport import contract, export, validate
+from gptport import contract
 from gptport import tokenizer as bpe
-from gptport.checkpoint import load_model
 from gptport.errors import UsageError
-from gptport.loader import open_graph, ungated_warning
-from gptport.onnx_engine import file_metadata
+from gptport.export import exporter, validate
+from gptport.runtime.loader import open_graph, ungated_warning
+from gptport.runtime.onnx_engine import file_metadata
+from gptport.training.checkpoint import load_model
 from tests.conftest import build_model_dir, make_text
 from tests.test_cli import _assert_one_line_error, gptport
 
@@ -94,7 +95,7 @@ def test_gated_graphs_record_it_and_open_without_a_warning(tmp_path: Path, train
     d = tmp_path / "m"
     shutil.copytree(trained_dir, d)
     graph = d / "model.int8.static.onnx"
-    export.set_metadata(graph, {**file_metadata(graph), contract.META_GATED: "false"})
+    exporter.set_metadata(graph, {**file_metadata(graph), contract.META_GATED: "false"})
     open_graph(d, "int8", say=said.append)
     assert said == [ungated_warning(graph)]
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from gptport import tokenizer as bpe
+from gptport.cli.common import open_engine
 from gptport.errors import ArtifactError, UsageError
-from gptport.generate import generate
-from gptport.loader import encode_prompts, graph_path, open_model
-from gptport.sampling import Sampling
+from gptport.runtime.generate import generate
+from gptport.runtime.loader import encode_prompts, graph_path, open_model
+from gptport.runtime.sampling import Sampling
 from tests.test_cli import _assert_one_line_error, gptport
 
 PROMPTS = ["ka to ri", "the men sol ve qua lin dor", "日本"]
@@ -31,7 +32,7 @@ CACHES = pytest.mark.parametrize("cache", ["static", "concat"])
 
 def run(model_dir: Path, ids: list[list[int]], n: int = 64, engine: str = "onnx", cache: str = "auto",
         **kw: object) -> list[list[int]]:
-    opened = open_model(model_dir, engine, cache=cache)
+    opened = open_engine(model_dir, engine, cache=cache)
     sampling = Sampling(**kw)  # type: ignore[arg-type]
     return [r.new_ids for r in generate(opened.engine, ids, n, sampling, eot_id=-1)]
 
@@ -85,7 +86,7 @@ def test_context_overflow_slides_or_stops(trained_dir: Path, prompt_ids: list[li
     assert stopped.new_ids == slid.new_ids[: len(stopped.new_ids)]
     # after the slide, each token is the greedy choice of a plain torch forward (no cache) over the sequence
     # from the slide's start: the most recent n_ctx // 2 tokens when the window was full, and those since
-    from gptport.checkpoint import load_model
+    from gptport.training.checkpoint import load_model
 
     model, _ = load_model(trained_dir, bpe.load(trained_dir))
     seq = slid.prompt_ids + slid.new_ids
@@ -178,7 +179,7 @@ def test_cli_bad_input(trained_dir: Path, tmp_path: Path) -> None:
 
 
 def test_fallback_reports_and_goes_on(trained_dir: Path) -> None:
-    from gptport.providers import probe
+    from gptport.runtime.providers import probe
 
     if probe("cuda").ok:
         pytest.skip("this machine runs the CUDA provider: there is nothing to fall back from")

@@ -22,7 +22,7 @@ from safetensors.numpy import load_file, save_file
 
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, InputError, UsageError
-from gptport.gguf_export import export_gguf
+from gptport.export.gguf_export import export_gguf
 from tests.conftest import build_model_dir
 from tests.test_cli import _assert_one_line_error, gptport
 
@@ -228,7 +228,7 @@ def test_force_and_no_half_written_file(tied_dir: Path, tmp_path: Path, monkeypa
 
 
 def test_module_loads_no_torch() -> None:
-    code = "import sys, gptport.gguf_export, gptport.hf; print('torch' in sys.modules)"
+    code = "import sys, gptport.export.gguf_export, gptport.export.hf; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gptport import tokenizer as bpe
-from gptport.checkpoint import load_model
-from gptport.genai import GENAI_FILE
+from gptport.export.genai import GENAI_FILE
+from gptport.training.checkpoint import load_model
 from tests.conftest import build_model_dir
 from tests.test_cli import _assert_one_line_error, gptport
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gptport.config import ModelConfig
-from gptport.model import GPT, attention_mask_4d
+from gptport.training.model import GPT, attention_mask_4d
 
 VARIANTS = [
     {"pos_encoding": "learned", "tie_embeddings": True},

@@ -12,10 +12,11 @@ from typing import Any
 import onnx
 import pytest
 
-from gptport import contract, onnx_engine
-from gptport.checkpoint import read_card
+from gptport import contract
 from gptport.config import ModelConfig, model_config_from_dict
 from gptport.errors import ArtifactError
+from gptport.runtime import onnx_engine
+from gptport.training.checkpoint import read_card
 
 GOOD = {"vocab_size": 512, "n_ctx": 64, "d_model": 64, "n_layer": 2, "n_head": 4}
 BAD = [  # (change to GOOD, the field the error names)

@@ -9,16 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from gptport import bench
+from gptport.cli.common import open_engine
 from gptport.errors import UsageError
-from gptport.loader import open_model
+from gptport.runtime import bench
 from tests.test_cli import _assert_one_line_error, gptport
 
 
 def test_torch_engine_refuses_tensorrt(tokenizer_dir: Path) -> None:
     """torch has no TensorRT: --engine torch --provider tensorrt is an error, not torch on CUDA."""
     with pytest.raises(UsageError, match="--provider tensorrt: the torch engine runs on cpu or cuda only"):
-        open_model(tokenizer_dir, engine="torch", provider="tensorrt")
+        open_engine(tokenizer_dir, engine="torch", provider="tensorrt")
     _assert_one_line_error(gptport("generate", str(tokenizer_dir), "hi", "--engine", "torch", "--provider",
                                    "tensorrt"), 2, "tensorrt", "--engine onnx")
 
@@ -34,7 +34,7 @@ def test_bf16_asked_without_native_bf16_says_so(monkeypatch: pytest.MonkeyPatch,
                                                 autocast: bool, notice: str) -> None:
     import torch
 
-    from gptport.train import make_autocast
+    from gptport.training.train import make_autocast
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     ctx, said = make_autocast(mode, torch.device("cpu"))
@@ -45,7 +45,7 @@ def test_bf16_asked_without_native_bf16_says_so(monkeypatch: pytest.MonkeyPatch,
 def test_bf16_where_torch_has_no_bf16_autocast_trains_fp32_and_says_so() -> None:
     import torch
 
-    from gptport.train import make_autocast
+    from gptport.training.train import make_autocast
 
     ctx, said = make_autocast("bf16", torch.device("mps"))  # a device object needs no MPS backend
     assert isinstance(ctx, contextlib.nullcontext) and "no bf16 autocast on mps" in said and "fp32" in said
@@ -58,11 +58,11 @@ def test_train_says_the_bf16_notice_once(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     import torch
 
-    from gptport import data
     from gptport import tokenizer as bpe
     from gptport.config import ModelConfig, TrainConfig
     from gptport.corpus import CorpusReader, resolve_sources
-    from gptport.train import Hooks, Trainer
+    from gptport.training import shards as data
+    from gptport.training.train import Hooks, Trainer
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     out = tmp_path / "m"
@@ -73,7 +73,7 @@ def test_train_says_the_bf16_notice_once(monkeypatch: pytest.MonkeyPatch, tmp_pa
                        autocast="bf16")
     shards = data.prepare(out, CorpusReader(resolve_sources([corpus_file])), tok, 0.1)
     notices: list[str] = []
-    Trainer(out, cfg, tcfg, shards, tok, data.token_bytes(tok), hooks=Hooks(on_notice=notices.append)).run()
+    Trainer(out, cfg, tcfg, shards, tok, bpe.token_bytes(tok), hooks=Hooks(on_notice=notices.append)).run()
     assert len(notices) == 1 and "no native bf16" in notices[0]
 
 
@@ -101,12 +101,12 @@ def test_dynamic_int8_quantizes_every_matmul(tmp_path: Path, tokenizer_dir: Path
     MatMul by a weight, the head's included, becomes an int8 MatMulInteger, and the graph still loads."""
     import onnx
 
-    from gptport import export, variants
-    from gptport.onnx_engine import load_cpu
+    from gptport.export import exporter, variants
+    from gptport.runtime.onnx_engine import load_cpu
     from tests.conftest import build_model_dir
 
     model_dir = build_model_dir(tmp_path / "m", tokenizer_dir, corpus_file, steps=0, n_layer=1)
-    export.export(model_dir, ["fp32"], optimize=False, static=False)
+    exporter.export(model_dir, ["fp32"], optimize=False, static=False)
     dst = tmp_path / "dynamic.onnx"
     variants.quantize(model_dir / "model.onnx", dst, variants.SCHEMES["dynamic-int8"])
     graph = onnx.load(str(dst)).graph

@@ -12,13 +12,16 @@ from pathlib import Path
 import onnx
 import pytest
 
-from gptport import bench, contract, export, provenance
+from gptport import contract, provenance
 from gptport import tokenizer as bpe
+from gptport.cli.common import open_engine
 from gptport.errors import ArtifactError
-from gptport.generate import generate
-from gptport.loader import open_model
-from gptport.onnx_engine import file_metadata, load_cpu
-from gptport.sampling import Sampling
+from gptport.export import exporter
+from gptport.runtime import bench
+from gptport.runtime.generate import generate
+from gptport.runtime.loader import open_model
+from gptport.runtime.onnx_engine import file_metadata, load_cpu
+from gptport.runtime.sampling import Sampling
 from tests.conftest import build_model_dir
 from tests.test_cli import _assert_one_line_error, gptport
 
@@ -29,7 +32,7 @@ ALL = ["fp32", "int8", "int4", "fp16"]
 def exported_all(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
     """A tiny model trained a little, exported to every precision (the ones that pass their gate)."""
     out = build_model_dir(tmp_path_factory.mktemp("provenance") / "m", tokenizer_dir, corpus_file, steps=40)
-    export.export(out, ALL)
+    exporter.export(out, ALL)
     return out
 
 
@@ -43,24 +46,24 @@ def graphs(d: Path) -> set[str]:
 
 
 def greedy(d: Path, engine: str = "onnx", cache: str = "auto", precision: str = "fp32") -> list[int]:
-    opened = open_model(d, engine, precision=precision, cache=cache)
+    opened = open_engine(d, engine, precision=precision, cache=cache)
     ids = [opened.tok.encode("ka to ri men")]
     return generate(opened.engine, ids, 12, Sampling(), eot_id=-1)[0].new_ids
 
 
 def train_more(d: Path, corpus: Path, steps: int) -> None:
     """Resume the directory's training for `steps` more steps (new model.safetensors and config.json)."""
-    from gptport import data
-    from gptport.checkpoint import read_card
     from gptport.config import TrainConfig
     from gptport.corpus import CorpusReader, resolve_sources
-    from gptport.train import Trainer
+    from gptport.training import shards as data
+    from gptport.training.checkpoint import read_card
+    from gptport.training.train import Trainer
 
     tok, card = bpe.load(d), read_card(d)
     tcfg = TrainConfig(steps=card.step + steps, batch_size=16, lr=3e-3, warmup_steps=5, eval_every=steps,
                        eval_batches=2, device="cpu", seed=0)
     shards = data.prepare(d, CorpusReader(resolve_sources([corpus])), tok, 0.1)
-    Trainer(d, card.model, tcfg, shards, tok, data.token_bytes(tok), resume=True).run()
+    Trainer(d, card.model, tcfg, shards, tok, bpe.token_bytes(tok), resume=True).run()
 
 
 def test_every_graph_records_the_weights_and_config_it_was_made_from(exported_all: Path) -> None:
@@ -133,8 +136,8 @@ def test_export_removes_the_graphs_of_earlier_weights(tmp_path: Path, exported_a
 def test_export_keeps_the_graphs_of_the_same_weights(tmp_path: Path, exported_all: Path) -> None:
     d = copy(exported_all, tmp_path / "m")
     stale = d / "model.fp16.onnx"
-    export.set_metadata(stale, {**file_metadata(stale), contract.META_WEIGHTS: "0" * 64})
-    report = export.export(d, ["fp32"], optimize=False, static=False, force=True)
+    exporter.set_metadata(stale, {**file_metadata(stale), contract.META_WEIGHTS: "0" * 64})
+    report = exporter.export(d, ["fp32"], optimize=False, static=False, force=True)
     assert list(report.files.values()) == [d / "model.onnx"]
     assert report.removed == {stale: f"exported from other weights: sha256 000000000000…, not "
                                      f"{provenance.file_digest(d / 'model.safetensors')[:12]}…"}
@@ -144,7 +147,7 @@ def test_export_keeps_the_graphs_of_the_same_weights(tmp_path: Path, exported_al
 def test_a_graph_of_another_contract_or_tool_is_refused(tmp_path: Path, exported_all: Path) -> None:
     d = copy(exported_all, tmp_path / "m")
     graph = d / "model.onnx"
-    export.set_metadata(graph, {**file_metadata(graph), contract.META_CONTRACT: "0"})
+    exporter.set_metadata(graph, {**file_metadata(graph), contract.META_CONTRACT: "0"})
     for opening in (lambda: open_model(d, cache="concat"), lambda: load_cpu(graph)):
         with pytest.raises(ArtifactError) as e:
             opening()

@@ -11,16 +11,17 @@ import numpy as np
 import onnx
 import pytest
 
-from gptport import contract, providers
+from gptport import contract
 from gptport import tokenizer as bpe
-from gptport.checkpoint import load_model
 from gptport.config import ModelConfig
 from gptport.errors import ProviderError, UsageError
-from gptport.generate import generate
-from gptport.onnx_engine import graph_config, load
-from gptport.providers import ORT_NAMES, TRT_MAX_BATCH, ProviderStatus, check_name, probe, provider_options
-from gptport.sampling import Sampling
-from gptport.validate import parity
+from gptport.export.validate import parity
+from gptport.runtime import providers
+from gptport.runtime.generate import generate
+from gptport.runtime.onnx_engine import graph_config, load
+from gptport.runtime.providers import ORT_NAMES, TRT_MAX_BATCH, ProviderStatus, check_name, probe, provider_options
+from gptport.runtime.sampling import Sampling
+from gptport.training.checkpoint import load_model
 
 CONFIG = ModelConfig(vocab_size=512, n_ctx=128, d_model=64, n_layer=2, n_head=4)
 

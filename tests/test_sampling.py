@@ -14,9 +14,9 @@ from itertools import chain
 import numpy as np
 import pytest
 
-from gptport.detok import TextStream
 from gptport.errors import UsageError
-from gptport.sampling import BLOCK, Sampling, choose, choose_rows, logprob_entries, penalize
+from gptport.runtime.detok import TextStream
+from gptport.runtime.sampling import BLOCK, Sampling, choose, choose_rows, logprob_entries, penalize
 from gptport.tokenizer import BPETokenizer
 
 LOGITS = np.array([0.1, 3.0, 2.9, -1.0, 0.5, 2.0], dtype=np.float32)

@@ -327,7 +327,7 @@ def test_taken_port_is_a_one_line_error(trained_dir: Path) -> None:
 def test_spin_modes(trained_dir: Path) -> None:
     """--spin: an unknown mode is a one-line usage error before anything loads; each mode sets onnxruntime's
     thread-pool options as documented (step: spin during a run, stop as it returns)."""
-    from gptport.onnx_engine import session_options
+    from gptport.runtime.onnx_engine import session_options
 
     r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--spin", "sometimes"],
                        capture_output=True, text=True, timeout=60)

@@ -63,12 +63,12 @@ def ray_env(home: Path, tmp: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def ray_model(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
     """An initialised (untrained) tiny model with a long context, exported to fp32."""
-    from gptport import export
+    from gptport.export import exporter
     from tests.conftest import build_model_dir
 
     out = build_model_dir(tmp_path_factory.mktemp("ray") / "m", tokenizer_dir, corpus_file, steps=0, n_ctx=N_CTX,
                           d_model=128, n_layer=4)
-    export.export(out, ["fp32"])
+    exporter.export(out, ["fp32"])
     return out
 
 

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptport.engine import positions
-from gptport.generate import generate
-from gptport.loader import open_model
-from gptport.sampling import Sampling
+from gptport.runtime.engine import positions
+from gptport.runtime.generate import generate
+from gptport.runtime.loader import open_model
+from gptport.runtime.sampling import Sampling
+from gptport.runtime.slots import ConcatSlots, StaticSlots, open_slots
 from gptport.serve.scheduler import Choice, Failure, Finish, Scheduler
-from gptport.slots import ConcatSlots, StaticSlots, open_slots
 
 CACHES = ["static", "concat"]
 

@@ -12,14 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptport import contract, validate
+from gptport import contract
 from gptport import tokenizer as bpe
-from gptport.checkpoint import load_model
-from gptport.engine import empty_past, positions
-from gptport.onnx_engine import load_cpu
-from gptport.static_cache import cache_arrays
-from gptport.torch_engine import torch_step
-from gptport.validate import static_parity
+from gptport.export import validate
+from gptport.export.validate import static_parity
+from gptport.runtime.engine import empty_past, positions
+from gptport.runtime.onnx_engine import load_cpu
+from gptport.runtime.static_cache import cache_arrays
+from gptport.training.checkpoint import load_model
+from gptport.training.torch_engine import torch_step
 from tests.test_export import top1_agreement
 
 
@@ -130,12 +131,12 @@ def test_int8_static_variant_passes_the_gate_and_decodes_like_its_contract_twin(
 
 def test_a_head_size_groupqueryattention_cannot_take_skips_the_static_graph(
         tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
-    from gptport import export
-    from gptport.loader import open_model
+    from gptport.export import exporter
+    from gptport.runtime.loader import open_model
     from tests.conftest import build_model_dir
 
     d = build_model_dir(tmp_path / "m", tokenizer_dir, corpus_file, steps=0, d_model=48, n_head=4)  # head size 12
-    report = export.export(d, ["fp32"])
+    report = exporter.export(d, ["fp32"])
     assert "multiple of 8" in report.static_skipped and "12" in report.static_skipped
     assert (d / "model.onnx").exists() and not (d / "model.static.onnx").exists()
     assert open_model(d).cache == contract.CACHE_CONCAT  # auto falls back to the contract graph

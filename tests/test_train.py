@@ -16,12 +16,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gptport import data
 from gptport import tokenizer as bpe
-from gptport.checkpoint import read_resume_state
 from gptport.config import ModelConfig, TrainConfig
 from gptport.corpus import CorpusReader, resolve_sources
-from gptport.train import Trainer
+from gptport.training import shards as data
+from gptport.training.checkpoint import read_resume_state
+from gptport.training.train import Trainer
 from tests.test_cli import _assert_one_line_error, gptport
 
 SHAPE = ["--set", "n_ctx=32", "--set", "d_model=32", "--set", "n_layer=2", "--set", "n_head=2",
@@ -41,7 +41,7 @@ def make_trainer(model_dir: Path, corpus_file: Path, resume: bool = False, **tra
     tcfg = TrainConfig(**{"batch_size": 4, "eval_every": 4, "eval_batches": 2, "warmup_steps": 2,
                           "device": "cpu", "autocast": "fp32", **train})  # type: ignore[arg-type]
     shards = data.prepare(model_dir, CorpusReader(resolve_sources([corpus_file])), tok, 0.1)
-    return Trainer(model_dir, cfg, tcfg, shards, tok, data.token_bytes(tok), resume=resume)
+    return Trainer(model_dir, cfg, tcfg, shards, tok, bpe.token_bytes(tok), resume=resume)
 
 
 def losses(model_dir: Path) -> list[tuple[int, float, float]]:

@@ -20,10 +20,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from gptport import data, distributed
-from gptport.checkpoint import read_resume_state
 from gptport.config import TrainConfig
 from gptport.errors import UsageError
+from gptport.training import distributed
+from gptport.training import shards as data
+from gptport.training.checkpoint import read_resume_state
 from tests.test_cli import _assert_one_line_error, gptport
 from tests.test_train import SHAPE, losses, start_until_eval
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gptport.cli.common import ModelDir, err
+from gptport.cli.common import ModelDir, err, open_engine
+
+if TYPE_CHECKING:
+    from gptport.runtime.loader import Opened
 
 EXAMPLES = """Examples:
 
@@ -57,9 +60,9 @@ def bench(
     from rich.markup import escape
 
     from gptport import atomic
-    from gptport import bench as measure
     from gptport.errors import UsageError
-    from gptport.providers import check_name
+    from gptport.runtime import bench as measure
+    from gptport.runtime.providers import check_name
 
     plan = measure.BenchPlan(
         providers=[check_name(p.strip()) for p in providers.split(",") if p.strip()],
@@ -67,7 +70,7 @@ def bench(
         batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
         gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline,
         kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()])
-    from gptport.loader import CACHES
+    from gptport.runtime.loader import CACHES
 
     bad = [c for c in plan.kv_caches if c not in CACHES]
     if bad or not plan.kv_caches:
@@ -76,7 +79,7 @@ def bench(
         raise UsageError("--gen-len must be >= 2, --repeat >= 1 and --warmup >= 0")
     with err.status("benchmarking") as status:
         result = measure.run(model_dir, plan, say=lambda m: status.update(escape(m)),
-                             warn=lambda m: err.print(f"[yellow]warning:[/] {escape(m)}"))
+                             warn=lambda m: err.print(f"[yellow]warning:[/] {escape(m)}"), open_torch=open_torch)
     print_table(result)
     if json_path:
         atomic.write_text(json_path, json.dumps(result, indent=2) + "\n")
@@ -145,3 +148,8 @@ def _plot(result: dict, path: Path) -> None:
         ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def open_torch(model_dir: Path, provider: str, threads: int) -> Opened:
+    """The torch baseline's engine (a missing PyTorch is the row's error, not the run's)."""
+    return open_engine(model_dir, "torch", provider, threads=threads)

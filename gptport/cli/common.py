@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+from gptport.errors import UsageError
+
+if TYPE_CHECKING:
+    from gptport.runtime.loader import Opened
 
 # Status, progress and tables go to stderr; stdout carries only the payload (text, JSON).
 # Not a terminal (CI logs, pipes): 160 columns rather than rich's 80, so that tables stay readable.
 err = Console(stderr=True, highlight=False, soft_wrap=True,
               width=None if sys.stderr.isatty() else shutil.get_terminal_size((160, 24)).columns)
-
 
 
 class EncodingErrors(str, Enum):
@@ -34,3 +39,22 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def open_engine(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
+                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
+                cache: str = "auto") -> Opened:
+    """`--engine onnx`: the graph on `provider` (gptport.runtime.loader.open_model); `--engine torch`: the
+    reference torch model (gptport.training.torch_engine, which needs the train extra). The choice is made
+    here, above both stages, so that the runtime never imports the torch side."""
+    if engine == "onnx":
+        from gptport.runtime.loader import open_model
+
+        return open_model(model_dir, provider, precision, threads, fallback, say=say, cache=cache)
+    if engine != "torch":
+        raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
+    try:
+        from gptport.training.torch_engine import open_torch
+    except ImportError as e:
+        raise UsageError(f"--engine torch needs PyTorch (pip install 'gptport[train]'): {e}") from e
+    return open_torch(model_dir, provider, threads)

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gptport import checkpoint_paths as paths
+from gptport import paths
 from gptport.cli.common import err, human_bytes
 
 if TYPE_CHECKING:
-    from gptport.export import ExportReport
-    from gptport.train import EvalRecord
+    from gptport.export.exporter import ExportReport
+    from gptport.training.train import EvalRecord
 
 EXAMPLES = """Examples:
 
@@ -33,16 +33,17 @@ def demo(
 ) -> None:
     """Tokenizer, tiny GPT, ONNX export (fp32, int8), a sample and a short bench, on the standard
     library's own source files."""
-    from gptport import bench, export
     from gptport import tokenizer as bpe
-    from gptport.cli.bench_cmd import print_table
+    from gptport.cli.bench_cmd import open_torch, print_table
     from gptport.cli.train_cmd import prepare_with_progress, train_with_progress
     from gptport.config import ModelConfig, TrainConfig, load_preset
     from gptport.corpus import CorpusReader, default_corpus
     from gptport.errors import InputError, UsageError
-    from gptport.generate import generate
-    from gptport.loader import open_model
-    from gptport.sampling import Sampling
+    from gptport.export import exporter
+    from gptport.runtime import bench
+    from gptport.runtime.generate import generate
+    from gptport.runtime.loader import open_model
+    from gptport.runtime.sampling import Sampling
 
     if minutes <= 0:
         raise UsageError(f"--minutes must be positive, not {minutes}")
@@ -74,7 +75,7 @@ def demo(
 
     err.rule("4/6 export to ONNX (fp32, int8)")
     with err.status("exporting") as status:
-        exported = export.export(out, ["fp32", "int8"], force=True, say=status.update)
+        exported = exporter.export(out, ["fp32", "int8"], force=True, say=status.update)
     worst = max(r.max_logits for r in exported.parity)
     gates = {g.precision: g for g in exported.gates}
     err.print(f"parity: max |Δ logits| {worst:.1e} over {len(exported.parity)} cases; greedy decoding "
@@ -92,7 +93,7 @@ def demo(
     plan = bench.BenchPlan(precisions=exported.precisions, prompt_lens=(min(64, cfg.n_ctx - 64),), gen_len=64,
                            repeat=2, warmup=1)
     with err.status("benchmarking") as status:
-        result = bench.run(out, plan, say=status.update)
+        result = bench.run(out, plan, say=status.update, open_torch=open_torch)
     print_table(result)
     _summary(out, records[-1] if records else None, exported, result, time.perf_counter() - t_start)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gptport.cli.common import EncodingErrors, ModelDir, err
+from gptport.cli.common import EncodingErrors, ModelDir, err, open_engine
 
 EXAMPLES = """Examples:
 
@@ -36,15 +36,14 @@ def eval_(
 ) -> None:
     """Perplexity and bits per byte of text, over a sliding window of n_ctx tokens."""
     from gptport.corpus import CorpusReader, resolve_sources
-    from gptport.evaluate import evaluate
-    from gptport.loader import open_model
+    from gptport.runtime.evaluate import evaluate
 
     reader = CorpusReader(resolve_sources(text, glob), encoding_errors.value)
     body = "".join(reader.chunks())
     precisions = [p.strip() for p in precision.split(",") if p.strip()] if engine == "onnx" else ["fp32"]
     for one in precisions:
-        opened = open_model(model_dir, engine, provider, one, threads,
-                            say=lambda m: err.print(f"[yellow]warning:[/] {m}"))
+        opened = open_engine(model_dir, engine, provider, one, threads,
+                             say=lambda m: err.print(f"[yellow]warning:[/] {m}"))
         with err.status(f"evaluating {engine} {one}") as status:
 
             def progress(done: int, total: int, label: str = one) -> None:

@@ -50,7 +50,7 @@ def export(
     from rich.markup import escape
     from rich.table import Table
 
-    from gptport import export as exporter
+    from gptport.export import exporter
 
     precisions = exporter.parse_precisions(precision)
     with err.status("exporting") as status:

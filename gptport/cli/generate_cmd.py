@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from gptport.cli.common import ModelDir, err
+from gptport.cli.common import ModelDir, err, open_engine
 
 EXAMPLES = """Examples:
 
@@ -57,18 +57,18 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
 ) -> None:
     """Generate text: one prefill, then one token per step through the KV cache."""
-    from gptport.detok import TextStream
     from gptport.errors import UsageError
-    from gptport.generate import generate as run
-    from gptport.loader import encode_prompts, open_model, read_prompt_file
-    from gptport.sampling import Sampling
+    from gptport.runtime.detok import TextStream
+    from gptport.runtime.generate import generate as run
+    from gptport.runtime.loader import encode_prompts, read_prompt_file
+    from gptport.runtime.sampling import Sampling
 
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
     texts = list(prompt or []) + (read_prompt_file(file) if file else [])
     warn = lambda msg: err.print(f"[yellow]warning:[/] {msg}")  # noqa: E731
-    opened = open_model(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache)
+    opened = open_engine(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache)
     ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn)
     streams = [TextStream(opened.tok, stop or []) for _ in ids]
     live = len(ids) == 1 and not as_json

@@ -35,7 +35,7 @@ def export_gguf(
     force: Force = False,
 ) -> None:
     """Write the model and its tokenizer as a GGUF file that llama.cpp runs (architecture gpt2)."""
-    from gptport.gguf_export import export_gguf as run
+    from gptport.export.gguf_export import export_gguf as run
 
     s = run(model_dir, outtype.value, out, force)
     types = ", ".join(f"{n} {t.lower()}" for t, n in sorted(s.tensor_types.items()))

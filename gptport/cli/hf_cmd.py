@@ -25,7 +25,7 @@ def export_hf(
     force: Force = False,
 ) -> None:
     """Write a transformers GPT-2 checkpoint (GPT2LMHeadModel.from_pretrained loads it)."""
-    from gptport.hf import export_hf as run
+    from gptport.export.hf import export_hf as run
 
     written = run(model_dir, out, force)
     err.print("wrote " + ", ".join(str(p) for p in written))
@@ -37,7 +37,7 @@ def import_hf(
     force: Force = False,
 ) -> None:
     """Turn a local transformers GPT-2 checkpoint into a gptport model directory."""
-    from gptport.hf import import_hf as run
+    from gptport.export.hf import import_hf as run
 
     cfg = run(hf_dir, out, force)
     err.print(f"wrote {out}: {cfg.n_params() / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}, n_ctx {cfg.n_ctx}; "

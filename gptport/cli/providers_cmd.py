@@ -16,7 +16,7 @@ def providers() -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from gptport.providers import ORT_NAMES, probe
+    from gptport.runtime.providers import ORT_NAMES, probe
 
     table = Table("provider", "onnxruntime name", "runs here", "detail",
                   title=f"onnxruntime {ort.__version__} ({ort.get_device()} build)")

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gptport import checkpoint_paths as paths
+from gptport import paths
 from gptport import tokenizer as bpe
 from gptport.cli.common import EncodingErrors, Force, err, human_bytes
 from gptport.corpus import CorpusReader, resolve_sources

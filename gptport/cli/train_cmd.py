@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gptport import checkpoint_paths as paths
+from gptport import paths
 from gptport import tokenizer as bpe
 from gptport.cli.common import EncodingErrors, err, human_bytes
 from gptport.errors import GptportError, InputError, UsageError
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
     from gptport.config import ModelConfig, TrainConfig
     from gptport.corpus import CorpusReader
-    from gptport.data import Shards
-    from gptport.distributed import Dist
-    from gptport.train import EvalRecord
+    from gptport.training.distributed import Dist
+    from gptport.training.shards import Shards
+    from gptport.training.train import EvalRecord
 
 EXAMPLES = """Examples:
 
@@ -75,7 +75,7 @@ def train(
 ) -> None:
     """Train the GPT of a model directory on a corpus, tokenized with the directory's tokenizer.
     Under torchrun, every rank runs this; rank 0 tokenizes, writes and reports."""
-    from gptport import distributed
+    from gptport.training import distributed
 
     if nproc_per_node is not None:
         if distributed.under_torchrun():
@@ -114,8 +114,8 @@ def train(
 def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], options: dict[str, Any], resume: bool,
            force: bool, glob: str, encoding_errors: EncodingErrors, allow_world_size_change: bool) -> Dist:
     """The command's work on one rank (or the single process); returns the rank's place."""
-    from gptport import distributed
     from gptport.corpus import CorpusReader, resolve_sources
+    from gptport.training import distributed
 
     rank, world = distributed.env_world()
     tok = bpe.load(model_dir)
@@ -128,12 +128,12 @@ def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], opt
     cfg, tcfg = _configs(model_dir, tok.vocab_size, preset, sets, options, resume)
     tcfg = distributed.resolve_accum(tcfg, world)
     if resume:
-        from gptport.checkpoint import read_resume_state
+        from gptport.training.checkpoint import read_resume_state
 
         saved = int(read_resume_state(model_dir).get("world_size", 1))
         distributed.check_world(saved, world, allow_world_size_change, str(model_dir))
     ctx, device = distributed.init(tcfg.device) if distributed.under_torchrun() else (distributed.Dist(), None)
-    from gptport import data
+    from gptport.training import shards as data
 
     if ctx.main:
         if force and not resume:
@@ -176,7 +176,7 @@ def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], opt
         tcfg = TrainConfig(**{**chosen.train, **options})
     else:
         changes = apply_overrides(Preset("resume"), sets)
-        from gptport.checkpoint import read_card, read_resume_state
+        from gptport.training.checkpoint import read_card, read_resume_state
 
         cfg = read_card(model_dir).model
         differ = [k for k, v in changes.model.items() if getattr(cfg, k) != v]
@@ -192,7 +192,7 @@ def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], opt
 def prepare_with_progress(model_dir: Path, reader: CorpusReader, tok: bpe.BPETokenizer, val_fraction: float) -> Shards:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from gptport import data
+    from gptport.training import shards as data
 
     with Progress(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.fields[done]}"),
                   TimeRemainingColumn(), console=err, transient=True) as bar:
@@ -214,11 +214,10 @@ def train_with_progress(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, sh
     """Train with a live progress bar (rank 0; the other ranks train silently); return the eval records."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from gptport.data import token_bytes
-    from gptport.train import Hooks, Trainer
+    from gptport.training.train import Hooks, Trainer
 
     if ctx is not None and not ctx.main:
-        Trainer(model_dir, cfg, tcfg, shards, tok, token_bytes(tok), resume=resume, ctx=ctx, device=device,
+        Trainer(model_dir, cfg, tcfg, shards, tok, bpe.token_bytes(tok), resume=resume, ctx=ctx, device=device,
                 allow_world_size_change=allow_world_size_change).run()
         return []
 
@@ -241,7 +240,7 @@ def train_with_progress(model_dir: Path, cfg: ModelConfig, tcfg: TrainConfig, sh
             bar.console.print(f"step {r.step:>6}  train {r.train_loss:.4f}  val {r.val_loss:.4f}  "
                               f"ppl {r.val_ppl:8.2f}  bpb {r.val_bpb:.4f}  {r.tokens_per_s:,.0f} tok/s")
 
-        trainer = Trainer(model_dir, cfg, tcfg, shards, tok, token_bytes(tok), resume=resume,
+        trainer = Trainer(model_dir, cfg, tcfg, shards, tok, bpe.token_bytes(tok), resume=resume,
                           hooks=Hooks(on_step=on_step, on_eval=on_eval,
                                       on_notice=lambda m: bar.console.print(f"[yellow]warning:[/] {m}")),
                           ctx=ctx, device=device,

@@ -13,14 +13,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from gptport import __version__, atomic, contract, genai, gqa_graph, provenance, validate, variants
+from gptport import __version__, atomic, contract, provenance
 from gptport import tokenizer as bpe
-from gptport.checkpoint import ModelCard, load_model
 from gptport.config import model_config_to_dict
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.model import GPT
-from gptport.onnx_engine import file_metadata, load_cpu
-from gptport.torch_to_onnx import to_onnx, untie_folded_head
+from gptport.export import genai, gqa_graph, validate, variants
+from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
+from gptport.runtime.onnx_engine import file_metadata, load_cpu
+from gptport.training.checkpoint import ModelCard, load_model
+from gptport.training.model import GPT
 
 TWO_GB = 2 * 1024**3
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32

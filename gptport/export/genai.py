@@ -13,8 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptport import atomic, contract
-from gptport import checkpoint_paths as paths
+from gptport import atomic, contract, paths
 from gptport.config import ModelConfig
 
 GENAI_FILE = paths.GENAI

@@ -19,10 +19,10 @@ import numpy as np
 
 from gptport import atomic
 from gptport import tokenizer as bpe
-from gptport.checkpoint_paths import CONFIG, WEIGHTS
 from gptport.config import ModelConfig, model_config_from_dict, read_json
 from gptport.errors import ArtifactError, InputError, UsageError
-from gptport.hf import mismatches
+from gptport.export.hf import mismatches
+from gptport.paths import CONFIG, WEIGHTS
 
 ARCH = "gpt2"
 TOKENIZER_PRE = "gpt-2"

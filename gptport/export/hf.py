@@ -19,7 +19,7 @@ from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError
 
 if TYPE_CHECKING:
-    from gptport.model import GPT
+    from gptport.training.model import GPT
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GELU_NAMES = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "exact"}
@@ -42,7 +42,7 @@ def export_hf(model_dir: Path, out: Path, force: bool = False) -> list[Path]:
     """Write a transformers GPT-2 checkpoint (config.json, model.safetensors, tokenizer files)."""
     from safetensors.torch import save_file
 
-    from gptport import checkpoint
+    from gptport.training import checkpoint
 
     tok = bpe.load(model_dir)
     model, card = checkpoint.load_model(model_dir, tok)
@@ -118,7 +118,7 @@ def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
     """Turn a local transformers GPT-2 directory into a gptport model directory."""
     from safetensors.torch import load_file
 
-    from gptport.model import GPT
+    from gptport.training.model import GPT
 
     config_path, weights = hf_dir / "config.json", hf_dir / "model.safetensors"
     if not config_path.is_file():
@@ -164,7 +164,7 @@ def _write(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig) -> No
     """Stage the whole model directory next to `out`, then move its files in."""
     import torch
 
-    from gptport import checkpoint
+    from gptport.training import checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".import-", dir=out))

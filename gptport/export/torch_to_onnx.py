@@ -16,7 +16,7 @@ from torch.export import Dim
 
 from gptport import contract
 from gptport.errors import ValidationError
-from gptport.model import GPT
+from gptport.training.model import GPT
 
 
 @contextlib.contextmanager

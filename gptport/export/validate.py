@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptport import static_cache
-from gptport.checkpoint_paths import VAL_SHARD
-from gptport.data import DATA_DIR, read_shard, token_dtype
-from gptport.engine import Engine, Past, StepFn, empty_past, positions
 from gptport.errors import InputError, UsageError, ValidationError
-from gptport.generate import generate
-from gptport.model import GPT
-from gptport.onnx_engine import OnnxModel
-from gptport.sampling import Sampling
+from gptport.paths import VAL_SHARD
+from gptport.runtime import static_cache
+from gptport.runtime.engine import Engine, Past, StepFn, empty_past, positions
+from gptport.runtime.generate import generate
+from gptport.runtime.onnx_engine import OnnxModel
+from gptport.runtime.sampling import Sampling
 from gptport.tokenizer import BPETokenizer
-from gptport.torch_engine import TorchEngine, torch_step
+from gptport.training.model import GPT
+from gptport.training.shards import DATA_DIR, read_shard, token_dtype
+from gptport.training.torch_engine import TorchEngine, torch_step
 
 PRESENT_ATOL = 1e-5
 GATE_TOP1 = 0.98

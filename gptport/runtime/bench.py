@@ -1,6 +1,6 @@
 """Measurements: prefill and decode speed per (engine, provider, precision, batch, prompt length),
-against the torch baseline and the machine's memory read bandwidth. No torch here, except the
-optional baseline, which is imported only when asked for.
+against the torch baseline and the machine's memory read bandwidth. No torch here: the baseline's engine
+comes from the caller (`open_torch`: gptport.training.torch_engine.open_torch, or the CLI's open_engine).
 
 Decode tokens/s counts generated tokens only (batch x steps after the first token), never the prompt.
 """
@@ -17,14 +17,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gptport import __version__
-from gptport.engine import Engine, positions
-from gptport.errors import GptportError
+from gptport.errors import GptportError, UsageError
 from gptport.machine import describe
+from gptport.runtime.engine import Engine, positions
+
+if TYPE_CHECKING:
+    from gptport.runtime.loader import Opened
+
+TorchOpener = Callable[[Path, str, int], "Opened"]  # (model_dir, provider, threads) -> the torch engine
 
 
 @dataclass(frozen=True)
@@ -210,10 +215,15 @@ def _shapes(plan: BenchPlan, n_ctx: int) -> Iterator[tuple[int, int]]:
 
 
 def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m: None,
-        warn: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+        warn: Callable[[str], None] = lambda m: None, open_torch: TorchOpener | None = None) -> dict[str, Any]:
     """Measure every configuration of `plan`; a configuration that cannot run is a row with its error.
-    `say` gets progress, `warn` what the user must see (a graph written with `export --no-gate`)."""
-    from gptport.loader import open_graph
+    `say` gets progress, `warn` what the user must see (a graph written with `export --no-gate`);
+    `open_torch` opens the torch baseline, which `plan.torch_baseline` needs."""
+    from gptport.runtime.loader import open_graph
+
+    if plan.torch_baseline and open_torch is None:
+        raise UsageError("bench.run: plan.torch_baseline needs open_torch "
+                         "(gptport.training.torch_engine.open_torch)")
 
     bandwidth = measure_bandwidth(plan.threads, plan.probe_mib)
     say(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s")
@@ -246,22 +256,20 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
             rows.append(row)
         del model
     if plan.torch_baseline:
-        rows.extend(_torch_rows(model_dir, plan, say))
+        rows.extend(_torch_rows(model_dir, plan, say, open_torch))
     _speedups(rows)
     return {"machine": machine(bandwidth, plan.threads), "versions": versions(),
             "model": config, "rows": [asdict(r) for r in rows]}
 
 
-def _torch_rows(model_dir: Path, plan: BenchPlan, say: Callable[[str], None]) -> list[Row]:
+def _torch_rows(model_dir: Path, plan: BenchPlan, say: Callable[[str], None], open_torch: TorchOpener) -> list[Row]:
     """The same loop over the torch model from model.safetensors (needs the train extra)."""
-    from gptport.loader import open_model
-
     rows = []
     for provider in sorted({"cuda" if p in ("cuda", "tensorrt") else "cpu" for p in plan.providers}):
         _peak_rss_reset()
         t0 = time.perf_counter()
         try:
-            opened = open_model(model_dir, "torch", provider, threads=plan.threads)
+            opened = open_torch(model_dir, provider, plan.threads)
         except GptportError as e:
             rows.append(Row("torch", provider, "fp32", 0, 0, plan.gen_len, error=str(e)))
             continue

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gptport.data import token_bytes
-from gptport.engine import Engine, positions
 from gptport.errors import InputError, UsageError
-from gptport.tokenizer import BPETokenizer
+from gptport.runtime.engine import Engine, positions
+from gptport.tokenizer import BPETokenizer, token_bytes
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Literal
 
 import numpy as np
 
-from gptport.engine import Engine, left_pad, positions
-from gptport.sampling import Sampling, choose
+from gptport.runtime.engine import Engine, left_pad, positions
+from gptport.runtime.sampling import Sampling, choose
 
 Overflow = Literal["slide", "stop"]
 

@@ -1,6 +1,7 @@
-"""Opening a model directory for inference: the tokenizer, the engine (an onnxruntime session on a
-provider, or the torch model), and the prompts as token ids, with every consistency check on the way.
-Torch is imported only for the torch engine."""
+"""Opening a model directory for inference: the tokenizer, the onnxruntime session on a provider, and
+the prompts as token ids, with every consistency check on the way. The torch reference model opens
+through gptport.training.torch_engine.open_torch into the same `Opened`; `--engine` picks between the
+two in the CLI (gptport.cli.common.open_engine), above both stages."""
 
 from __future__ import annotations
 
@@ -8,16 +9,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptport import contract, onnx_engine, provenance
+from gptport import contract, provenance
 from gptport import tokenizer as bpe
-from gptport.checkpoint_paths import CONFIG
 from gptport.config import read_json
-from gptport.engine import Engine
 from gptport.errors import ArtifactError, InputError, UsageError
+from gptport.paths import CONFIG
+from gptport.runtime import onnx_engine
+from gptport.runtime.engine import Engine
 
 CACHE_AUTO = "auto"
 CACHES = (CACHE_AUTO, contract.CACHE_STATIC, contract.CACHE_CONCAT)
-TORCH_DEVICES = ("cpu", "cuda")  # the --provider values the torch engine takes
 
 
 @dataclass
@@ -70,21 +71,23 @@ def ungated_warning(path: Path) -> str:
             "measurements only); export again without --no-gate to gate it")
 
 
-def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
-               threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-               cache: str = CACHE_AUTO, spin: str = onnx_engine.SPIN_ALWAYS) -> Opened:
-    """Load the tokenizer and the engine of `model_dir`, refusing a tokenizer that is not the model's.
-    `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract)."""
+def load_tokenizer(model_dir: Path) -> bpe.BPETokenizer:
+    """The directory's tokenizer, refused when it is not the one config.json's model was trained with."""
     tok = bpe.load(model_dir)
     if (model_dir / CONFIG).is_file():  # a deployment copy may hold the graphs without it
         card = read_json(model_dir / CONFIG)
         model = card.get("model")
         bpe.check_trained_with(tok, model_dir, card.get("tokenizer_sha256"),
                                model.get("vocab_size") if isinstance(model, dict) else None)
-    if engine == "torch":
-        return _open_torch(model_dir, tok, provider, threads)
-    if engine != "onnx":
-        raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
+    return tok
+
+
+def open_model(model_dir: Path, provider: str = "cpu", precision: str = "fp32", threads: int = 0,
+               fallback: bool = False, say: Callable[[str], None] = lambda m: None, cache: str = CACHE_AUTO,
+               spin: str = onnx_engine.SPIN_ALWAYS) -> Opened:
+    """Load the tokenizer and the ONNX engine of `model_dir`, refusing a tokenizer that is not the model's.
+    `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract)."""
+    tok = load_tokenizer(model_dir)
     model = open_graph(model_dir, precision, provider, cache, threads, fallback, say, spin)
     path = model.path
     if model.tokenizer_sha256 != tok.sha256:
@@ -93,26 +96,6 @@ def open_model(model_dir: Path, engine: str = "onnx", provider: str = "cpu", pre
     if model.config.vocab_size != tok.vocab_size:
         raise ArtifactError(f"{path}: vocab_size {model.config.vocab_size} != tokenizer's {tok.vocab_size}")
     return Opened(model, tok, "onnx", model.provider, model.precision, model.cache)
-
-
-def _open_torch(model_dir: Path, tok: bpe.BPETokenizer, provider: str, threads: int) -> Opened:
-    if provider not in TORCH_DEVICES:  # no substitute: torch on CUDA is not TensorRT
-        raise UsageError(f"--engine torch --provider {provider}: the torch engine runs on "
-                         f"{' or '.join(TORCH_DEVICES)} only; TensorRT runs through onnxruntime (--engine onnx)")
-    try:
-        import torch
-
-        from gptport.checkpoint import load_model
-        from gptport.torch_engine import TorchEngine
-    except ImportError as e:
-        raise UsageError(f"--engine torch needs PyTorch (pip install 'gptport[train]'): {e}") from e
-    if threads > 0:
-        torch.set_num_threads(threads)
-    device = provider
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--engine torch --provider {provider}: torch sees no CUDA GPU here")
-    model, _ = load_model(model_dir, tok, device)
-    return Opened(TorchEngine(model), tok, "torch", device, "fp32")
 
 
 def encode_prompts(tok: bpe.BPETokenizer, prompts: Sequence[str], n_ctx: int, truncate: bool = True,

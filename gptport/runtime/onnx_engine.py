@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from gptport import contract, provenance, providers, static_cache
+from gptport import contract, provenance
 from gptport.config import ModelConfig, model_config_from_dict
-from gptport.engine import Past, StepFn
 from gptport.errors import ArtifactError, ProviderError, UsageError
+from gptport.runtime import providers, static_cache
+from gptport.runtime.engine import Past, StepFn
 
 _ORT = ort.capi.onnxruntime_pybind11_state
 # what InferenceSession raises on a file it cannot load (damaged bytes: a bad protobuf, a graph without

@@ -21,8 +21,8 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import ModelConfig
-from gptport.engine import FLOAT32, Engine, Past
-from gptport.static_cache import DecodeStep
+from gptport.runtime.engine import FLOAT32, Engine, Past
+from gptport.runtime.static_cache import DecodeStep
 
 
 class SlotEngine(Protocol):

@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import ModelConfig
-from gptport.engine import Past, StepFn
+from gptport.runtime.engine import Past, StepFn
 
 
 class StaticCache(list):  # type: ignore[type-arg]

@@ -76,13 +76,13 @@ class State:
 
     def load(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the model and start the scheduler (in a thread: /health answers 503 meanwhile)."""
-        from gptport.loader import open_model
+        from gptport.runtime.loader import open_model
+        from gptport.runtime.slots import open_slots
         from gptport.serve.chat import renderer
-        from gptport.slots import open_slots
 
         s = self.settings
         try:
-            opened = open_model(s.model_dir, "onnx", s.provider, s.precision, s.threads, cache=s.kv_cache,
+            opened = open_model(s.model_dir, s.provider, s.precision, s.threads, cache=s.kv_cache,
                                 spin=s.spin)
             slots = open_slots(opened.engine, s.slots)
             self.render, template = renderer(s.model_dir)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gptport.sampling import Sampling
+from gptport.runtime.sampling import Sampling
 from gptport.serve.scheduler import TokenLogprob
 from gptport.tokenizer import BPETokenizer
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from gptport.detok import TextStream
-from gptport.sampling import Sampling, choose_rows, logprob_entries
-from gptport.slots import SlotEngine
+from gptport.runtime.detok import TextStream
+from gptport.runtime.sampling import Sampling, choose_rows, logprob_entries
+from gptport.runtime.slots import SlotEngine
 from gptport.tokenizer import BPETokenizer
 
 log = logging.getLogger("gptport.serve")

@@ -9,11 +9,11 @@ import signal
 import socket
 from collections.abc import Callable
 
-from gptport import loader
 from gptport import tokenizer as bpe
 from gptport.errors import InputError, UsageError
-from gptport.onnx_engine import check_spin
-from gptport.providers import TRT_MAX_BATCH
+from gptport.runtime import loader
+from gptport.runtime.onnx_engine import check_spin
+from gptport.runtime.providers import TRT_MAX_BATCH
 from gptport.serve.app import Settings, create_app
 
 

@@ -13,11 +13,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 from gptport import __version__, atomic
-from gptport.checkpoint_paths import CONFIG, OPTIMIZER, TRAINER, WEIGHTS
 from gptport.config import ModelConfig, model_config_from_dict, model_config_to_dict, read_json
 from gptport.errors import ArtifactError, first_line
-from gptport.model import GPT
+from gptport.paths import CONFIG, OPTIMIZER, TRAINER, WEIGHTS
 from gptport.tokenizer import BPETokenizer, check_trained_with
+from gptport.training.model import GPT
 
 TIED_KEY = "lm_head.weight"
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptport import atomic
-from gptport import checkpoint_paths as paths
+from gptport import atomic, paths
 from gptport.corpus import CorpusReader
 from gptport.errors import ArtifactError, InputError
 from gptport.tokenizer import BPETokenizer
@@ -41,16 +40,6 @@ class Shards:
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
-
-
-def token_bytes(tok: BPETokenizer) -> np.ndarray:
-    """Bytes of text each token id stands for (special tokens: 0). A byte-level BPE token's string
-    has one character per byte, so its length is its byte count."""
-    special = set(tok.special_tokens.values())
-    out = np.zeros(tok.vocab_size, dtype=np.int64)
-    for token, i in tok.backend.get_vocab().items():
-        out[i] = 0 if i in special else len(token)
-    return out
 
 
 def corpus_sha256(reader: CorpusReader) -> str | None:

@@ -1,12 +1,20 @@
-"""The torch model as an engine of the generation loop: the reference that ONNX is checked against."""
+"""The torch model as an engine of the generation loop: the reference that ONNX is checked against, and
+what `--engine torch` runs in generate, eval and bench's baseline."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from gptport.engine import Past, StepFn
-from gptport.model import GPT
+from gptport.errors import UsageError
+from gptport.runtime.engine import Past, StepFn
+from gptport.runtime.loader import Opened, load_tokenizer
+from gptport.training.checkpoint import load_model
+from gptport.training.model import GPT
+
+TORCH_DEVICES = ("cpu", "cuda")  # the --provider values the torch engine takes
 
 
 def torch_step(model: GPT, last_only: bool = False) -> StepFn:
@@ -42,3 +50,17 @@ class TorchEngine:
     def empty_past(self, batch: int) -> Past:
         cfg = self.model.cfg
         return [np.zeros((batch, cfg.n_head, 0, cfg.head_dim), dtype=np.float32) for _ in range(2 * cfg.n_layer)]
+
+
+def open_torch(model_dir: Path, provider: str = "cpu", threads: int = 0) -> Opened:
+    """The directory's tokenizer and its torch model from model.safetensors on `provider` (cpu or cuda)."""
+    if provider not in TORCH_DEVICES:  # no substitute: torch on CUDA is not TensorRT
+        raise UsageError(f"--engine torch --provider {provider}: the torch engine runs on "
+                         f"{' or '.join(TORCH_DEVICES)} only; TensorRT runs through onnxruntime (--engine onnx)")
+    tok = load_tokenizer(model_dir)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if provider == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--engine torch --provider {provider}: torch sees no CUDA GPU here")
+    model, _ = load_model(model_dir, tok, provider)
+    return Opened(TorchEngine(model), tok, "torch", provider, "fp32")

@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from gptport import checkpoint
-from gptport.checkpoint_paths import LOG, OPTIMIZER
 from gptport.config import ModelConfig, TrainConfig
-from gptport.data import Shards, eval_windows, step_batches
-from gptport.distributed import Dist, check_world, wrap
 from gptport.errors import ArtifactError, UsageError, first_line
-from gptport.model import GPT
+from gptport.paths import LOG, OPTIMIZER
 from gptport.tokenizer import BPETokenizer
+from gptport.training import checkpoint
+from gptport.training.distributed import Dist, check_world, wrap
+from gptport.training.model import GPT
+from gptport.training.shards import Shards, eval_windows, step_batches
 
 
 @dataclass(frozen=True)
