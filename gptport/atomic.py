@@ -17,6 +17,7 @@ def _umask() -> int:
 
 
 _FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file; some writers use 0600
+_DIR_MODE = 0o777 & ~_umask()  # what mkdir() would give (tempfile.mkdtemp gives 0700)
 
 
 def temp_name(path: Path) -> Path:
@@ -49,3 +50,22 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write UTF-8 `text` to `path` atomically."""
     write_bytes(path, text.encode("utf-8"))
+
+
+def replace_dir(staged: Path, target: Path) -> None:
+    """Put a fully written directory `staged` (a sibling of `target`) in place of `target`: the old one, if
+    any, is moved aside first and removed only once the new one is in place."""
+    import shutil
+
+    os.chmod(staged, _DIR_MODE)
+    old = temp_name(target) if target.exists() else None
+    if old is not None:
+        os.replace(target, old)
+    try:
+        os.replace(staged, target)
+    except OSError:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -9,8 +9,9 @@ from gptport import paths
 
 ROOT = Path(__file__).resolve().parent.parent
 # hf.py reads and writes Hugging Face's directory layout, whose config.json, model.safetensors, vocab.json
-# and merges.txt are Hugging Face's names (the same strings, another format)
-OTHER_FORMATS = {"gptport/export/hf.py"}
+# and merges.txt are Hugging Face's names (the same strings, another format); web.py writes that layout's
+# config.json into the browser bundle for transformers.js
+OTHER_FORMATS = {"gptport/export/hf.py", "gptport/export/web.py"}
 
 
 def test_file_names_are_literals_only_in_paths() -> None:

@@ -22,6 +22,7 @@ from gptport.cli import (
     serve_cmd,
     tokenizer_cmd,
     train_cmd,
+    web_cmd,
 )
 from gptport.errors import GptportError
 
@@ -64,6 +65,7 @@ app.command("demo", epilog=demo_cmd.EXAMPLES)(demo_cmd.demo)
 app.command("export-hf", epilog=hf_cmd.EXPORT_EXAMPLES)(hf_cmd.export_hf)
 app.command("import-hf", epilog=hf_cmd.IMPORT_EXAMPLES)(hf_cmd.import_hf)
 app.command("export-gguf", epilog=gguf_cmd.EXAMPLES)(gguf_cmd.export_gguf)
+app.command("export-web", epilog=web_cmd.EXAMPLES)(web_cmd.export_web)
 
 
 def main(argv: list[str] | None = None) -> None:

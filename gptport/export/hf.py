@@ -38,6 +38,18 @@ def mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def gpt2_config(cfg: ModelConfig, eot_id: int) -> dict[str, Any]:
+    """transformers' GPT2Config of a gptport model (also what transformers.js reads of export-web's bundle)."""
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.n_ctx, "n_embd": cfg.d_model, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+        "n_inner": cfg.d_ff, "activation_function": "gelu_new", "layer_norm_epsilon": cfg.ln_eps,
+        "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
+        "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
+        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": eot_id, "eos_token_id": eot_id,
+    }
+
+
 def export_hf(model_dir: Path, out: Path, force: bool = False) -> list[Path]:
     """Write a transformers GPT-2 checkpoint (config.json, model.safetensors, tokenizer files)."""
     from safetensors.torch import save_file
@@ -58,14 +70,7 @@ def export_hf(model_dir: Path, out: Path, force: bool = False) -> list[Path]:
             continue
         t = tensor.t() if name.endswith(CONV1D) else tensor
         state[name if name == "lm_head.weight" else f"transformer.{name}"] = t.contiguous()
-    hf_config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
-        "n_positions": cfg.n_ctx, "n_embd": cfg.d_model, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
-        "n_inner": cfg.d_ff, "activation_function": "gelu_new", "layer_norm_epsilon": cfg.ln_eps,
-        "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
-        "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
-        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id,
-    }
+    hf_config = gpt2_config(cfg, tok.eot_id)
     out.mkdir(parents=True, exist_ok=True)
     with atomic.atomic_path(out / "model.safetensors") as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
