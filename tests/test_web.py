@@ -277,3 +277,16 @@ def test_webgpu_greedy_tokens_equal_generate(playwright: Any, bundle: Path, want
             page.close()
     finally:
         browser.close()
+
+
+def test_providers_lists_the_browser_targets(web_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gptport providers` names wasm and webgpu with whether a bundle can be built here, and why not."""
+    from gptport.export import web
+
+    r = gptport("providers")
+    assert r.returncode == 0, r.stderr
+    assert "gptport export-web" in r.stderr and "wasm" in r.stderr and "webgpu" in r.stderr
+    monkeypatch.setattr(web, "cache_root", lambda: web_cache / "empty")
+    monkeypatch.setattr(web.shutil, "which", lambda name: None)
+    ok, why = web.can_bundle()
+    assert not ok and "Node.js" in why

@@ -11,11 +11,13 @@ EXAMPLES = """Example:
 
 
 def providers() -> None:
-    """List cpu, cuda and tensorrt, whether each really initialises here, and the reason when not."""
+    """List cpu, cuda and tensorrt, whether each really initialises here, and the reason when not; then
+    the browser targets of export-web (the bundle runs in the visitor's browser, not in this process)."""
     import onnxruntime as ort
     from rich.markup import escape
     from rich.table import Table
 
+    from gptport.export.web import can_bundle
     from gptport.runtime.providers import ORT_NAMES, probe
 
     table = Table("provider", "onnxruntime name", "runs here", "detail",
@@ -24,3 +26,11 @@ def providers() -> None:
         status = probe(name)
         table.add_row(name, ORT_NAMES[name], "[green]yes[/]" if status.ok else "[red]no[/]", escape(status.reason))
     err.print(table)
+    ok, why = can_bundle()
+    web = Table("target", "through", "can build here", "detail", title="in the browser (gptport export-web)")
+    for target, note in (("wasm", "WebAssembly: any current browser; several threads where the page is "
+                                  "cross-origin isolated (export-web --serve)"),
+                         ("webgpu", "WebGPU (?device=webgpu): browsers that offer an adapter; checked on Chromium's "
+                                    "SwiftShader, never on a real GPU here")):
+        web.add_row(target, "onnxruntime-web", "[green]yes[/]" if ok else "[red]no[/]", escape(f"{why}. {note}"))
+    err.print(web)

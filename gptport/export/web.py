@@ -101,6 +101,17 @@ def npm_modules(runtime_dir: Path | None = None, say: Callable[[str], None] = la
     return root / "node_modules"
 
 
+def can_bundle() -> tuple[bool, str]:
+    """Whether export-web can write a bundle here (npm, or the lock file's packages already cached), and why."""
+    cached = cache_root() / f"web-runtime-{lock_digest()[:16]}" / "node_modules"
+    if cached.is_dir():
+        versions = ", ".join(f"{k} {v}" for k, v in package_versions(cached).items())
+        return True, f"runtime cached ({versions})"
+    if shutil.which("npm"):
+        return True, "npm found: the first export-web fetches onnxruntime-web and tokenizers.js from the lock file"
+    return False, "no npm and no cached runtime: install Node.js once, or pass --runtime-dir to export-web"
+
+
 def package_versions(modules: Path) -> dict[str, str]:
     return {name: read_json(modules / name / "package.json")["version"]
             for name in ("onnxruntime-web", "@huggingface/tokenizers")}
