@@ -29,9 +29,13 @@ ASSETS = Path(__file__).with_name("webpage")  # index.html, gptport.js, package.
 PAGE_FILES = ("index.html", "gptport.js")
 GRAPH = "onnx/model.onnx"  # where transformers.js looks for the decoder
 WEB_BATCH = "batch_size"  # transformers.js sizes its empty cache by a dimension of this name
-# What the bundle needs of the npm packages: onnxruntime-web's WebGPU build (it runs the wasm provider
-# too, on the same WebAssembly binary) and tokenizers.js's browser module.
+# What the bundle needs of the npm packages: onnxruntime-web's WebAssembly build (the wasm device) and its
+# WebGPU build (the webgpu device; its asyncify binary runs the wasm provider ~2x slower, so both ship),
+# and tokenizers.js's browser module.
 RUNTIME_FILES = {
+    "onnxruntime-web/dist/ort.wasm.min.mjs": "runtime/ort.wasm.min.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.mjs": "runtime/ort-wasm-simd-threaded.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.wasm": "runtime/ort-wasm-simd-threaded.wasm",
     "onnxruntime-web/dist/ort.webgpu.min.mjs": "runtime/ort.webgpu.min.mjs",
     "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.mjs": "runtime/ort-wasm-simd-threaded.asyncify.mjs",
     "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm": "runtime/ort-wasm-simd-threaded.asyncify.wasm",
