@@ -62,6 +62,12 @@ def onnx_file(precision: str, cache: str = CACHE_CONCAT) -> str:
     return f"{stem}.onnx" if cache == CACHE_CONCAT else f"{stem}.{cache}.onnx"
 
 
+def ort_file(precision: str) -> str:
+    """model.ort, model.{precision}.ort: a contract graph in ONNX Runtime's format (export --ort-format)."""
+    return onnx_file(precision)[: -len(".onnx")] + ".ort"
+
+
 def graph_files() -> list[str]:
-    """Every graph file name export may write: each precision, both cache kinds."""
-    return [onnx_file(p, c) for p in PRECISIONS for c in (CACHE_CONCAT, CACHE_STATIC)]
+    """Every graph file name export may write: each precision, both cache kinds, and the .ort files."""
+    onnx = [onnx_file(p, c) for p in PRECISIONS for c in (CACHE_CONCAT, CACHE_STATIC)]
+    return onnx + [ort_file(p) for p in PRECISIONS]

@@ -22,4 +22,5 @@ TRAINED = (CONFIG, WEIGHTS, TRAINER, OPTIMIZER, LOG)  # what a training run writ
 
 # export, and what reads graphs
 GENAI = "genai_config.json"  # lets onnxruntime-genai run the directory
+REQUIRED_OPERATORS = "required_operators.config"  # export --ort-format: the operators a minimal build needs
 DIGESTS = "digests.json"  # sha256 of large files keyed by size, mtime and inode (provenance.py's cache)

@@ -28,6 +28,8 @@ def eval_(
     provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
     precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16; comma-separated for several "
                                                 "(e.g. fp32,int8: one figure each).")] = "fp32",
+    graph_format: Annotated[str, typer.Option("--graph-format", help="onnx, or ort: the .ort file of "
+                                              "`export --ort-format` (contract graph).")] = "onnx",
     stride: Annotated[int | None, typer.Option(help="Window step in tokens (default n_ctx / 2).")] = None,
     threads: Annotated[int, typer.Option(help="CPU threads (0: the runtime's default).")] = 0,
     glob: Annotated[str, typer.Option(help="Which files to take from directories.")] = "*.txt",
@@ -43,7 +45,7 @@ def eval_(
     precisions = [p.strip() for p in precision.split(",") if p.strip()] if engine == "onnx" else ["fp32"]
     for one in precisions:
         opened = open_engine(model_dir, engine, provider, one, threads,
-                             say=lambda m: err.print(f"[yellow]warning:[/] {m}"))
+                             say=lambda m: err.print(f"[yellow]warning:[/] {m}"), fmt=graph_format)
         with err.status(f"evaluating {engine} {one}") as status:
 
             def progress(done: int, total: int, label: str = one) -> None:

@@ -45,6 +45,12 @@ def export(
     gate_on_sampled_text: Annotated[bool, typer.Option("--gate-on-sampled-text", help="Without data/val.bin or "
                                                        "--heldout, gate on text the model samples itself "
                                                        "(weaker: its own likeliest text).")] = False,
+    ort_format: Annotated[bool, typer.Option("--ort-format", help="Also write each graph in ONNX Runtime's format "
+                                             "(model.ort, ...: onnxruntime Mobile and minimal builds) and "
+                                             "required_operators.config, checked against the .onnx.")] = False,
+    ort_level: Annotated[str, typer.Option("--ort-level", help="Optimization saved into the .ort files: basic "
+                                           "(portable), extended or all (onnxruntime's CPU fusions and layouts "
+                                           "baked in).")] = "basic",
 ) -> None:
     """Export the trained model to ONNX (model.onnx and variants), validated against torch."""
     from rich.markup import escape
@@ -56,7 +62,7 @@ def export(
     with err.status("exporting") as status:
         report = exporter.export(model_dir, precisions, optimize=optimize, static=static, opset=opset, atol=atol,
                                  force=force, say=lambda msg: status.update(msg), gate=gate, heldout=heldout,
-                                 sampled_text=gate_on_sampled_text)
+                                 sampled_text=gate_on_sampled_text, ort_level=ort_level if ort_format else None)
     table = Table("case (batch, seq, past)", "max |Δ logits|", "max |Δ present|", "top-1 agreement", "ok",
                   title="fp32 parity against torch")
     for r in report.parity:
@@ -88,6 +94,8 @@ def export(
     if not report.gated and len(precisions) > 1:
         err.print("[yellow]warning:[/] --no-gate: the variants were written without the accuracy gate "
                   "(gptport.gated = false); generate, eval and bench will say so")
+    for row in report.ort:
+        err.print(f"{row.path.name} (level {row.level}, from {row.source.name}): {row.check}")
     for path in report.files.values():
         err.print(f"wrote {path} ({human_bytes(path.stat().st_size)})")
     for path, why in report.removed.items():

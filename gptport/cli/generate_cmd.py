@@ -37,6 +37,8 @@ def generate(
     provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
     precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16 (the exported variant).")] = "fp32",
     engine: Annotated[str, typer.Option(help="onnx, or torch (the reference; needs the train extra).")] = "onnx",
+    graph_format: Annotated[str, typer.Option("--graph-format", help="onnx, or ort: the .ort file of "
+                                              "`export --ort-format` (contract graph).")] = "onnx",
     kv_cache: Annotated[str, typer.Option(help="Graph: static (KV cache preallocated and appended in place, "
                                           "CPU only), concat (model.onnx's contract) or auto (static where "
                                           "exported and on the CPU).")] = "auto",
@@ -68,7 +70,8 @@ def generate(
         raise UsageError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
     texts = list(prompt or []) + (read_prompt_file(file) if file else [])
     warn = lambda msg: err.print(f"[yellow]warning:[/] {msg}")  # noqa: E731
-    opened = open_engine(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache)
+    opened = open_engine(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache,
+                         fmt=graph_format)
     ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn)
     streams = [TextStream(opened.tok, stop or []) for _ in ids]
     live = len(ids) == 1 and not as_json

@@ -18,6 +18,8 @@ from gptport import tokenizer as bpe
 from gptport.config import model_config_to_dict
 from gptport.errors import ArtifactError, UsageError, ValidationError
 from gptport.export import genai, gqa_graph, validate, variants
+from gptport.export.ort_format import LEVELS as ORT_LEVELS
+from gptport.export.ort_format import OrtRow, write_all
 from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
 from gptport.runtime.onnx_engine import file_metadata, load_cpu
 from gptport.training.checkpoint import ModelCard, load_model
@@ -46,6 +48,7 @@ class ExportReport:
     fused: dict[str, int] = field(default_factory=dict)
     size_ratio: float = 0.0
     genai: Path | None = None
+    ort: list[OrtRow] = field(default_factory=list)  # export --ort-format: the .ort files and their checks
 
     @property
     def precisions(self) -> list[str]:
@@ -136,6 +139,7 @@ def export(
     gate: bool = True,
     heldout: Path | None = None,
     sampled_text: bool = False,
+    ort_level: str | None = None,
 ) -> ExportReport:
     """Export, validate and write model.onnx and the variants asked for. Nothing is written for a
     precision whose checks fail; every file is renamed into place only after it passed. With
@@ -149,8 +153,11 @@ def export(
     The variants' gate scores `heldout` (a text file), else data/val.bin, else, only with
     `sampled_text`, the model's own samples; with none of them a variant is refused before anything is
     written. Without `gate` (untrained weights cannot pass it: speed measurements) the variants are
-    written unchecked with the first scheme of their ladder and record gptport.gated = false."""
+    written unchecked with the first scheme of their ladder and record gptport.gated = false. With
+    `ort_level`, each contract graph is also written in ONNX Runtime's format (ort_format.py), checked."""
     _check_options(opset, gate, heldout, sampled_text)
+    if ort_level is not None and ort_level not in ORT_LEVELS:
+        raise UsageError(f"--ort-level {ort_level!r} is unknown; choose from {', '.join(ORT_LEVELS)}")
     job = _open(model_dir, gate, atol, say)
     _plan(job, precisions, static, force)
     if gate and len(precisions) > 1:
@@ -168,6 +175,8 @@ def export(
         if any(g.cache == contract.CACHE_STATIC for g in job.graphs):
             _static_graphs(job)
         _rename_into_place(job)
+        if ort_level is not None:
+            _ort_files(job, ort_level)
         job.report.removed.update(_remove_stale(model_dir, job.sources, set(job.report.files.values())))
         _side_files(job)
     finally:
@@ -322,6 +331,15 @@ def _rename_into_place(job: _Job) -> None:
         if g.path.exists() and g not in job.passed:
             g.path.unlink()
             job.report.removed[g.path] = "an earlier export's; this one did not pass its gate"
+
+
+def _ort_files(job: _Job, level: str) -> None:
+    """model.ort (and model.{precision}.ort) beside each contract graph written, with the operator config."""
+    sources = [(g.precision, job.model_dir / contract.onnx_file(g.precision)) for g in job.graphs
+               if g.cache == contract.CACHE_CONCAT and (job.model_dir / contract.onnx_file(g.precision)).is_file()]
+    job.report.ort = write_all(job.model_dir, sources, job.model, job.prompts, job.windows, level, job.say)
+    for row in job.report.ort:
+        job.report.files[f"{row.path.name}"] = row.path
 
 
 def _side_files(job: _Job) -> None:

@@ -49,7 +49,7 @@ class GateRow:
     scheme: str = ""  # the quantization scheme gated (variants.SCHEMES), "" for fp16
 
 
-def _cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:
+def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:
     """(name, ids, mask, pos, past) for (1,1,0), (1,n_ctx,0), (3,7,5) left-padded, (2,1,n_ctx-1)."""
     cfg = model.cfg
     ref = torch_step(model)
@@ -82,7 +82,7 @@ def parity(model: GPT, step: StepFn, atol: float, seed: int = 0) -> list[ParityR
     """Max |Δ| of logits and present, and top-1 agreement, torch against `step`, case by case."""
     ref = torch_step(model)
     rows = []
-    for name, ids, mask, pos, past in _cases(model, np.random.default_rng(seed)):
+    for name, ids, mask, pos, past in cases(model, np.random.default_rng(seed)):
         want_logits, want_present = ref(ids, mask, pos, past)
         got_logits, got_present = step(ids, mask, pos, [p.astype(np.float32) for p in past])
         d_logits = float(np.abs(got_logits.astype(np.float32) - want_logits).max())

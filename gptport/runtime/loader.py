@@ -19,6 +19,7 @@ from gptport.runtime.engine import Engine
 
 CACHE_AUTO = "auto"
 CACHES = (CACHE_AUTO, contract.CACHE_STATIC, contract.CACHE_CONCAT)
+FORMATS = ("onnx", "ort")  # --graph-format: the .onnx graphs, or the .ort files of `export --ort-format`
 
 
 @dataclass
@@ -33,13 +34,24 @@ class Opened:
     cache: str = contract.CACHE_CONCAT  # the KV-cache layout of the graph: concat or static
 
 
-def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACHE_AUTO) -> Path:
+def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACHE_AUTO, fmt: str = "onnx") -> Path:
     """The graph file of this precision and KV-cache layout. `auto` takes the static-cache graph on the
-    CPU provider when it was exported, the contract graph otherwise."""
+    CPU provider when it was exported, the contract graph otherwise. `fmt` ort: the contract graph's .ort
+    file (export --ort-format)."""
     if precision not in contract.PRECISIONS:
         raise UsageError(f"--precision {precision!r} is unknown; choose from {', '.join(contract.PRECISIONS)}")
     if cache not in CACHES:
         raise UsageError(f"--kv-cache {cache!r} is unknown; choose from {', '.join(CACHES)}")
+    if fmt not in FORMATS:
+        raise UsageError(f"--graph-format {fmt!r} is unknown; choose from {', '.join(FORMATS)}")
+    if fmt == "ort":
+        if cache == contract.CACHE_STATIC:
+            raise UsageError("--graph-format ort --kv-cache static: the .ort files hold the contract graph "
+                             "(--kv-cache concat)")
+        path = model_dir / contract.ort_file(precision)
+        if not path.is_file():
+            raise ArtifactError(f"{path}: missing; run `gptport export {model_dir} --ort-format` first")
+        return path
     if cache == CACHE_AUTO:
         static = model_dir / contract.onnx_file(precision, contract.CACHE_STATIC)
         cache = contract.CACHE_STATIC if provider == "cpu" and static.is_file() else contract.CACHE_CONCAT
@@ -52,12 +64,12 @@ def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACH
 
 def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", cache: str = CACHE_AUTO,
                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-               spin: str = onnx_engine.SPIN_ALWAYS) -> onnx_engine.OnnxModel:
+               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx") -> onnx_engine.OnnxModel:
     """The graph of this precision and cache layout (graph_path) opened on `provider`, refused unless
     it was exported from the directory's model.safetensors and config.json (provenance.check; a file
     the directory lacks is not compared); `say` gets the fallbacks taken and, for a graph written with
     `export --no-gate`, a one-line warning. The one way generate, bench, eval and serve open a graph."""
-    path = graph_path(model_dir, precision, provider, cache)
+    path = graph_path(model_dir, precision, provider, cache, fmt)
     model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin)
     provenance.check(model_dir, path, model.meta)
     if model.meta.get(contract.META_GATED) == "false":
@@ -84,11 +96,12 @@ def load_tokenizer(model_dir: Path) -> bpe.BPETokenizer:
 
 def open_model(model_dir: Path, provider: str = "cpu", precision: str = "fp32", threads: int = 0,
                fallback: bool = False, say: Callable[[str], None] = lambda m: None, cache: str = CACHE_AUTO,
-               spin: str = onnx_engine.SPIN_ALWAYS) -> Opened:
+               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx") -> Opened:
     """Load the tokenizer and the ONNX engine of `model_dir`, refusing a tokenizer that is not the model's.
-    `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract)."""
+    `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract); `fmt`
+    ort takes the contract graph's .ort file."""
     tok = load_tokenizer(model_dir)
-    model = open_graph(model_dir, precision, provider, cache, threads, fallback, say, spin)
+    model = open_graph(model_dir, precision, provider, cache, threads, fallback, say, spin, fmt)
     path = model.path
     if model.tokenizer_sha256 != tok.sha256:
         raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from gptport import contract, provenance
 from gptport.config import ModelConfig, model_config_from_dict
 from gptport.errors import ArtifactError, ProviderError, UsageError
-from gptport.runtime import providers, static_cache
+from gptport.runtime import ort_file, providers, static_cache
 from gptport.runtime.engine import Past, StepFn
 
 _ORT = ort.capi.onnxruntime_pybind11_state
@@ -151,9 +151,12 @@ def _metadata(session: ort.InferenceSession, path: Path) -> dict[str, str]:
 
 
 def file_metadata(path: Path) -> dict[str, str]:
-    """A graph's metadata_props, read without creating a session (not checked)."""
+    """A graph's metadata_props, read without creating a session (not checked); .onnx or .ort."""
     import onnx
     from google.protobuf.message import DecodeError
+
+    if path.suffix == ".ort":
+        return ort_file.metadata(path)
 
     try:
         return {p.key: p.value for p in onnx.load_model(str(path), load_external_data=False).metadata_props}
@@ -189,6 +192,8 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
     run fails with the reason, or with `fallback` is reported through `say` and the next one is tried."""
     if not path.is_file():
         raise ArtifactError(f"{path}: missing; run `gptport export` (with --precision for a variant) first")
+    if path.suffix == ".ort":  # before onnxruntime meets a file of another version
+        ort_file.check_runtime(path, ort_file.metadata(path))
     order = providers.FALLBACK_ORDER[providers.FALLBACK_ORDER.index(providers.check_name(provider)):]
     for candidate in order if fallback else order[:1]:
         model, reason = _try(path, candidate, threads, spin)
