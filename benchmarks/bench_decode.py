@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "decode"
-VOCAB = {"small": 4096, "gpt2-124m": 50257}
+VOCAB = {"tiny": 1024, "small": 4096, "gpt2-124m": 50257}  # tiny: bench_train.py's vocabulary
 
 
 def gptport(*args: str) -> None:
