@@ -36,7 +36,7 @@ def _ints(text: str, option: str) -> list[int]:
 
 def bench(
     model_dir: ModelDir,
-    providers: Annotated[str, typer.Option(help="Comma-separated: cpu, cuda, tensorrt.")] = "cpu",
+    providers: Annotated[str, typer.Option(help="Comma-separated: cpu, cuda, tensorrt, openvino.")] = "cpu",
     precisions: Annotated[str, typer.Option(help="Comma-separated variants: fp32, int8, int4, fp16.")] = "fp32",
     kv_cache: Annotated[str, typer.Option(help="Comma-separated graphs: auto (what generate uses), static "
                                           "(preallocated cache, CPU), concat (model.onnx).")] = "auto",

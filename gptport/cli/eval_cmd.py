@@ -25,7 +25,7 @@ def eval_(
     text: Annotated[list[str], typer.Argument(help="Text files or directories (or '-' for stdin).",
                                               show_default=False)],
     engine: Annotated[str, typer.Option(help="onnx, or torch (needs the train extra).")] = "onnx",
-    provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
+    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or openvino.")] = "cpu",
     precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16; comma-separated for several "
                                                 "(e.g. fp32,int8: one figure each).")] = "fp32",
     graph_format: Annotated[str, typer.Option("--graph-format", help="onnx, or ort: the .ort file of "

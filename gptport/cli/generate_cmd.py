@@ -34,7 +34,7 @@ def generate(
     prompt: Annotated[list[str] | None, typer.Argument(help="Prompt(s); several run as one batch.",
                                                        show_default=False)] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Prompts, one per line.")] = None,
-    provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
+    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or openvino.")] = "cpu",
     precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16 (the exported variant).")] = "fp32",
     engine: Annotated[str, typer.Option(help="onnx, or torch (the reference; needs the train extra).")] = "onnx",
     graph_format: Annotated[str, typer.Option("--graph-format", help="onnx, or ort: the .ort file of "

@@ -31,7 +31,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to serve other machines).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
     precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16 (the exported variant).")] = "fp32",
-    provider: Annotated[str, typer.Option(help="cpu, cuda or tensorrt.")] = "cpu",
+    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or openvino.")] = "cpu",
     kv_cache: Annotated[str, typer.Option(help="static (CPU), concat (model.onnx's contract, any provider) or "
                                           "auto (static where exported and on the CPU).")] = "auto",
     slots: Annotated[int, typer.Option(help="Requests decoded together: rows of the KV cache, n_ctx positions "

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from gptport import contract, provenance
 from gptport.config import ModelConfig, model_config_from_dict
 from gptport.errors import ArtifactError, ProviderError, UsageError
-from gptport.runtime import ort_file, providers, static_cache
+from gptport.runtime import openvino, ort_file, providers, static_cache
 from gptport.runtime.engine import Past, StepFn
 
 _ORT = ort.capi.onnxruntime_pybind11_state
@@ -194,7 +194,7 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
         raise ArtifactError(f"{path}: missing; run `gptport export` (with --precision for a variant) first")
     if path.suffix == ".ort":  # before onnxruntime meets a file of another version
         ort_file.check_runtime(path, ort_file.metadata(path))
-    order = providers.FALLBACK_ORDER[providers.FALLBACK_ORDER.index(providers.check_name(provider)):]
+    order = providers.fallback_order(provider)
     for candidate in order if fallback else order[:1]:
         model, reason = _try(path, candidate, threads, spin)
         if model is not None:
@@ -209,9 +209,13 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
 def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tuple[OnnxModel | None, str]:
     ort_name = providers.ORT_NAMES[provider]
     if ort_name not in ort.get_available_providers():
-        return None, f"this onnxruntime build has no {ort_name} (install onnxruntime-gpu)"
+        return None, f"this onnxruntime build has no {ort_name} ({providers.install_hint(provider)})"
     opts = session_options(threads, spin)
-    chain: list[Any] = ["CPUExecutionProvider"]
+    if provider == "openvino":  # the whole graph on OpenVINO, or no session
+        openvino.check_graph(path)
+        for key, value in openvino.STRICT.items():
+            opts.add_session_config_entry(key, value)
+    chain: list[Any] = [] if provider == "openvino" else ["CPUExecutionProvider"]  # strict: no CPU EP named
     if provider != "cpu":
         config, precision = _file_metadata(path)
         chain.insert(0, (ort_name, providers.provider_options(provider, config, path, precision)))
@@ -221,7 +225,8 @@ def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tu
         try:
             session = ort.InferenceSession(str(path), opts, providers=chain)
         except ORT_FAILURES as e:
-            raise ArtifactError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from e
+            who = "OpenVINO cannot compile it whole" if provider == "openvino" else "onnxruntime cannot load it"
+            raise ArtifactError(f"{path}: {who} ({str(e).splitlines()[0]})") from e
     if session.get_providers()[0] != ort_name:
         return None, providers.reason_from_log(provider, log)
     meta = _metadata(session, path)

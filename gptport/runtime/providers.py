@@ -17,17 +17,31 @@ from typing import Any
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
-from gptport.provenance import file_digest  # keys the TensorRT engine cache: a changed graph rebuilds its engines
+from gptport.provenance import file_digest
+from gptport.runtime import openvino  # keys the TensorRT engine cache: a changed graph rebuilds its engines
 
-ORT_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+ORT_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider",
+             "openvino": openvino.ORT_NAME}
 FALLBACK_ORDER = ["tensorrt", "cuda", "cpu"]  # --fallback goes on with the next one to the right
 TRT_MAX_BATCH = 8
 
 
 def check_name(provider: str) -> str:
     if provider not in ORT_NAMES:
-        raise UsageError(f"--provider {provider!r} is unknown; choose cpu, cuda or tensorrt")
+        raise UsageError(f"--provider {provider!r} is unknown; choose cpu, cuda, tensorrt or openvino")
     return provider
+
+
+def fallback_order(provider: str) -> list[str]:
+    """`provider`, then those --fallback goes on with: tensorrt, cuda, cpu; openvino, cpu."""
+    if check_name(provider) == "openvino":
+        return ["openvino", "cpu"]
+    return FALLBACK_ORDER[FALLBACK_ORDER.index(provider):]
+
+
+def install_hint(provider: str) -> str:
+    """What to install for a provider this onnxruntime build lacks."""
+    return openvino.INSTALL if provider == "openvino" else "install onnxruntime-gpu"
 
 
 def trt_profiles(config: ModelConfig, max_batch: int = TRT_MAX_BATCH) -> dict[str, str]:
@@ -53,6 +67,8 @@ def provider_options(provider: str, config: ModelConfig, model_path: Path, preci
     keyed by the model file's digest, fp16 for the fp16 variant."""
     if provider == "cuda":
         return {"device_id": device_id, "cudnn_conv_algo_search": "HEURISTIC"}
+    if provider == "openvino":
+        return dict(openvino.OPTIONS)
     if provider == "tensorrt":
         cache = model_path.parent / "trt_cache" / f"{precision}-{file_digest(model_path)[:16]}"
         cache.mkdir(parents=True, exist_ok=True)
@@ -115,7 +131,7 @@ def probe(provider: str) -> ProviderStatus:
     name = ORT_NAMES[check_name(provider)]
     if name not in ort.get_available_providers():
         return ProviderStatus(provider, False, f"this onnxruntime build ({ort.__version__}) has no {name}; "
-                                               "install onnxruntime-gpu")
+                                               f"{install_hint(provider)}")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])

@@ -143,7 +143,12 @@ class GPT(nn.Module):
             attention_mask = torch.ones(B, P + T, dtype=torch.long, device=input_ids.device)
         if position_ids is None:
             position_ids = default_position_ids(attention_mask, T)
-        mask = attention_mask_4d(attention_mask, T)  # (B, 1, T, P+T)
+        keep = attention_mask_4d(attention_mask, T)  # (B, 1, T, P+T)
+        # An additive mask with a finite floor, not a boolean one: exp(min - max) is exactly 0 in float32,
+        # so the logits are the same, and the exported graph needs no Where(IsNaN(softmax)) guard, which
+        # OpenVINO does not take and WebGPU runs on the CPU (every row sees itself: no row is all masked).
+        dtype = self.wte.weight.dtype
+        mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
         x, present = self._trunk(input_ids, position_ids, mask, past)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
