@@ -1,0 +1,112 @@
+"""OpenVINO runs gptport's graphs whole: `gptport generate --provider openvino` gives `--provider cpu`'s
+greedy tokens for fp32, and the 8-bit graph passes the accuracy gate against fp32 there.
+
+`onnxruntime-openvino` installs the same `onnxruntime` module as `onnxruntime-gpu`, so the check runs in
+two environments (.ci/run does both):
+
+    python -m tests.interop.openvino_check prepare WORKDIR            # gptport's environment
+    WORKDIR/venv-openvino/bin/python -m tests.interop.openvino_check verify WORKDIR
+
+`prepare` trains a small model on a generated corpus, exports fp32 and int8 with `--no-optimize`
+(standard operators: what OpenVINO takes whole), and records `gptport generate --provider cpu`'s tokens
+for 3 prompts x 32 new tokens and a few held-out windows; `verify` runs gptport (installed there without
+its onnxruntime-gpu dependency) on the OpenVINO provider: tokens, max |Δ logits| against the CPU provider
+in the same process, and int8's top-1 agreement with fp32 on the windows.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+PROMPTS = ["ka to ri", "the men sol ve", "qua lin dor"]
+NEW_TOKENS = 32
+GATE = 0.98  # export's accuracy gate: top-1 agreement with fp32
+SHAPE = ["--set", "n_ctx=96", "--set", "d_model=64", "--set", "n_layer=2", "--set", "n_head=4",
+         "--set", "warmup_steps=5", "--batch-size", "16", "--lr", "3e-3", "--steps", "150", "--eval-every", "150",
+         "--device", "cpu", "--seed", "0"]
+
+
+def gptport(*args: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True, capture_output=True, text=True)
+    return r.stdout
+
+
+def prepare(work: Path) -> None:
+    from tests.conftest import make_text  # the test suite's seeded corpus
+
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / "corpus.txt"
+    corpus.write_text(make_text(3000), encoding="utf-8")
+    model = work / "model"
+    gptport("train-tokenizer", str(corpus), "--vocab-size", "512", "--out", str(model), "--force")
+    gptport("train", str(corpus), "--model-dir", str(model), "--force", *SHAPE)
+    gptport("export", str(model), "--precision", "fp32,int8", "--no-optimize", "--force")
+    out = gptport("generate", str(model), *PROMPTS, "--max-new-tokens", str(NEW_TOKENS), "--json",
+                  "--kv-cache", "concat")
+    tokens = [json.loads(line)["token_ids"] for line in out.splitlines()]
+    heldout = make_text(40, seed=99)
+    (work / "expected.json").write_text(json.dumps({"tokens": tokens, "heldout": heldout}))
+    print(f"prepared {model}: gptport's greedy tokens on the CPU for {len(PROMPTS)} prompts x {NEW_TOKENS}")
+
+
+def logits_of(engine: object, windows: list[list[int]]) -> list[object]:
+    """Each window's logits (T, V) from one prefill."""
+    import numpy as np
+
+    from gptport.runtime.engine import positions
+
+    out = []
+    for ids in windows:
+        x = np.array([ids], dtype=np.int64)
+        mask = np.ones_like(x)
+        logits, _ = engine.step()(x, mask, positions(mask), engine.empty_past(1))  # type: ignore[attr-defined]
+        out.append(logits[0])
+    return out
+
+
+def verify(work: Path) -> int:
+    import numpy as np
+
+    from gptport.runtime.loader import open_model
+
+    expected = json.loads((work / "expected.json").read_text())
+    model = work / "model"
+    out = subprocess.run([sys.executable, "-m", "gptport.cli.main", "generate", str(model), *PROMPTS,
+                          "--max-new-tokens", str(NEW_TOKENS), "--json", "--provider", "openvino"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        print(f"FAIL generate --provider openvino: {out.stderr.strip().splitlines()[-1]}")
+        return 1
+    got = [json.loads(line)["token_ids"] for line in out.stdout.splitlines()]
+    failures = 0
+    for prompt, want, have in zip(PROMPTS, expected["tokens"], got, strict=True):
+        same = want == have
+        failures += not same
+        print(f"{'ok  ' if same else 'FAIL'} fp32 {prompt!r}: {len(have)} tokens {'equal' if same else 'differ'}")
+    cpu = open_model(model, "cpu", cache="concat")
+    ids = cpu.tok.encode(expected["heldout"])
+    n = cpu.engine.n_ctx
+    windows = [ids[i:i + n] for i in range(0, len(ids) - n + 1, n)][:4]
+    want = logits_of(cpu.engine, windows)
+    fp32 = logits_of(open_model(model, "openvino", cache="concat").engine, windows)
+    delta = max(float(np.abs(a - b).max()) for a, b in zip(want, fp32, strict=True))
+    print(f"fp32 on OpenVINO: max |Δ logits| against the CPU provider {delta:.1e} over {len(windows)} windows of {n}")
+    int8 = logits_of(open_model(model, "openvino", "int8", cache="concat").engine, windows)
+    top1 = float(np.mean([np.mean(a.argmax(-1) == b.argmax(-1)) for a, b in zip(want, int8, strict=True)]))
+    ok = top1 >= GATE
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} int8 on OpenVINO: top-1 agreement with fp32 {top1:.2%} (gate {GATE:.0%})")
+    print(f"openvino check: {len(PROMPTS) + 1 - failures} of {len(PROMPTS) + 1} ok")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("prepare", "verify"):
+        raise SystemExit(__doc__)
+    if sys.argv[1] == "prepare":
+        prepare(Path(sys.argv[2]))
+    else:
+        raise SystemExit(verify(Path(sys.argv[2])))
