@@ -47,7 +47,8 @@ def bench(python: str, d: Path, providers: str) -> list[dict[str, Any]]:
                        check=True, capture_output=True, text=True)
         result = json.loads(Path(f.name).read_text())
     for row in result["rows"]:
-        row["onnxruntime"] = result["versions"].get("onnxruntime") or result["versions"].get("onnxruntime-gpu")
+        v = result["versions"]
+        row["onnxruntime"] = v.get("onnxruntime-openvino") or v.get("onnxruntime-gpu") or v.get("onnxruntime") or "?"
     return result["rows"]
 
 

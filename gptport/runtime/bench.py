@@ -305,7 +305,7 @@ def versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {"gptport": __version__, "numpy": np.__version__}
-    for dist in ("onnxruntime-gpu", "onnxruntime", "torch", "tokenizers"):
+    for dist in ("onnxruntime-gpu", "onnxruntime", "onnxruntime-openvino", "torch", "tokenizers"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
