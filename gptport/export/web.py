@@ -23,6 +23,7 @@ from gptport import tokenizer as bpe
 from gptport.config import read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.export.hf import gpt2_config
+from gptport.page_style import styled
 from gptport.provenance import file_digest
 
 ASSETS = Path(__file__).with_name("webpage")  # index.html, gptport.js, package.json, package-lock.json
@@ -175,7 +176,8 @@ def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Pat
     try:
         say("writing the bundle")
         for name in PAGE_FILES:
-            shutil.copyfile(ASSETS / name, stage / name)
+            text = (ASSETS / name).read_text(encoding="utf-8")
+            (stage / name).write_text(styled(text) if name.endswith(".html") else text, encoding="utf-8")
         web_graph(graph, stage / GRAPH)
         for name in (bpe.TOKENIZER_FILE, bpe.HF_CONFIG_FILE):
             shutil.copyfile(model_dir / name, stage / name)

@@ -30,6 +30,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from gptport.errors import GptportError
+from gptport.page_style import styled
 from gptport.serve import protocol
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
@@ -229,7 +230,7 @@ def create_app(settings: Settings) -> Starlette:
         return Response(state.metrics.render(state.scheduler), media_type="text/plain; version=0.0.4")
 
     async def page(request: Request) -> Response:
-        return HTMLResponse(resources.files("gptport.serve").joinpath("page.html").read_text(encoding="utf-8"))
+        return HTMLResponse(styled(resources.files("gptport.serve").joinpath("page.html").read_text(encoding="utf-8")))
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

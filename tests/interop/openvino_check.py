@@ -21,17 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROMPTS = ["ka to ri", "the men sol ve", "qua lin dor"]
-NEW_TOKENS = 32
+from tests.interop.genai_check import NEW_TOKENS, PROMPTS, SHAPE, gptport  # the same model and prompts
+
 GATE = 0.98  # export's accuracy gate: top-1 agreement with fp32
-SHAPE = ["--set", "n_ctx=96", "--set", "d_model=64", "--set", "n_layer=2", "--set", "n_head=4",
-         "--set", "warmup_steps=5", "--batch-size", "16", "--lr", "3e-3", "--steps", "150", "--eval-every", "150",
-         "--device", "cpu", "--seed", "0"]
-
-
-def gptport(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True, capture_output=True, text=True)
-    return r.stdout
 
 
 def prepare(work: Path) -> None:

@@ -192,14 +192,17 @@ export class Model {
              decode_tok_s: ids.length > 1 && decodeS > 0 ? (ids.length - 1) / decodeS : null };
   }
 
-  /** The manifest's greedy references, generated again here: [{prompt, ok, want, got}]. */
+  /** One of the manifest's greedy references generated again here: {prompt, ok, want, got}. */
+  async checkOne(ref) {
+    const r = await this.generate(ref.prompt, { max_new_tokens: ref.token_ids.length || 1 });
+    const got = r.token_ids.slice(0, ref.token_ids.length);
+    return { prompt: ref.prompt, ok: JSON.stringify(got) === JSON.stringify(ref.token_ids), want: ref.token_ids, got };
+  }
+
+  /** All of the manifest's references: [{prompt, ok, want, got}]. */
   async selfCheck() {
     const out = [];
-    for (const ref of this.manifest.reference) {
-      const r = await this.generate(ref.prompt, { max_new_tokens: ref.token_ids.length || 1 });
-      const got = r.token_ids.slice(0, ref.token_ids.length);
-      out.push({ prompt: ref.prompt, ok: JSON.stringify(got) === JSON.stringify(ref.token_ids), want: ref.token_ids, got });
-    }
+    for (const ref of this.manifest.reference) out.push(await this.checkOne(ref));
     return out;
   }
 }
