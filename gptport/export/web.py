@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptport import __version__, atomic, contract, paths
+from gptport import __version__, atomic, contract
 from gptport import tokenizer as bpe
 from gptport.config import read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.export.hf import gpt2_config
 from gptport.page_style import styled
 from gptport.provenance import file_digest
+from gptport.runtime.onnx_engine import OnnxModel
 
 ASSETS = Path(__file__).with_name("webpage")  # index.html, gptport.js, package.json, package-lock.json
 PAGE_FILES = ("index.html", "gptport.js")
@@ -135,19 +136,20 @@ def web_graph(src: Path, dst: Path) -> None:
     onnx.save(model, str(dst))
 
 
-def reference_tokens(model_dir: Path, tok: bpe.BPETokenizer) -> list[dict[str, Any]]:
-    """Greedy tokens of the contract graph on onnxruntime's CPU provider: what the page must reproduce."""
+def reference_tokens(model_dir: Path) -> tuple[list[dict[str, Any]], OnnxModel, bpe.BPETokenizer]:
+    """Greedy tokens of the contract graph on onnxruntime's CPU provider — what the page must reproduce —
+    with the graph (its recorded config sizes the page's cache) and the tokenizer, both checked."""
     from gptport.runtime.generate import generate
     from gptport.runtime.loader import open_model
     from gptport.runtime.sampling import Sampling
 
     opened = open_model(model_dir, cache=contract.CACHE_CONCAT)
-    out = []
+    tok, out = opened.tok, []
     for prompt in REFERENCE_PROMPTS:
         ids = tok.encode(prompt) or [tok.eot_id]
         row = generate(opened.engine, [ids], REFERENCE_TOKENS, Sampling(), tok.eot_id)[0]
         out.append({"prompt": prompt, "prompt_ids": ids, "token_ids": row.new_ids})
-    return out
+    return out, opened.engine, tok
 
 
 def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Path | None = None,
@@ -156,21 +158,14 @@ def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Pat
     graph = model_dir / contract.onnx_file("fp32", contract.CACHE_CONCAT)
     if not graph.is_file():
         raise ArtifactError(f"{graph}: missing; run `gptport export {model_dir}` first")
-    if (model_dir / paths.CONFIG).is_file():
-        card = read_json(model_dir / paths.CONFIG)
-    else:
-        raise ArtifactError(f"{model_dir / paths.CONFIG}: missing (export-web reads the model's shape from it)")
     if out.exists() and not force:
         raise InputError(f"{out}: exists; pass --force to replace it")
     if out.resolve() == model_dir.resolve() or model_dir.resolve() in out.resolve().parents:
         raise UsageError(f"--out {out}: inside the model directory; choose a folder of its own")
-    tok = bpe.load(model_dir)
     modules = npm_modules(runtime_dir, say)
     say("greedy reference tokens (onnxruntime, cpu)")
-    references = reference_tokens(model_dir, tok)
-    from gptport.config import model_config_from_dict
-
-    cfg = model_config_from_dict(card["model"])
+    references, engine, tok = reference_tokens(model_dir)
+    cfg = engine.config
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
