@@ -1,4 +1,5 @@
-"""`gptport providers`: which onnxruntime execution providers really initialise here, and why not."""
+"""`gptport providers`: which onnxruntime execution providers really initialise here (cpu, cuda, tensorrt,
+openvino), and why not; then the browser targets of export-web."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ EXAMPLES = """Example:
 
 
 def providers() -> None:
-    """List cpu, cuda and tensorrt, whether each really initialises here, and the reason when not; then
+    """List cpu, cuda, tensorrt and openvino, whether each really initialises here, and the reason when not; then
     the browser targets of export-web (the bundle runs in the visitor's browser, not in this process)."""
     import onnxruntime as ort
     from rich.markup import escape
