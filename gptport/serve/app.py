@@ -72,11 +72,13 @@ class State:
         self.tok: Any = None
         self.n_ctx = 0
         self.render: Any = None
+        self.grammars: Any = None  # runtime.constraint.Grammars: compiles the requests' constraints
         self.error: str | None = None
         self.created = int(time.time())
 
     def load(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the model and start the scheduler (in a thread: /health answers 503 meanwhile)."""
+        from gptport.runtime.constraint import Grammars, Masks
         from gptport.runtime.loader import open_model
         from gptport.runtime.slots import open_slots
         from gptport.serve.chat import renderer
@@ -87,8 +89,10 @@ class State:
                                 spin=s.spin)
             slots = open_slots(opened.engine, s.slots)
             self.render, template = renderer(s.model_dir)
+            vocab = opened.engine.config.vocab_size
+            self.grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
             self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
-                                       s.max_queue, s.prefill_chunk, self.metrics)
+                                       s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab))
         except Exception as e:  # noqa: BLE001 - whatever stops the load stops the server, with its message
             self.error = str(e) if isinstance(e, GptportError) else f"loading the model failed: {type(e).__name__}: {e}"
             log.debug("load failed", exc_info=True)
@@ -159,8 +163,11 @@ def create_app(settings: Settings) -> Starlette:
     async def run(request: Request, job: Job) -> Response:
         scheduler = state.ready()
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        count = len(job.prompts) * job.n
+        matchers = await asyncio.to_thread(_matchers, state.grammars, job, count) if job.spec else [None] * count
         choices = [Choice(ids, job.max_tokens, _seeded(job, j), job.stops, job.logprobs,
-                          job.echo and job.logprobs is not None, job.ignore_eos, out=(queue, i * job.n + j))
+                          job.echo and job.logprobs is not None, job.ignore_eos, matchers[i * job.n + j],
+                          job.logit_bias, out=(queue, i * job.n + j))
                    for i, ids in enumerate(job.prompts) for j in range(job.n)]
         if not scheduler.submit(choices):
             raise ApiError(429, f"the queue is full ({settings.max_queue} choices wait for a slot); retry shortly",
@@ -211,6 +218,22 @@ def create_app(settings: Settings) -> Starlette:
         job.model = settings.model_name
         return await run(request, job)
 
+    async def tokenize(request: Request) -> Response:
+        from gptport.serve.tokenize import tokenize as run_tokenize
+
+        body = await _body(request, settings.max_body)
+        check_model(body)
+        state.ready()
+        return JSONResponse(run_tokenize(body, state.tok, state.n_ctx, state.render))
+
+    async def detokenize(request: Request) -> Response:
+        from gptport.serve.tokenize import detokenize as run_detokenize
+
+        body = await _body(request, settings.max_body)
+        check_model(body)
+        state.ready()
+        return JSONResponse(run_detokenize(body, state.tok))
+
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(settings.model_name, state.created)]})
 
@@ -254,12 +277,25 @@ def create_app(settings: Settings) -> Starlette:
     routes = [Route("/", page), Route("/health", health), Route("/metrics", metrics),
               Route("/v1/models", models), Route("/v1/models/{name:path}", model),
               Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat, methods=["POST"])]
+              Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: api_error, HTTPException: http_error})
     app.state.gptport = state
     replica = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
     return _Guard(app, settings.api_key, state.metrics, replica)  # type: ignore[return-value]
+
+
+def _matchers(grammars: Any, job: Job, count: int) -> list[Any]:
+    """One matcher per choice of the job's constraint (compiling can take a while: not on the event loop)."""
+    from gptport.runtime.constraint import ConstraintError
+
+    assert job.spec is not None
+    try:
+        grammar = grammars.compile(job.spec)
+        return [grammars.matcher(grammar) for _ in range(count)]
+    except ConstraintError as e:
+        raise ApiError(400, str(e), job.spec.origin.strip("'"), "invalid_constraint") from e
 
 
 def _seeded(job: Job, j: int) -> Any:
@@ -294,7 +330,7 @@ class _Guard:
             return
         path = scope["path"]
         route = path if path in ("/", "/health", "/metrics", "/v1/models", "/v1/completions",
-                                 "/v1/chat/completions") else "other"
+                                 "/v1/chat/completions", "/tokenize", "/detokenize") else "other"
         status = [500]
 
         async def counted(message: Any) -> None:

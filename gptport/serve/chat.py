@@ -10,7 +10,15 @@ one (rendered with Jinja2 in a sandbox, as transformers does), else gptport's pl
     Assistant:
 
 one block per message, role capitalised, a blank line between blocks, ending with "Assistant:" for
-the reply; generation stops where the model starts a new "User:" block. No torch here.
+the reply; generation stops where the model starts a new "User:" block. With tools, a block after
+the system messages offers them:
+
+    Tools: call one by answering <tool_call>{"name": NAME, "arguments": {...}}</tool_call>
+    {"name": ..., "description": ..., "parameters": {...}}      (one line per function)
+
+an assistant's earlier calls are written back in that form after its content, and a tool's result
+is a "Tool: {content}" block. A Jinja template receives `tools` (the request's list) and the
+messages with their `tool_calls` and `tool_call_id`. No torch here.
 """
 
 from __future__ import annotations
@@ -18,18 +26,23 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gptport.errors import ArtifactError
+from gptport.serve.tools import Tools, plain_block
 from gptport.tokenizer import EOT, HF_CONFIG_FILE
 
-Messages = list[dict[str, str]]
-Renderer = Callable[[Messages], tuple[str, list[str]]]
+Messages = list[dict[str, Any]]
+Renderer = Callable[[Messages, Tools | None], tuple[str, list[str]]]
 PLAIN_STOPS = ["\n\nUser:"]
 
 
-def plain(messages: Messages) -> tuple[str, list[str]]:
+def plain(messages: Messages, tools: Tools | None = None) -> tuple[str, list[str]]:
     """gptport's template (above) and its stop string."""
-    blocks = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    blocks = [f"{m['role'].capitalize()}: {m['content']}{m.get('tool_calls_text', '')}" for m in messages]
+    if tools is not None:
+        at = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), len(messages))
+        blocks.insert(at, plain_block(tools))
     return "\n\n".join([*blocks, "Assistant:"]), PLAIN_STOPS
 
 
@@ -54,7 +67,9 @@ def renderer(model_dir: Path) -> tuple[Renderer, str]:
         raise ArtifactError(f"{path}: chat_template does not compile ({e})") from e
     bos, eos = config.get("bos_token") or EOT, config.get("eos_token") or EOT
 
-    def render(messages: Messages) -> tuple[str, list[str]]:
-        return template.render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos), []
+    def render(messages: Messages, tools: Tools | None = None) -> tuple[str, list[str]]:
+        given = [{k: v for k, v in m.items() if k != "tool_calls_text"} for m in messages]
+        return template.render(messages=given, tools=tools.raw if tools is not None else None,
+                               add_generation_prompt=True, bos_token=bos, eos_token=eos), []
 
     return render, f"{HF_CONFIG_FILE} chat_template"

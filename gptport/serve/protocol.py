@@ -12,32 +12,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptport.runtime.constraint import Spec
 from gptport.runtime.sampling import Sampling
+from gptport.serve import fields as request_fields
+from gptport.serve.api_error import ApiError, bad
 from gptport.serve.scheduler import TokenLogprob
+from gptport.serve.structured import output_spec
+from gptport.serve.tools import Tools, call_text, parse_tools, reply_spec
 from gptport.tokenizer import BPETokenizer
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-               413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 MAX_STOPS = 4
 MAX_LOGPROBS = 5
 MIN_PENALTY = 0.01
 MIN_TEMPERATURE = 1e-5  # below it, sampling is greedy (as vLLM): 1/temperature would overflow the logits
-
-
-class ApiError(Exception):
-    """A refusal: HTTP status and OpenAI's {"error": {message, type, param, code}}."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict[str, Any]:
-        kind = ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-
-def bad(param: str, message: str, code: str | None = None) -> ApiError:
-    return ApiError(400, f"'{param}': {message}", param, code)
 
 
 @dataclass
@@ -56,6 +43,9 @@ class Job:
     logprobs: int | None = None
     echo: bool = False
     ignore_eos: bool = False
+    logit_bias: dict[int, float] | None = None
+    spec: Spec | None = None  # the output's constraint (a grammar the reply must match)
+    tools: Tools | None = None
     model: str = ""
     id: str = ""
     created: int = 0
@@ -114,8 +104,6 @@ def _sampling(f: Fields, vocab: int) -> tuple[Sampling, int]:
     for name in ("presence_penalty", "frequency_penalty"):
         if f.number(name, 0.0) != 0.0:
             raise bad(name, "is not supported; use repetition_penalty", "unsupported")
-    if f.body.get("logit_bias"):
-        raise bad("logit_bias", "is not supported", "unsupported")
     seed = f.integer("seed", None, -(2**63))
     base = secrets.randbits(63) if seed is None else seed % 2**63
     return Sampling(temperature, min(top_k, vocab), top_p, penalty, base), f.integer("n", 1, 1) or 1
@@ -176,49 +164,83 @@ def _common(f: Fields, tok: BPETokenizer, chat: bool, prompts: list[list[int]], 
     options = f.get("stream_options", (dict,), {}, "an object")
     include_usage = stream and bool(Fields(options).flag("include_usage"))
     max_name = "max_completion_tokens" if chat and "max_completion_tokens" in f.body else "max_tokens"
-    return Job(chat, prompts, texts, f.integer(max_name, 16, 1) or 16, sampling, n, _stops(f), stream,
-               include_usage, ignore_eos=f.flag("ignore_eos"), id=("chatcmpl-" if chat else "cmpl-") +
-               secrets.token_hex(12), created=int(time.time()))
+    job = Job(chat, prompts, texts, f.integer(max_name, 16, 1) or 16, sampling, n, _stops(f), stream,
+              include_usage, ignore_eos=f.flag("ignore_eos"), id=("chatcmpl-" if chat else "cmpl-") +
+              secrets.token_hex(12), created=int(time.time()))
+    job.logit_bias = request_fields.logit_bias(f.body.get("logit_bias"), tok.vocab_size)
+    job.spec = output_spec(f.body)
+    return job
+
+
+def _constrained(job: Job) -> Job:
+    """A constraint ends where its grammar ends: refuse ignore_eos beside it."""
+    if job.spec is not None and job.ignore_eos:
+        raise bad("ignore_eos", f"cannot be combined with an output constraint ({job.spec.origin.strip(chr(39))})",
+                  "invalid_value")
+    return job
 
 
 def completion_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int) -> Job:
     """POST /v1/completions."""
     f = Fields(body)
+    request_fields.check_fields(f.body, chat=False)
     prompts, texts = _prompts(f.body.get("prompt"), tok)
     job = _common(f, tok, False, prompts, texts, n_ctx, slots)
     job.logprobs = f.integer("logprobs", None, 0, MAX_LOGPROBS)
     job.echo = f.flag("echo")
     if f.body.get("suffix"):
         raise bad("suffix", "is not supported", "unsupported")
-    return job
+    return _constrained(job)
 
 
 def chat_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, render: Any) -> Job:
-    """POST /v1/chat/completions; `render(messages) -> (prompt text, extra stop strings)`."""
+    """POST /v1/chat/completions; `render(messages, tools) -> (prompt text, extra stop strings)`."""
     f = Fields(body)
+    request_fields.check_fields(f.body, chat=True)
     messages = f.body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "expected a non-empty list of {role, content} objects", "invalid_type")
-    plain = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad("messages", f"item {i} needs a string 'role'", "invalid_type")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text is understood
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise bad("messages", f"item {i}: only text content parts are supported", "invalid_type")
-            content = "".join(p["text"] for p in content)
-        if content is not None and not isinstance(content, str):
-            raise bad("messages", f"item {i}: 'content' must be a string or a list of text parts", "invalid_type")
-        plain.append({"role": m["role"], "content": content or ""})
-    text, stops = render(plain)
+    tools = parse_tools(f.body)
+    plain = [message_dict(i, m) for i, m in enumerate(messages)]
+    text, stops = render(plain, tools if tools is not None and tools.active else None)
     ids = tok.encode(text) or [tok.eot_id]
     job = _common(f, tok, True, [ids], [text], n_ctx, slots)
     job.stops += [s for s in stops if s not in job.stops]
     if f.flag("logprobs"):
         job.logprobs = f.integer("top_logprobs", 0, 0, MAX_LOGPROBS)
-    return job
+    if tools is not None and tools.active:
+        job.tools = tools
+        job.spec = reply_spec(tools, job.spec)
+    return _constrained(job)
+
+
+def message_dict(i: int, m: Any) -> dict[str, Any]:
+    """A message as the chat template receives it: role and text content, and an assistant's
+    tool_calls or a tool message's tool_call_id where given."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise bad("messages", f"item {i} needs a string 'role'", "invalid_type")
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: only text is understood
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise bad("messages", f"item {i}: only text content parts are supported", "invalid_type")
+        content = "".join(p["text"] for p in content)
+    if content is not None and not isinstance(content, str):
+        raise bad("messages", f"item {i}: 'content' must be a string or a list of text parts", "invalid_type")
+    out: dict[str, Any] = {"role": m["role"], "content": content or ""}
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if m["role"] != "assistant" or not isinstance(calls, list):
+            raise bad("messages", f"item {i}: tool_calls belong to an assistant message, as a list", "invalid_type")
+        try:
+            out["tool_calls_text"] = "".join(call_text(c) for c in calls)
+        except ValueError as e:
+            raise bad("messages", f"item {i}: {e}", "invalid_value") from e
+        out["tool_calls"] = calls
+    for key in ("tool_call_id", "name"):
+        if isinstance(m.get(key), str):
+            out[key] = m[key]
+    return out
 
 
 def completion_logprobs(entries: Sequence[TokenLogprob], tok: BPETokenizer, offset: int = 0) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gptport.serve.protocol import ApiError, Job, chat_logprobs, completion_logprobs, envelope, usage
 from gptport.serve.scheduler import Failure, Finish, Piece, PromptLogprobs, TokenLogprob
+from gptport.serve.tools import maybe_call, read_call
 from gptport.tokenizer import BPETokenizer
 
 
@@ -27,6 +28,8 @@ class Collector:
         self.completion = [0] * count
         self.offsets = [0] * count  # text offsets of streamed logprobs; with echo, the prompt's tokens come first
         self.error: str | None = None
+        self.held = [""] * count  # a stream's reply text held back while it may be a tool call
+        self.plain_text = [job.tools is None] * count  # the reply is text, not a call (streams decide early)
 
     def add(self, index: int, event: Any) -> None:
         if isinstance(event, Piece):
@@ -56,8 +59,11 @@ class Collector:
             text = "".join(self.texts[i])
             if job.chat:
                 lp = {"content": chat_logprobs(self.entries[i], self.tok)} if job.logprobs is not None else None
-                choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                                "finish_reason": reason})
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                call = read_call(text) if job.tools is not None and reason == "stop" else None
+                if call is not None:
+                    message, reason = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+                choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
                 continue
             prompt = job.prompt_texts[i // job.n] if job.echo else ""
             lp = completion_logprobs(self.prompt_entries[i] + self.entries[i], self.tok) \
@@ -72,6 +78,8 @@ class Collector:
         if job.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else ({"content": text} if text
                                                                                         or reason is None else {})
+            if not first and not self.plain_text[index]:
+                delta, reason = self._tool_delta(index, text, reason)
             lp = {"content": chat_logprobs(entries, self.tok)} if job.logprobs is not None and entries else None
             return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}
         lp = None
@@ -79,6 +87,21 @@ class Collector:
             lp = completion_logprobs(entries, self.tok, self.offsets[index])
             self.offsets[index] += sum(len(t) for t in lp["tokens"])
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+
+    def _tool_delta(self, index: int, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """A stream's delta where the reply may be a tool call: text is held while it could still open a
+        call; a call goes out whole, as one tool_calls delta, when the choice finishes."""
+        self.held[index] += text
+        held = self.held[index]
+        if not maybe_call(held):  # text after all: everything held goes out now
+            self.plain_text[index], self.held[index] = True, ""
+            return {"content": held}, reason
+        if reason is None:
+            return {}, None
+        call = read_call(held) if reason == "stop" else None
+        if call is None:
+            return ({"content": held} if held else {}), reason
+        return {"tool_calls": [{"index": 0, **call}]}, "tool_calls"
 
 
 def _sse(obj: dict[str, Any]) -> str:

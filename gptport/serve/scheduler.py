@@ -4,8 +4,10 @@ Each iteration drops cancelled choices (their slots are free at once), admits wa
 free slots, prefills up to `prefill_chunk` prompt tokens (a long prompt is filled over several
 iterations, so decoding rows wait at most one chunk), then runs one decode step over every decoding
 slot, samples each row with its choice's own generator, detokenizes UTF-8-safely, checks stop strings
-and hands the iteration's events over in one call of `deliver`. The asyncio side never calls the
-model; it submits choices and reads their events. No torch here.
+and hands the iteration's events over in one call of `deliver`. A choice with a constraint (a
+llguidance matcher) has its next-token mask computed in the background while the model runs; its
+disallowed logits are -inf before sampling, and it finishes with `stop` when its grammar is complete.
+The asyncio side never calls the model; it submits choices and reads their events. No torch here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from gptport.runtime.constraint import Masks, Matcher
 from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import Sampling, choose_rows, logprob_entries
 from gptport.runtime.slots import SlotEngine
@@ -72,6 +75,8 @@ class Choice:
     logprobs: int | None = None  # top alternatives per token (0-5); None: no log-probabilities
     prompt_logprobs: bool = False
     ignore_eos: bool = False
+    matcher: Matcher | None = None  # a constraint on the output (runtime/constraint.py)
+    logit_bias: dict[int, float] | None = None  # added to these tokens' logits before sampling
     out: Any = None
     cancelled: bool = False
     # the scheduler's state
@@ -102,8 +107,10 @@ class Scheduler:
     of (choice.out, event) once per iteration; it must not block."""
 
     def __init__(self, slots: SlotEngine, tok: BPETokenizer, deliver: Callable[[list[tuple[Any, Event]]], None],
-                 max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None) -> None:
+                 max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
+                 masks: Masks | None = None) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
+        self.masks = masks  # None: constrained choices are refused at submit
         self.max_queue, self.prefill_chunk = max_queue, max(1, prefill_chunk)
         self.observer = observer or Observer()
         self._free = list(range(slots.slots))  # a heap: the lowest free slot first keeps steps narrow
@@ -113,6 +120,7 @@ class Scheduler:
         self._holding: dict[int, Choice] = {}  # slot -> the choice in it, from admission to release
         self._cond = threading.Condition()
         self._stop = False
+        self._masking: Any = None  # the Future of the masks being computed
         self._thread = threading.Thread(target=self._run, name="gptport-scheduler", daemon=True)
 
     # -- any thread ------------------------------------------------------------------------------
@@ -128,6 +136,8 @@ class Scheduler:
     def submit(self, choices: Sequence[Choice]) -> bool:
         """Queue all of a request's choices, or none when more than max_queue of them would wait beyond
         the free slots."""
+        if self.masks is None and any(c.matcher is not None for c in choices):
+            raise ValueError("this scheduler has no mask computer: it cannot run constrained choices")
         now = time.perf_counter()
         with self._cond:
             if self._stop or len(self._waiting) + len(choices) - len(self._free) > self.max_queue:
@@ -220,6 +230,8 @@ class Scheduler:
                 c._rng = np.random.default_rng(c.sampling.seed)
                 c._stream = TextStream(self.tok, c.stops)
                 self._filling.append(c)
+        if self.masks is not None:  # the masks of this iteration's samples, while the model runs
+            self._masking = self.masks.start([c.matcher for c in (*self._filling, *self._decoding) if c.matcher])
         if self._filling:
             t0 = time.perf_counter()
             self._prefill(events)
@@ -310,10 +322,13 @@ class Scheduler:
         the rows that go on decoding."""
         t0 = time.perf_counter()
         self.observer.tokens(0, len(rows))
+        raw = self._adjust(rows, logits)
+        t_mask = time.perf_counter()
         picks = choose_rows(logits, [(c.sampling, c._rng, (c.prompt_ids, c.new_ids)) for c in rows])
         t1 = time.perf_counter()
         still: list[Choice] = []
-        for c, tok, row_logits in zip(rows, picks, logits, strict=True):
+        for i, (c, tok) in enumerate(zip(rows, picks, strict=True)):
+            row_logits = raw.get(i, logits[i])
             if c.new_ids:
                 self.observer.next_token(now - c.t_last)
             c.t_last = now
@@ -322,7 +337,11 @@ class Scheduler:
             eot = tok == self.tok.eot_id and not c.ignore_eos
             text = "" if eot else c._stream.push(tok)  # type: ignore[union-attr]
             reason = None
-            if eot or c._stream.stopped:  # type: ignore[union-attr]
+            if c.matcher is not None and not eot and not c.matcher.consume(tok):
+                events.append((c.out, Failure(f"the constraint refused token {tok}: {c.matcher.error}")))
+                self._release(c)
+                continue
+            if eot or c._stream.stopped or (c.matcher is not None and c.matcher.finished):  # type: ignore[union-attr]
                 reason = "stop"
             elif len(c.new_ids) >= c.max_tokens or self.engine.length(c.slot) >= self.engine.n_ctx:
                 reason = "length"
@@ -335,6 +354,31 @@ class Scheduler:
                 continue
             events.append((c.out, Finish(reason, len(c.prompt_ids), len(c.new_ids))))
             self._release(c)
-        self.observer.phase("sample", t1 - t0)
+        if raw or t_mask - t0 > 1e-4:
+            self.observer.phase("mask", t_mask - t0)
+        self.observer.phase("sample", t1 - t_mask)
         self.observer.phase("emit", time.perf_counter() - t1)
         return still
+
+    def _adjust(self, rows: list[Choice], logits: np.ndarray) -> dict[int, np.ndarray]:
+        """Each row's logit_bias added, and -inf on every logit a row's constraint disallows (logits (k, V),
+        in place); the logits of those rows as the model gave them, for log-probabilities (only rows that
+        ask for them)."""
+        at = [i for i, c in enumerate(rows) if c.matcher is not None or c.logit_bias]
+        if not at:
+            return {}
+        raw = {i: logits[i].copy() for i in at if rows[i].logprobs is not None}
+        for i in at:
+            bias = rows[i].logit_bias
+            if bias:
+                ids = np.fromiter(bias.keys(), dtype=np.int64)
+                logits[i, ids] += np.fromiter(bias.values(), dtype=np.float32)
+        masked = [i for i in at if rows[i].matcher is not None]
+        if masked and self.masks is not None:
+            if self._masking is not None:  # started before the model ran
+                self._masking.result()
+                self._masking = None
+            matchers = [rows[i].matcher for i in masked]
+            self.masks.fill(matchers)  # type: ignore[arg-type]  # any the background did not reach
+            self.masks.apply(logits, masked, matchers)  # type: ignore[arg-type]
+        return raw

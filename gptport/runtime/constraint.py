@@ -1,0 +1,174 @@
+"""Constrained decoding with llguidance: a JSON schema, a regex, a Lark or GBNF grammar, or a list of
+choices becomes a matcher per sequence, which gives the allowed-token mask for the next step and
+consumes each sampled token. Masked logits are -inf before sampling; a matcher that reaches its end
+finishes the sequence. llguidance reads the model directory's tokenizer.json itself. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import llguidance as llg
+import llguidance.numpy as llg_np
+import numpy as np
+
+from gptport.errors import UsageError
+
+Kind = Literal["json_schema", "json_object", "regex", "grammar", "lark", "choice"]
+KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "grammar", "lark", "choice")
+# JSON as compact as a small model can write it: ", " and ": " between items, no other whitespace
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+
+
+class ConstraintError(UsageError):
+    """A schema, regex or grammar that does not compile; its message names where it came from."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a sequence must match: `kind`, its source text or value, and where it came from (a request
+    field or a CLI option, for messages)."""
+
+    kind: Kind
+    source: Any
+    origin: str
+
+
+class Grammars:
+    """Compiles constraints for one tokenizer and makes their matchers. Thread-safe."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_id: int) -> None:
+        self.vocab_size = vocab_size
+        self.tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_id)
+
+    def compile(self, spec: Spec) -> str:
+        """The llguidance grammar of `spec`, checked: a ConstraintError naming spec.origin and the
+        parser's message when it does not compile."""
+        try:
+            grammar = _grammar(spec)
+        except (ValueError, TypeError) as e:
+            raise ConstraintError(f"{spec.origin}: {_first_line(str(e))}") from e
+        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        if failed:
+            raise ConstraintError(f"{spec.origin}: {_first_line(messages[0] if messages else 'does not compile')}")
+        return grammar
+
+    def matcher(self, grammar: str) -> Matcher:
+        """A fresh matcher at the grammar's start (the grammar from `compile`)."""
+        m = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if m.is_error():
+            raise ConstraintError(_first_line(m.get_error()))
+        return Matcher(m)
+
+
+class Matcher:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.mask: np.ndarray | None = None  # (W,) int32 bits: allowed tokens of the current state
+
+    def consume(self, token: int) -> bool:
+        """Advance by the sampled token; False if the grammar refuses it (the mask was not applied)."""
+        self.mask = None
+        return bool(self.inner.consume_token(token))
+
+    @property
+    def finished(self) -> bool:
+        """The grammar can go no further (only the end of text is left)."""
+        return bool(self.inner.is_stopped())
+
+    @property
+    def error(self) -> str:
+        return str(self.inner.get_error()) if self.inner.is_error() else ""
+
+
+class Masks:
+    """Computes matchers' next-token masks on llguidance's thread pool, in the background: `start`
+    before the model's step (onnxruntime and llguidance both release the GIL), `apply` after it."""
+
+    def __init__(self, vocab_size: int, threads: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.words = llg_np.get_bitmask_shape(1, vocab_size)[1]
+        self.executor = llg.LLExecutor(threads or max(1, min(4, (os.cpu_count() or 1))))
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gptport-masks")
+        self._lock = threading.Lock()
+
+    def start(self, matchers: Sequence[Matcher]) -> Future[None] | None:
+        """Fill the mask of every matcher that has none; None when all have one."""
+        todo = [m for m in matchers if m.mask is None]
+        if not todo:
+            return None
+        return self._pool.submit(self._fill, todo)
+
+    def fill(self, matchers: Sequence[Matcher]) -> None:
+        """As `start`, in this thread."""
+        todo = [m for m in matchers if m.mask is None]
+        if todo:
+            self._fill(todo)
+
+    def _fill(self, todo: Sequence[Matcher]) -> None:
+        out = np.full((len(todo), self.words), -1, dtype=np.int32)  # (k, W)
+        with self._lock:
+            llg_np.fill_next_token_bitmask_par(self.executor, [(m.inner, i) for i, m in enumerate(todo)], out)
+        for m, row in zip(todo, out, strict=True):
+            m.mask = row
+
+    def apply(self, logits: np.ndarray, rows: Sequence[int], matchers: Sequence[Matcher]) -> None:
+        """Set the disallowed tokens of logits[rows[i]] to -inf, by matchers[i]'s mask (in place)."""
+        if not rows:
+            return
+        bits = np.stack([m.mask for m in matchers])  # (k, W) int32
+        allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :logits.shape[-1]]  # (k, V)
+        block = logits[rows]  # (k, V), a copy
+        np.copyto(block, np.float32(-np.inf), where=allowed == 0)
+        logits[rows] = block
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def allowed_ids(matcher: Matcher, vocab_size: int) -> np.ndarray:
+    """The token ids matcher's current mask allows (for tests and messages)."""
+    assert matcher.mask is not None
+    bits = np.unpackbits(matcher.mask.view(np.uint8), bitorder="little")[:vocab_size]
+    return np.flatnonzero(bits)
+
+
+def _grammar(spec: Spec) -> str:
+    kind, src = spec.kind, spec.source
+    if kind == "json_object":
+        return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=JSON_OPTIONS)
+    if kind == "json_schema":
+        if isinstance(src, str):
+            src = json.loads(src)
+        if not isinstance(src, dict):
+            raise ValueError(f"a JSON schema must be an object, not {type(src).__name__}")
+        return llg.LLMatcher.grammar_from_json_schema(src, overrides=JSON_OPTIONS)
+    if kind == "regex":
+        return llg.LLMatcher.grammar_from_regex(src)
+    if kind == "lark":
+        return llg.LLMatcher.grammar_from_lark(src)
+    if kind == "grammar":  # Lark, or GBNF (llama.cpp's), converted to Lark
+        return llg.grammar_from("gbnf", src)
+    if kind == "choice":
+        if not isinstance(src, list) or not src or not all(isinstance(s, str) and s for s in src):
+            raise ValueError("expected a non-empty list of non-empty strings")
+        return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(s) for s in src))
+    raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+def _first_line(message: str) -> str:
+    """llguidance's messages point into the grammar over several lines: keep the line that says where
+    and the ones that say what is wrong, on one line."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return message
+    said = [lines[0], *(line for line in lines[1:] if line.lower().startswith("error"))]
+    return " ".join(said)

@@ -1,0 +1,235 @@
+"""Constrained decoding in the scheduler (issue 24), without HTTP: JSON schemas, regexes and choices
+hold, a masked token is never sampled, and a constrained request's tokens do not depend on its
+neighbours."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gptport.runtime import constraint
+from gptport.runtime.constraint import Grammars, Masks, Spec
+from gptport.runtime.loader import open_model
+from gptport.runtime.sampling import Sampling
+from gptport.runtime.slots import open_slots
+from gptport.serve import scheduler as scheduler_module
+from gptport.serve.scheduler import Choice, Finish, Scheduler
+from tests.conftest import build_model_dir
+
+PROMPTS = ["ka to ri", "so ne ma lu", "the answer is", "ri"]
+
+
+@pytest.fixture(scope="module")
+def structured_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
+    """A model with room for JSON (n_ctx 192), trained briefly so that its text is not uniform noise."""
+    from gptport.export import exporter
+
+    out = build_model_dir(tmp_path_factory.mktemp("structured") / "m", tokenizer_dir, corpus_file, steps=60,
+                          n_ctx=192)
+    exporter.export(out, ["fp32"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def opened(structured_dir: Path) -> Any:
+    return open_model(structured_dir, cache="static")
+
+
+@pytest.fixture(scope="module")
+def grammars(opened: Any) -> Grammars:
+    return Grammars(opened.tok.json, opened.engine.config.vocab_size, opened.tok.eot_id)
+
+
+class Run:
+    """A scheduler with masks, stepped by hand."""
+
+    def __init__(self, opened: Any, slots: int) -> None:
+        self.events: list[tuple[Any, Any]] = []
+        self.s = Scheduler(open_slots(opened.engine, slots), opened.tok, self.events.extend,
+                           masks=Masks(opened.engine.config.vocab_size))
+
+    def until_idle(self, limit: int = 5000) -> None:
+        for _ in range(limit):
+            if not (self.s.waiting or self.s.busy):
+                return
+            self.events += self.s.iterate()
+        raise AssertionError("the scheduler did not finish its work")
+
+    def finish(self, out: Any) -> Finish:
+        done = [e for o, e in self.events if o == out and isinstance(e, Finish)]
+        assert len(done) == 1, [e for o, e in self.events if o == out][-3:]
+        return done[0]
+
+
+def text_of(opened: Any, c: Choice) -> str:
+    ids = c.new_ids[:-1] if c.new_ids and c.new_ids[-1] == opened.tok.eot_id else c.new_ids
+    return opened.tok.decode(ids)
+
+
+def run_specs(opened: Any, grammars: Grammars, jobs: list[tuple[str, Spec | None, Sampling]], slots: int = 8,
+              max_tokens: int = 160) -> tuple[Run, list[Choice]]:
+    run = Run(opened, slots)
+    choices = []
+    for i, (prompt, spec, sampling) in enumerate(jobs):
+        matcher = grammars.matcher(grammars.compile(spec)) if spec is not None else None
+        ids = opened.tok.encode(prompt)
+        choices.append(Choice(ids, min(max_tokens, opened.engine.n_ctx - len(ids)), sampling, matcher=matcher, out=i))
+    run.s.submit(choices)
+    run.until_idle()
+    return run, choices
+
+
+# -- schemas -------------------------------------------------------------------------------------------
+def leaf() -> st.SearchStrategy[dict[str, Any]]:
+    return st.one_of(
+        st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 8)),
+        st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+                  st.integers(-50, 50), st.integers(0, 200)),
+        st.just({"type": "number", "minimum": 0, "maximum": 10, "multipleOf": 0.5}),
+        st.just({"type": "boolean"}),
+        st.builds(lambda xs: {"enum": xs}, st.lists(st.sampled_from(["red", "green", "blue", 1, 2.5, None]),
+                                                    min_size=1, max_size=3, unique=True)),
+    )
+
+
+def obj(fields: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    def build(props: dict[str, dict[str, Any]], required: list[bool]) -> dict[str, Any]:
+        names = list(props)
+        return {"type": "object", "properties": props, "additionalProperties": False,
+                "required": [n for n, r in zip(names, required, strict=False) if r]}
+
+    props = st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), fields, min_size=1, max_size=4)
+    return props.flatmap(lambda p: st.lists(st.booleans(), min_size=len(p), max_size=len(p))
+                         .map(lambda r, p=p: build(p, r)))
+
+
+array = st.builds(lambda item, n: {"type": "array", "items": item, "maxItems": n}, leaf(), st.integers(0, 3))
+schemas = obj(st.one_of(leaf(), array, obj(leaf())))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(schema=schemas, temperature=st.sampled_from([0.0, 0.8]), seed=st.integers(0, 2**31))
+def test_every_stopped_completion_validates_against_its_schema(opened: Any, grammars: Grammars,
+                                                                schema: dict[str, Any], temperature: float,
+                                                                seed: int) -> None:
+    spec = Spec("json_schema", schema, "schema")
+    jobs = [(p, spec, Sampling(temperature=temperature, seed=seed + i)) for i, p in enumerate(PROMPTS[:2])]
+    run, choices = run_specs(opened, grammars, jobs)
+    stopped = 0
+    for c in choices:
+        if run.finish(c.out).reason == "stop":
+            jsonschema.validate(json.loads(text_of(opened, c)), schema)
+            stopped += 1
+    assert stopped, f"no completion of {schema} finished within {choices[0].max_tokens} tokens"
+
+
+def test_regex_and_choice_outputs_match(opened: Any, grammars: Grammars) -> None:
+    pattern = r"[a-z]{2,6}-[0-9]{1,3}( [A-Z][a-z]{1,5})?"
+    options = ["yes", "no", "maybe later"]
+    jobs = [(p, Spec("regex", pattern, "regex"), Sampling(temperature=t, seed=i)) for i, (p, t) in
+            enumerate([(PROMPTS[0], 0.0), (PROMPTS[1], 0.8), (PROMPTS[2], 1.0)])]
+    jobs += [(p, Spec("choice", options, "choice"), Sampling(temperature=1.0, seed=7 + i)) for i, p in
+             enumerate(PROMPTS)]
+    run, choices = run_specs(opened, grammars, jobs)
+    for c in choices[:3]:
+        assert run.finish(c.out).reason == "stop"
+        assert re.fullmatch(pattern, text_of(opened, c)), text_of(opened, c)
+    for c in choices[3:]:
+        assert run.finish(c.out).reason == "stop"
+        assert text_of(opened, c) in options
+
+
+def test_a_masked_token_is_never_sampled(opened: Any, grammars: Grammars, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logits handed to sampling are -inf exactly where a fresh matcher, fed the same tokens, forbids
+    a token, and finite elsewhere; every pick is an allowed token."""
+    schema = {"type": "object", "properties": {"w": {"type": "string", "maxLength": 6}, "n": {"type": "integer"}},
+              "required": ["w", "n"]}
+    specs = [Spec("json_schema", schema, "s"), Spec("regex", r"(ka|to|ri)( (ka|to|ri)){0,5}", "r"), None]
+    shadows: dict[int, Any] = {}
+    checked = [0]
+    real = scheduler_module.choose_rows
+    vocab = opened.engine.config.vocab_size
+    masks = Masks(vocab)
+
+    def spy(logits: np.ndarray, rows: list[Any]) -> list[int]:
+        picks = real(logits, rows)
+        for i, (sampling, rng, (prompt, new)) in enumerate(rows):
+            shadow = shadows.get(id(new))
+            if shadow is None:
+                assert np.isfinite(logits[i]).all(), "a free row was masked"
+                continue
+            masks.fill([shadow])
+            allowed = set(constraint.allowed_ids(shadow, vocab).tolist())
+            finite = set(np.flatnonzero(np.isfinite(logits[i])).tolist())
+            assert finite == allowed, f"{len(finite ^ allowed)} tokens differ from the grammar's mask"
+            assert picks[i] in allowed
+            if picks[i] != opened.tok.eot_id:
+                assert shadow.consume(picks[i])
+            checked[0] += 1
+        return picks
+
+    monkeypatch.setattr(scheduler_module, "choose_rows", spy)
+    run = Run(opened, 4)
+    choices = []
+    for i, spec in enumerate(specs * 2):
+        m = grammars.matcher(grammars.compile(spec)) if spec else None
+        c = Choice(opened.tok.encode(PROMPTS[i % 4]), 40, Sampling(temperature=1.0, seed=i), matcher=m, out=i)
+        if spec is not None:
+            shadows[id(c.new_ids)] = grammars.matcher(grammars.compile(spec))
+        choices.append(c)
+    run.s.submit(choices)
+    run.until_idle()
+    assert checked[0] >= 40
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_constrained_greedy_tokens_alone_equal_tokens_among_others(opened: Any, grammars: Grammars,
+                                                                   data: st.DataObject) -> None:
+    """A constrained greedy request gives the same tokens alone and among 15 others, constrained and free,
+    greedy and sampled, arriving in hypothesis-chosen orders."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                        "maxItems": 3}}, "required": ["name", "age"]}
+    target = (PROMPTS[0], Spec("json_schema", schema, "s"), Sampling())
+    _, (alone,) = run_specs(opened, grammars, [target], slots=1, max_tokens=120)
+    others = []
+    for i in range(15):
+        spec = data.draw(st.sampled_from([None, Spec("json_schema", schema, "s"), Spec("regex", r"[a-z ]{1,20}", "r"),
+                                          Spec("choice", ["x", "yy"], "c")]))
+        temperature = data.draw(st.sampled_from([0.0, 0.8]))
+        others.append((data.draw(st.sampled_from(PROMPTS)), spec, Sampling(temperature=temperature, seed=i)))
+    arrivals = [data.draw(st.integers(0, 12)) for _ in range(16)]
+    run = Run(opened, 16)
+    jobs = [target, *others]
+    choices = [Choice(opened.tok.encode(p), 120, s, matcher=grammars.matcher(grammars.compile(sp)) if sp else None,
+                      out=i) for i, (p, sp, s) in enumerate(jobs)]
+    for it in range(max(arrivals) + 1):
+        run.s.submit([c for c, a in zip(choices, arrivals, strict=True) if a == it])
+        run.events += run.s.iterate()
+    run.until_idle()
+    assert choices[0].new_ids == alone.new_ids, f"arrivals {arrivals}"
+    assert run.s.busy == 0
+
+
+def test_bad_constraints_name_their_origin(grammars: Grammars) -> None:
+    cases = [(Spec("regex", "a(b", "'regex'"), "unclosed group"),
+             (Spec("json_schema", {"type": "strin"}, "'response_format.json_schema.schema'"), "strin"),
+             (Spec("grammar", "start: foo", "'grammar'"), "foo"),
+             (Spec("json_schema", "{nope", "--json-schema s.json"), "double quotes"),
+             (Spec("choice", [], "'choice'"), "non-empty")]
+    for spec, what in cases:
+        with pytest.raises(constraint.ConstraintError) as e:
+            grammars.compile(spec)
+        message = str(e.value)
+        assert message.startswith(spec.origin + ": ") and what in message and "\n" not in message, message
