@@ -79,6 +79,17 @@ def trained_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, c
     return out
 
 
+@pytest.fixture(scope="session")
+def structured_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
+    """A model with room for JSON and tools (n_ctx 768), trained for 30 steps so that its text is not uniform noise."""
+    from gptport.export import exporter
+
+    out = build_model_dir(tmp_path_factory.mktemp("structured") / "m", tokenizer_dir, corpus_file, steps=30,
+                          n_ctx=768)
+    exporter.export(out, ["fp32"])
+    return out
+
+
 VARIANTS = {
     "learned-tied": {"pos_encoding": "learned", "tie_embeddings": True},
     "sinusoidal-untied": {"pos_encoding": "sinusoidal", "tie_embeddings": False},

@@ -22,20 +22,8 @@ from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import open_slots
 from gptport.serve import scheduler as scheduler_module
 from gptport.serve.scheduler import Choice, Finish, Scheduler
-from tests.conftest import build_model_dir
 
 PROMPTS = ["ka to ri", "so ne ma lu", "the answer is", "ri"]
-
-
-@pytest.fixture(scope="module")
-def structured_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
-    """A model with room for JSON (n_ctx 192), trained briefly so that its text is not uniform noise."""
-    from gptport.export import exporter
-
-    out = build_model_dir(tmp_path_factory.mktemp("structured") / "m", tokenizer_dir, corpus_file, steps=60,
-                          n_ctx=192)
-    exporter.export(out, ["fp32"])
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +150,7 @@ def test_a_masked_token_is_never_sampled(opened: Any, grammars: Grammars, monkey
 
     def spy(logits: np.ndarray, rows: list[Any]) -> list[int]:
         picks = real(logits, rows)
-        for i, (sampling, rng, (prompt, new)) in enumerate(rows):
+        for i, (_, _, (_, new)) in enumerate(rows):
             shadow = shadows.get(id(new))
             if shadow is None:
                 assert np.isfinite(logits[i]).all(), "a free row was masked"

@@ -160,7 +160,7 @@ def maybe_call(text: str) -> bool:
 
 def plain_block(tools: Tools) -> str:
     """The plain template's block that offers the tools to the model."""
-    lines = [json.dumps(f.card(), ensure_ascii=False) for f in tools.allowed]
+    lines = [json.dumps(f.card(), ensure_ascii=False, separators=(",", ":")) for f in tools.allowed]
     return ("Tools: call one by answering " + OPEN + '{"name": NAME, "arguments": {...}}' + CLOSE + "\n"
             + "\n".join(lines))
 
