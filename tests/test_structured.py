@@ -221,3 +221,32 @@ def test_bad_constraints_name_their_origin(grammars: Grammars) -> None:
             grammars.compile(spec)
         message = str(e.value)
         assert message.startswith(spec.origin + ": ") and what in message and "\n" not in message, message
+
+
+def test_generate_cli_takes_a_schema_a_regex_or_a_grammar(structured_dir: Path, tmp_path: Path) -> None:
+    from tests.test_cli import _assert_one_line_error, gptport
+
+    schema = {"type": "object", "properties": {"w": {"type": "string", "maxLength": 6},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["w", "n"], "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema), encoding="utf-8")
+    (tmp_path / "g.gbnf").write_text('root ::= "yes" | "no"\n', encoding="utf-8")
+    (tmp_path / "bad.lark").write_text("start: nothing_here\n", encoding="utf-8")
+    d = str(structured_dir)
+    r = gptport("generate", d, "ka to", "so ne", "--json-schema", str(tmp_path / "s.json"), "--max-new-tokens", "60",
+                "--temperature", "0.9", "--json")
+    assert r.returncode == 0, r.stderr
+    for line in r.stdout.splitlines():
+        row = json.loads(line)
+        assert row["finish_reason"] == "grammar", row
+        jsonschema.validate(json.loads(row["text"]), schema)
+    r = gptport("generate", d, "ri", "--regex", "[a-z]{2}-[0-9]{2}", "--max-new-tokens", "20")
+    assert r.returncode == 0 and re.fullmatch(r"[a-z]{2}-[0-9]{2}\n", r.stdout), (r.stdout, r.stderr)
+    r = gptport("generate", d, "ri", "--grammar", str(tmp_path / "g.gbnf"), "--temperature", "1", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["text"] in ("yes", "no"), r.stderr
+    _assert_one_line_error(gptport("generate", d, "ri", "--grammar", str(tmp_path / "bad.lark")), 2,
+                           "--grammar", "bad.lark", "nothing_here")
+    _assert_one_line_error(gptport("generate", d, "ri", "--json-schema", str(tmp_path / "none.json")), 2,
+                           "--json-schema", "none.json")
+    _assert_one_line_error(gptport("generate", d, "ri", "--regex", "a", "--grammar", str(tmp_path / "g.gbnf")), 2,
+                           "one output constraint")

@@ -6,7 +6,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,6 +21,10 @@ EXAMPLES = """Examples:
   gptport generate models/mymodel --file prompts.txt --precision int8 --json
 
   gptport generate models/mymodel "Hello" --provider cuda --fallback
+
+  gptport generate models/mymodel "A person:" --json-schema person.schema.json --temperature 0.7
+
+  gptport generate models/mymodel "Date:" --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
 """
 
 
@@ -57,6 +61,12 @@ def generate(
     no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse a prompt longer than n_ctx "
                                               "instead of keeping its last n_ctx tokens.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
+    json_schema: Annotated[Path | None, typer.Option("--json-schema", help="Constrain the output to JSON valid "
+                                                     "under this JSON schema file.")] = None,
+    regex: Annotated[str | None, typer.Option("--regex", help="Constrain the output to match this regular "
+                                              "expression (Rust regex syntax).")] = None,
+    grammar: Annotated[Path | None, typer.Option("--grammar", help="Constrain the output to this grammar file "
+                                                 "(Lark, or llama.cpp's GBNF).")] = None,
 ) -> None:
     """Generate text: one prefill, then one token per step through the KV cache."""
     from gptport.errors import UsageError
@@ -83,8 +93,16 @@ def generate(
             sys.stdout.flush()
         return streams[row].stopped
 
+    matchers = None
+    spec = constraint_spec(json_schema, regex, grammar)
+    if spec is not None:
+        from gptport.runtime.constraint import Grammars
+
+        grammars = Grammars(opened.tok.json, opened.engine.config.vocab_size, opened.tok.eot_id)
+        compiled = grammars.compile(spec)
+        matchers = [grammars.matcher(compiled) for _ in ids]
     results = run(opened.engine, ids, max_new_tokens, sampling, opened.tok.eot_id,
-                  overflow=context_overflow.value, on_token=on_token)
+                  overflow=context_overflow.value, on_token=on_token, matchers=matchers)
     for i, (res, stream) in enumerate(zip(results, streams, strict=True)):
         tail = stream.finish()
         if as_json:
@@ -98,6 +116,9 @@ def generate(
         else:
             err.print(f"[bold]── prompt {i + 1}:[/] {texts[i]!r}")
             sys.stdout.write(stream.text + "\n")
+        if res.finish_reason == "length" and spec is not None:
+            err.print(f"prompt {i + 1}: --max-new-tokens {max_new_tokens} ended the output before the constraint "
+                      "was complete")
         if res.finish_reason == "context":
             err.print(f"prompt {i + 1}: stopped at the model's context of {opened.engine.n_ctx} tokens "
                       "(--context-overflow slide goes on)")
@@ -106,3 +127,24 @@ def generate(
     graph = f" {opened.cache} cache" if opened.engine_name == "onnx" else ""
     err.print(f"[dim]{opened.engine_name} {opened.provider} {opened.precision}{graph}: prefill {r.prefill_ms:.1f} ms, "
               f"decode {r.decode_tok_s:,.1f} tok/s per row, batch {len(results)}[/]")
+
+
+def constraint_spec(json_schema: Path | None, regex: str | None, grammar: Path | None) -> Any:
+    """The one output constraint the options ask for (runtime.constraint.Spec), or None."""
+    from gptport.errors import UsageError
+    from gptport.runtime.constraint import Spec
+
+    given = [(n, v) for n, v in (("--json-schema", json_schema), ("--regex", regex), ("--grammar", grammar))
+             if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"{given[0][0]} and {given[1][0]}: one output constraint at a time")
+    if not given:
+        return None
+    name, value = given[0]
+    if name == "--regex":
+        return Spec("regex", value, f"--regex {value!r}")
+    try:
+        text = Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{name} {value}: cannot read it ({e})") from e
+    return Spec("json_schema" if name == "--json-schema" else "grammar", text, f"{name} {value}")

@@ -12,6 +12,7 @@ from typing import Literal
 
 import numpy as np
 
+from gptport.runtime.constraint import Masks, Matcher
 from gptport.runtime.engine import Engine, left_pad, positions
 from gptport.runtime.sampling import Sampling, choose
 
@@ -23,7 +24,7 @@ class RowResult:
 
     prompt_ids: list[int]
     new_ids: list[int] = field(default_factory=list)
-    finish_reason: str = "length"  # eot | stop | length | context
+    finish_reason: str = "length"  # eot | stop | grammar (the constraint is complete) | length | context
     prefill_ms: float = 0.0
     decode_s: float = 0.0
 
@@ -41,6 +42,7 @@ def generate(
     eot_id: int,
     overflow: Overflow = "slide",
     on_token: Callable[[int, int], bool] | None = None,
+    matchers: Sequence[Matcher | None] | None = None,
 ) -> list[RowResult]:
     """Generate for a batch of prompts: one prefill, then one token per step through the KV cache.
 
@@ -48,11 +50,14 @@ def generate(
     `max_new_tokens`. Each row samples with its own generator seeded with `sampling.seed`, so it gives
     the text it would give alone. When the sequence reaches n_ctx: `slide` re-prefills each row's most
     recent n_ctx // 2 tokens and goes on; `stop` ends every unfinished row with reason "context".
+    A row with a matcher (runtime/constraint.py) samples only what its grammar allows and ends with
+    reason "grammar" when the grammar is complete; its next mask is computed while the step runs.
     """
     step, n_ctx = engine.step(last_only=True), engine.n_ctx
     rows = [RowResult(list(p)) for p in prompts]
     rngs = [np.random.default_rng(sampling.seed) for _ in prompts]
     active = [True] * len(rows)
+    constrained = Constrained(matchers, engine.config.vocab_size) if matchers and any(matchers) else None
 
     t0 = time.perf_counter()
     ids, mask = left_pad([r.prompt_ids for r in rows])  # (B, P)
@@ -61,7 +66,11 @@ def generate(
     prefill_ms = (time.perf_counter() - t0) * 1e3
     t_decode = time.perf_counter()
     for _ in range(max_new_tokens):
+        if constrained is not None:
+            constrained.mask(logits, active)
         nxt = _choose_all(rows, active, logits, sampling, rngs, eot_id, max_new_tokens, on_token)  # (B,)
+        if constrained is not None:
+            constrained.consume(rows, active, nxt, eot_id)
         if not any(active):
             break
         if mask.shape[1] < n_ctx:  # room for one more token: one decode step through the cache
@@ -103,3 +112,34 @@ def _choose_all(rows: list[RowResult], active: list[bool], logits: np.ndarray, s
         elif len(row.new_ids) == max_new_tokens:
             active[i] = False
     return nxt
+
+
+class Constrained:
+    """The rows' matchers: masks applied before a choice, the choice consumed after it, and the next
+    masks started in the background (while the engine's step runs)."""
+
+    def __init__(self, matchers: Sequence[Matcher | None], vocab_size: int) -> None:
+        self.matchers, self.masks = list(matchers), Masks(vocab_size)
+        self.pending = self.masks.start([m for m in self.matchers if m is not None])
+
+    def mask(self, logits: np.ndarray, active: list[bool]) -> None:
+        """-inf where an active row's grammar forbids a token (logits (B, 1, V), in place)."""
+        if self.pending is not None:
+            self.pending.result()
+        rows = [i for i, m in enumerate(self.matchers) if m is not None and active[i]]
+        if rows:
+            ms = [self.matchers[i] for i in rows]
+            self.masks.fill(ms)  # type: ignore[arg-type]
+            last = logits[:, -1]  # (B, V)
+            self.masks.apply(last, rows, ms)  # type: ignore[arg-type]
+            logits[:, -1] = last
+
+    def consume(self, rows: list[RowResult], active: list[bool], nxt: np.ndarray, eot_id: int) -> None:
+        for i, m in enumerate(self.matchers):
+            if m is None or nxt[i] == eot_id or not rows[i].new_ids or rows[i].new_ids[-1] != nxt[i]:
+                continue
+            if not m.consume(int(nxt[i])):
+                raise RuntimeError(f"the constraint refused token {int(nxt[i])}: {m.error}")
+            if m.finished and active[i]:
+                active[i], rows[i].finish_reason = False, "grammar"
+        self.pending = self.masks.start([m for i, m in enumerate(self.matchers) if m is not None and active[i]])
