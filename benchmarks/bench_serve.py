@@ -98,11 +98,16 @@ def load(url: str, shape: str, levels: list[int], seed: int) -> list[dict[str, A
 
 def served(cmd: list[str], url: str, shape: str, levels: list[int], log: Path, seed: int) -> list[dict[str, Any]]:
     """Start a server, load it, stop it by its pid."""
+    return served_with(cmd, url, log, lambda u: load(u, shape, levels, seed))
+
+
+def served_with(cmd: list[str], url: str, log: Path, run: Any) -> Any:
+    """Start a server, wait until it is healthy, `run(url)`, stop it by its pid."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_healthy(url, proc)
-        return load(url, shape, levels, seed)
+        return run(url)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

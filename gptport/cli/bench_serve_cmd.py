@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -36,6 +37,9 @@ def bench_serve(
     seed: Annotated[int, typer.Option(help="Seed of the prompts and of the arrival times.")] = 0,
     json_path: Annotated[str | None, typer.Option("--json", help="Write {url, model, settings, machine, results} "
                                                   "here ('-': stdout).", show_default=False)] = None,
+    json_schema: Annotated[Path | None, typer.Option("--json-schema", help="Constrain every output to JSON valid "
+                                                     "under this schema file (sent as the json_schema field, "
+                                                     "without ignore_eos).", show_default=False)] = None,
 ) -> None:
     """Stream completions from an OpenAI-compatible server at several concurrency levels and report
     throughput and TTFT / TPOT / ITL / E2EL latencies (vLLM's benchmark metrics)."""
@@ -50,7 +54,8 @@ def bench_serve(
     settings = loadgen.Settings(
         url=url, model=model, concurrency=loadgen.parse_concurrency(concurrency),
         request_rate=loadgen.parse_rate(request_rate), num_prompts=num_prompts, prompt_len=prompt_len,
-        max_tokens=max_tokens, temperature=temperature, api_key=api_key, timeout_s=timeout, seed=seed)
+        max_tokens=max_tokens, temperature=temperature, api_key=api_key, timeout_s=timeout, seed=seed,
+        json_schema=loadgen.read_schema(json_schema) if json_schema is not None else None)
     with err.status("benchmarking") as status:
         result = loadgen.run(settings, say=lambda m: status.update(escape(m)))
     _table(result)

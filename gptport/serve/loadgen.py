@@ -13,6 +13,10 @@ fixed list of common English words. Before the load, one request of `prompt_len`
 count is scaled so that prompts come to about `prompt_len` tokens in the server's tokenizer. The
 tokens the server actually saw are reported as `mean_prompt_tokens`.
 
+With a JSON schema (`--json-schema`), each request sends it as the top-level `json_schema` field
+(gptport's and llama-server's name for a constrained completion) instead of `ignore_eos`: a request
+ends where its JSON is complete, or at `max_tokens`.
+
 Metrics use vLLM's names. TTFT: send to the first streamed chunk that carries text. ITL: the gaps
 between consecutive text chunks. TPOT: (E2EL - TTFT) / (output tokens - 1), for requests with more
 than one output token. E2EL: send to the end of the stream. Token counts come from the server's
@@ -67,13 +71,14 @@ class Settings:
     api_key: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     seed: int = 0
+    json_schema: dict[str, Any] | None = None  # constrain every request's output to it
 
     def as_json(self) -> dict[str, Any]:
         return {"concurrency": list(self.concurrency),
                 "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
                 "num_prompts": self.num_prompts, "prompt_len": self.prompt_len, "max_tokens": self.max_tokens,
                 "temperature": self.temperature, "timeout_s": self.timeout_s, "seed": self.seed,
-                "ignore_eos": True}
+                "ignore_eos": self.json_schema is None, "json_schema": self.json_schema}
 
 
 # ---- parsing options --------------------------------------------------------------------------------
@@ -111,6 +116,17 @@ def check(settings: Settings) -> None:
         raise UsageError(f"--timeout {settings.timeout_s}: must be > 0 seconds")
     if not settings.temperature >= 0:
         raise UsageError(f"--temperature {settings.temperature}: must be >= 0")
+
+
+def read_schema(path: Any) -> dict[str, Any]:
+    """A JSON schema file for --json-schema: an object, or a one-line error naming the file."""
+    try:
+        schema = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--json-schema {path}: {e}") from e
+    if not isinstance(schema, dict):
+        raise UsageError(f"--json-schema {path}: a JSON schema is an object, not {type(schema).__name__}")
+    return schema
 
 
 def base_url(url: str) -> str:
@@ -268,7 +284,8 @@ async def _level(settings: Settings, model: str, prompts: list[str], concurrency
         nonlocal done
         body = {"model": model, "prompt": prompt, "max_tokens": settings.max_tokens,
                 "temperature": settings.temperature, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True}
+                "stream_options": {"include_usage": True},
+                **({"ignore_eos": True} if settings.json_schema is None else {"json_schema": settings.json_schema})}
         async with sem:
             rec = await _request(session, url, body, settings.timeout_s)
         done += 1

@@ -1,0 +1,164 @@
+"""Structured outputs under load: bench_serve.py's servers and prompts, each load run twice in the same
+round, free and constrained to a fixed JSON schema of six fields (`bench-serve --json-schema`, sent as
+the top-level `json_schema` field that gptport and llama-server both take), at 1 and 16 users; and the
+per-row cost of one token mask (llguidance, µs per row, 1 and 16 rows at once) at the shape's
+vocabulary.
+
+Free requests generate max_tokens each (ignore_eos); constrained ones end where their JSON is
+complete or at max_tokens. The schema's strings are long enough (~130 tokens of JSON at `small`'s
+vocabulary) that a constrained request runs about as long as a free one: a shorter one would pay its
+prefill over fewer output tokens, and the comparison would measure that rather than the masks. Random weights (bench_serve.py's), so the JSON's
+strings are noise bounded by the schema. Rounds alternate which server goes first.
+Writes benchmarks/results/structured-<shape>.json naming the CPU.
+
+    python benchmarks/bench_structured.py [--shapes small,gpt2-124m] [--rounds 2] [--llama-server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_serve import MAX_TOKENS, WORK, free_port, model_dir, served_with
+from bench_tokenizer import big_corpus
+
+from gptport.machine import describe
+
+HERE = Path(__file__).resolve().parent
+SCHEMA = {"type": "object", "additionalProperties": False,
+          "properties": {"name": {"type": "string", "maxLength": 96}, "city": {"type": "string", "maxLength": 96},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "score": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                         "member": {"type": "boolean"},
+                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItems": 4}},
+          "required": ["name", "city", "age", "score", "member", "tags"]}
+
+
+def mask_cost_us(d: Path, rows: int, steps: int = 200, seed: int = 0) -> dict[str, float]:
+    """µs per row of one mask, computing `rows` masks at once, along random valid walks of SCHEMA."""
+    import numpy as np
+
+    from gptport import tokenizer as bpe
+    from gptport.runtime.constraint import Grammars, Masks, Spec, allowed_ids
+
+    tok = bpe.load(d)
+    vocab = json.loads((d / "config.json").read_text())["model"]["vocab_size"]
+    grammars = Grammars(tok.json, vocab, tok.eot_id)
+    grammar = grammars.compile(Spec("json_schema", SCHEMA, "schema"))
+    masks = Masks(vocab)
+    rng = np.random.default_rng(seed)
+    matchers = [grammars.matcher(grammar) for _ in range(rows)]
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        masks.fill(matchers)
+        times.append((time.perf_counter() - t0) / rows)
+        for i, m in enumerate(matchers):
+            ids = allowed_ids(m, vocab)
+            ids = ids[ids != tok.eot_id]
+            if m.finished or not len(ids):
+                matchers[i] = grammars.matcher(grammar)
+                continue
+            m.consume(int(rng.choice(ids)))
+    return {"rows": rows, "median_us_per_row": statistics.median(times) * 1e6,
+            "p90_us_per_row": float(np.percentile(times, 90) * 1e6)}
+
+
+def load(url: str, shape: str, levels: list[int], seed: int, schema_path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for kind in ("free", "json"):
+        for c in levels:
+            with tempfile.NamedTemporaryFile(suffix=".json") as f:
+                extra = ["--json-schema", str(schema_path)] if kind == "json" else []
+                subprocess.run([sys.executable, "-m", "gptport.cli.main", "bench-serve", url, "--concurrency", str(c),
+                                "--num-prompts", str(max(8, 4 * c)), "--prompt-len", "64", "--max-tokens",
+                                str(MAX_TOKENS[shape]), "--temperature", "0.8", "--seed", str(seed), *extra,
+                                "--json", f.name], check=True)
+                rows += [{**r, "load": kind, "mean_output_tokens": r["total_output_tokens"] / max(r["completed"], 1)}
+                         for r in json.loads(Path(f.name).read_text())["results"]]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="small,gpt2-124m")
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--llama-server", type=Path, default=os.environ.get("GPTPORT_LLAMA_SERVER"))
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    WORK.mkdir(parents=True, exist_ok=True)
+    schema_path = WORK / "structured-schema.json"
+    schema_path.write_text(json.dumps(SCHEMA))
+    corpus = big_corpus()
+    for shape in args.shapes.split(","):
+        d = model_dir(shape, corpus, args.llama_server is not None)
+        n_ctx = json.loads((d / "config.json").read_text())["model"]["n_ctx"]
+        masks = [mask_cost_us(d, 1), mask_cost_us(d, 16)]
+        servers = {"gptport": [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", "PORT",
+                               "--slots", str(args.slots), "--threads", str(args.threads)]}
+        if args.llama_server is not None:
+            servers["llama.cpp"] = [str(args.llama_server), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1",
+                                    "--port", "PORT", "-np", str(args.slots), "-t", str(args.threads),
+                                    "-c", str(args.slots * n_ctx), "--no-webui"]
+        rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in servers}
+        for r in range(args.rounds):
+            for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
+                port = str(free_port())
+                print(f"== {shape} round {r + 1}/{args.rounds}: {name}", file=sys.stderr)
+                cmd = [port if a == "PORT" else a for a in servers[name]]
+                log = WORK / f"structured-{shape}-{name}.log"
+                rounds[name].append(served_with(cmd, f"http://127.0.0.1:{port}", log,
+                                                lambda url, r=r, shape=shape: load(url, shape, levels, r, schema_path)))
+        result = {"shape": shape, "machine": describe(), "schema": SCHEMA,
+                  "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,
+                               "max_tokens": MAX_TOKENS[shape], "temperature": 0.8, "rounds": args.rounds,
+                               "concurrency": levels},
+                  "mask_cost": masks, "servers": {name: {"median": median(rs), "rounds": rs}
+                                                  for name, rs in rounds.items()}}
+        out = HERE / "results" / f"structured-{shape}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print_table(result)
+
+
+def median(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    out = []
+    for level in zip(*rounds, strict=True):
+        row: dict[str, Any] = {"load": level[0]["load"], "concurrency": level[0]["concurrency"]}
+        for key in ("output_throughput", "median_ttft_ms", "median_tpot_ms", "mean_output_tokens", "completed",
+                    "failed"):
+            values = [x[key] for x in level if x.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        out.append(row)
+    return out
+
+
+def print_table(result: dict[str, Any]) -> None:
+    m = result["machine"]
+    print(f"\n{result['shape']} on {m['cpu']}, {m['cores']} cores; mask µs/row: "
+          + ", ".join(f"{x['rows']} rows {x['median_us_per_row']:.0f}" for x in result["mask_cost"]))
+    print(f"{'server':<10} {'load':<5} {'conc':>4} {'out tok/s':>10} {'TPOT med':>9} {'TTFT med':>9} {'out tok':>8}")
+    for name, data in result["servers"].items():
+        for row in data["median"]:
+            print(f"{name:<10} {row['load']:<5} {row['concurrency']:>4} {row['output_throughput']:>10.1f} "
+                  f"{row['median_tpot_ms']:>9.2f} {row['median_ttft_ms']:>9.1f} {row['mean_output_tokens']:>8.1f}")
+    for name, data in result["servers"].items():
+        by = {(r["load"], r["concurrency"]): r for r in data["median"]}
+        for c in result["settings"]["concurrency"]:
+            free, js = by[("free", c)], by[("json", c)]
+            print(f"{name} at {c}: json/free throughput {js['output_throughput'] / free['output_throughput']:.3f}, "
+                  f"TPOT {js['median_tpot_ms'] / free['median_tpot_ms']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
