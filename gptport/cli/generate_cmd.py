@@ -100,7 +100,7 @@ def generate(
 
         grammars = Grammars(opened.tok.json, opened.engine.config.vocab_size, opened.tok.eot_id)
         compiled = grammars.compile(spec)
-        matchers = [grammars.matcher(compiled) for _ in ids]
+        matchers = [grammars.matcher(compiled, spec.json_like) for _ in ids]
     results = run(opened.engine, ids, max_new_tokens, sampling, opened.tok.eot_id,
                   overflow=context_overflow.value, on_token=on_token, matchers=matchers)
     for i, (res, stream) in enumerate(zip(results, streams, strict=True)):

@@ -293,7 +293,7 @@ def _matchers(grammars: Any, job: Job, count: int) -> list[Any]:
     assert job.spec is not None
     try:
         grammar = grammars.compile(job.spec)
-        return [grammars.matcher(grammar) for _ in range(count)]
+        return [grammars.matcher(grammar, job.spec.json_like) for _ in range(count)]
     except ConstraintError as e:
         raise ApiError(400, str(e), job.spec.origin.strip("'"), "invalid_constraint") from e
 
