@@ -5,9 +5,12 @@ per-row cost of one token mask (llguidance, µs per row, 1 and 16 rows at once) 
 vocabulary.
 
 Free requests generate max_tokens each (ignore_eos); constrained ones end where their JSON is
-complete or at max_tokens. The schema's strings are long enough (~130 tokens of JSON at `small`'s
-vocabulary) that a constrained request runs about as long as a free one: a shorter one would pay its
-prefill over fewer output tokens, and the comparison would measure that rather than the masks. Random weights (bench_serve.py's), so the JSON's
+complete or at max_tokens. The schema's strings hold 48-96 lower-case letters and spaces (3-4 tags
+of 16-32), so that a constrained request runs about as long as a free one (~130 tokens of JSON at
+`small`'s vocabulary; random weights otherwise close strings at once): with shorter outputs (as with a schema of free strings, where the many
+tokens that hold a quote end a string early) requests end at different steps and arrive one by one,
+each prefill interrupting every decoding row, while the free load's requests end and arrive together
+and are prefilled in one batch — the comparison would measure that rather than the masks. Random weights (bench_serve.py's), so the JSON's
 strings are noise bounded by the schema. Rounds alternate which server goes first.
 Writes benchmarks/results/structured-<shape>.json naming the CPU.
 
@@ -34,11 +37,13 @@ from gptport.machine import describe
 
 HERE = Path(__file__).resolve().parent
 SCHEMA = {"type": "object", "additionalProperties": False,
-          "properties": {"name": {"type": "string", "maxLength": 96}, "city": {"type": "string", "maxLength": 96},
+          "properties": {"name": {"type": "string", "pattern": "^[a-z ]{48,96}$"},
+                         "city": {"type": "string", "pattern": "^[a-z ]{48,96}$"},
                          "age": {"type": "integer", "minimum": 0, "maximum": 120},
                          "score": {"type": "integer", "minimum": -1000, "maximum": 1000},
                          "member": {"type": "boolean"},
-                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItems": 4}},
+                         "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z ]{16,32}$"},
+                                  "minItems": 3, "maxItems": 4}},
           "required": ["name", "city", "age", "score", "member", "tags"]}
 
 
