@@ -42,8 +42,7 @@ def random_weights(d: Path, shape: str, corpus: Path) -> None:
     tok = bpe.load(d)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tok.vocab_size, **load_preset(shape).model)
-    checkpoint.save_weights(d, GPT(cfg), 0)
-    checkpoint.write_config(d, cfg, tok, 0)
+    checkpoint.save_model(d, GPT(cfg), cfg, tok, 0)
 
 
 def model_dir(shape: str, corpus: Path, optimize: bool) -> Path:

@@ -1,6 +1,8 @@
 """Where a graph came from: the sha256 of the weights file and of config.json it was exported from,
 recorded in its metadata and compared with the model directory whenever generate, bench, eval or serve
-open it (loader.open_graph). No torch, no onnxruntime.
+open it (loader.open_graph). And whether the weights are the bytes that were written: config.json records
+the sha256 of model.safetensors, which every reader of the weights compares (check_weights). No torch,
+no onnxruntime.
 
 A file that is not in the directory (a deployment copy with the ONNX files only) is not compared. The
 digest of a large file is cached in digests.json, keyed by its size, mtime and inode, so that opening a
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gptport import __version__, atomic, contract
+from gptport.config import read_json
 from gptport.errors import ArtifactError
 from gptport.paths import CONFIG, DIGESTS, WEIGHTS
 
@@ -24,6 +27,8 @@ CACHED_FROM = 1 << 20  # files smaller than this are hashed every time (config.j
 RACY_NS = 2_000_000_000  # a file modified this recently is not cached: a rewrite within the same
 # timestamp tick could keep its size and mtime (git's "racy" entries)
 SOURCES = ((contract.META_WEIGHTS, WEIGHTS, "weights"), (contract.META_CONFIG_SHA, CONFIG, CONFIG))
+WEIGHTS_SHA = "weights_sha256"  # config.json: the sha256 of model.safetensors as written
+WEIGHTS_PENDING = "weights_sha256_pending"  # config.json, while new weights are being renamed into place
 
 
 def file_digest(path: Path) -> str:
@@ -117,9 +122,43 @@ def check(model_dir: Path, graph: Path, meta: Mapping[str, str]) -> None:
         current = digest(path)
         if recorded != current:  # before refusing, hash the file itself: digests.json may be damaged
             current = digest(path, fresh=True)
+        if recorded != current and name == WEIGHTS and (model_dir / CONFIG).is_file():
+            check_weights(model_dir, current)  # damaged weights are said so, not taken for newer ones
         if recorded != current:
             raise ArtifactError(f"{graph} was exported from other {what} (sha256 {recorded[:12]}…) than "
                                 f"{path} ({current[:12]}…); rebuild it: `{rebuild_command(graph, precision)}`")
+
+
+def recorded_weights(model_dir: Path) -> tuple[str, ...]:
+    """The sha256 config.json accepts for model.safetensors: the recorded one, and during a checkpoint
+    the pending one too; () for a config.json written before weights recorded their sha256."""
+    path = model_dir / CONFIG
+    data = read_json(path)
+    out = []
+    for key in (WEIGHTS_SHA, WEIGHTS_PENDING):
+        value = data.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+            raise ArtifactError(f"{path}: {key} is not a sha256 ({str(value)[:20]!r})")
+        out.append(value)
+    return tuple(out)
+
+
+def check_weights(model_dir: Path, current: str = "") -> None:
+    """Refuse a model.safetensors whose bytes are not those config.json records. The file is hashed
+    afresh (`current`: a sha256 of it already taken so), never looked up in digests.json: a flip on disk
+    keeps the size, mtime and inode the cache is keyed by. Weights without a recorded sha256 (directories
+    written before it was recorded) and an absent file are not compared."""
+    path = model_dir / WEIGHTS
+    accepted = recorded_weights(model_dir)
+    if not accepted or not path.is_file():
+        return
+    current = current or digest(path, fresh=True)  # corrects the cache too
+    if current not in accepted:
+        raise ArtifactError(f"{path}: damaged: its sha256 {current[:12]}… differs from the {accepted[0][:12]}… "
+                            f"recorded in {CONFIG} when it was written; restore the directory from a copy or "
+                            "train again")
 
 
 def stale(meta: Mapping[str, str], current: Mapping[str, str]) -> str:

@@ -55,7 +55,7 @@ READS = {
     "generate": COMMON | {paths.WEIGHTS, paths.DIGESTS},  # weights: their sha256, against the graph's
     "eval": COMMON | {paths.WEIGHTS, paths.DIGESTS},
     "export": COMMON | {paths.WEIGHTS, VAL_BIN},  # (and the graphs' metadata, which may be damaged)
-    "train": COMMON | {paths.OPTIMIZER, *SHARDS},
+    "train": COMMON | {paths.WEIGHTS, paths.OPTIMIZER, *SHARDS},  # weights: their sha256, against config.json's
 }
 # What each command may write when it works (digests.json, a cache, always).
 WRITES = {
@@ -315,7 +315,10 @@ def test_resume_state_not_json(complete_dir: Path, corpus_file: Path, tmp_path_f
 
 
 def test_weights_with_nan(complete_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Damaged weight bytes that decode to NaN are refused by name, not reported as a failed parity."""
+    """Weights holding NaN whose sha256 config.json records (a diverged run writes them so) are refused by
+    name, not reported as a failed parity. (NaN written without it: tests/test_weights_sha.py's damage.)"""
+    import json
+
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -325,6 +328,9 @@ def test_weights_with_nan(complete_dir: Path, tmp_path_factory: pytest.TempPathF
         name = next(iter(weights))
         weights[name].view(-1)[0] = torch.nan
         save_file(weights, str(path))
+        config = json.loads((model_dir / paths.CONFIG).read_text())
+        config[provenance.WEIGHTS_SHA] = provenance.file_digest(path)
+        (model_dir / paths.CONFIG).write_text(json.dumps(config))
         before = digests(model_dir)
         code, stderr = run_cli(export_argv(model_dir))
         assert code == 1 and stderr.count("\n") == 1 and f"{paths.WEIGHTS}: {name} holds NaN" in stderr, stderr

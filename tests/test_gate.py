@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gptport import contract
+from gptport import contract, provenance
 from gptport import tokenizer as bpe
 from gptport.errors import UsageError
 from gptport.export import exporter, validate
@@ -38,6 +39,9 @@ def rough_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, cor
     g = torch.Generator().manual_seed(0)
     save_file({k: torch.randn(v.shape, generator=g) * 0.2 if v.ndim == 2 else v for k, v in weights.items()},
               d / "model.safetensors")
+    config = json.loads((d / "config.json").read_text())  # their sha256, as train records the weights it writes
+    config[provenance.WEIGHTS_SHA] = provenance.file_digest(d / "model.safetensors")
+    (d / "config.json").write_text(json.dumps(config))
     return d
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from gptport import provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.export.gguf_export import export_gguf
@@ -173,6 +174,13 @@ def test_refuses_what_is_not_gpt2(tied_dir: Path, tmp_path: Path, change: dict[s
     assert not list(model_dir.glob("*.gguf")) and not list(model_dir.glob(".*tmp*"))
 
 
+def record_weights(model_dir: Path) -> None:
+    """config.json records the sha256 of the model.safetensors now in place, as train does when it writes."""
+    config = json.loads((model_dir / "config.json").read_text())
+    config[provenance.WEIGHTS_SHA] = provenance.file_digest(model_dir / "model.safetensors")
+    (model_dir / "config.json").write_text(json.dumps(config))
+
+
 def test_bad_inputs_name_the_file_or_option(tied_dir: Path, tmp_path: Path) -> None:
     model_dir = copy_dir(tied_dir, tmp_path / "m")
     with pytest.raises(UsageError, match="--outtype"):
@@ -185,9 +193,11 @@ def test_bad_inputs_name_the_file_or_option(tied_dir: Path, tmp_path: Path) -> N
     state = load_file(str(weights))
     state.pop("h.1.mlp.c_fc.bias")
     save_file(state, str(weights))
+    record_weights(model_dir)  # past the sha256 check (tests/test_weights_sha.py), to the file's own checks
     with pytest.raises(ArtifactError, match=r"model\.safetensors: does not fit config\.json.*h\.1\.mlp\.c_fc\.bias"):
         export_gguf(model_dir)
     weights.write_bytes(b"not safetensors")
+    record_weights(model_dir)
     with pytest.raises(ArtifactError, match=r"model\.safetensors: unreadable"):
         export_gguf(model_dir)
     weights.unlink()
@@ -222,7 +232,9 @@ def test_force_and_no_half_written_file(tied_dir: Path, tmp_path: Path, monkeypa
     w = load_file(str(model_dir / "model.safetensors"))
     w["wte.weight"] = w["wte.weight"] + 1
     save_file(w, str(model_dir / "model.safetensors"))
-    assert json.loads((model_dir / "config.json").read_text()) == config
+    record_weights(model_dir)  # as train does: config.json changes in the weights' sha256 alone
+    assert json.loads((model_dir / "config.json").read_text()) == {
+        **config, provenance.WEIGHTS_SHA: provenance.file_digest(model_dir / "model.safetensors")}
     export_gguf(model_dir, force=True)
     assert out.read_bytes() != before
 

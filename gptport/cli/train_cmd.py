@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gptport import paths
+from gptport import paths, provenance
 from gptport import tokenizer as bpe
 from gptport.cli.common import EncodingErrors, err, human_bytes
 from gptport.errors import GptportError, InputError, UsageError
@@ -132,6 +132,7 @@ def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], opt
 
         saved = int(read_resume_state(model_dir).get("world_size", 1))
         distributed.check_world(saved, world, allow_world_size_change, str(model_dir))
+        provenance.check_weights(model_dir)  # resumed from optimizer.safetensors, yet damage is said at once
     ctx, device = distributed.init(tcfg.device) if distributed.under_torchrun() else (distributed.Dist(), None)
     from gptport.training import shards as data
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from gptport import atomic
+from gptport import atomic, provenance
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, model_config_from_dict, read_json
 from gptport.errors import ArtifactError, InputError, UsageError
@@ -121,6 +121,7 @@ def read_weights(model_dir: Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
     path = model_dir / WEIGHTS
     if not path.is_file():
         raise ArtifactError(f"{model_dir}: no {WEIGHTS}; train a model first (`gptport train`)")
+    provenance.check_weights(model_dir)
     try:
         with safe_open(str(path), framework="np") as f:
             state = {k: np.asarray(f.get_tensor(k), dtype=np.float32) for k in f.keys()}  # noqa: SIM118

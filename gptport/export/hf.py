@@ -17,6 +17,7 @@ from gptport import atomic
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError
+from gptport.paths import WEIGHTS
 
 if TYPE_CHECKING:
     from gptport.training.model import GPT
@@ -166,7 +167,9 @@ def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
 
 
 def _write(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig) -> None:
-    """Stage the whole model directory next to `out`, then move its files in."""
+    """Stage the tokenizer and the weights next to `out`, then move them in: the tokenizer's files, the
+    weights (once config.json accepts their sha256 as pending), and last config.json recording it, as
+    checkpoint.save_model does."""
     import torch
 
     from gptport.training import checkpoint
@@ -175,10 +178,14 @@ def _write(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig) -> No
     stage = Path(tempfile.mkdtemp(prefix=".import-", dir=out))
     try:
         bpe.save(tok, stage, force=True)
+        staged = stage / WEIGHTS
         with torch.no_grad():
-            checkpoint.save_weights(stage, model, 0)
-        checkpoint.write_config(stage, cfg, tok, 0)
+            sha = checkpoint.write_weights(staged, model, 0)
         for path in stage.iterdir():
-            path.replace(out / path.name)
+            if path != staged:
+                path.replace(out / path.name)
+        checkpoint.mark_pending(out, sha)
+        staged.replace(out / WEIGHTS)
+        checkpoint.write_config(out, cfg, tok, 0, sha)
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""Checkpoints: model.safetensors + config.json, and the resume state (trainer.json +
-optimizer.safetensors). Safetensors and JSON only, every file written atomically, tied weights once."""
+"""Checkpoints: model.safetensors + config.json (which records the weights' sha256), and the resume state
+(trainer.json + optimizer.safetensors). Safetensors and JSON only, every file written atomically, tied
+weights once."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from gptport import __version__, atomic
+from gptport import __version__, atomic, provenance
 from gptport.config import ModelConfig, model_config_from_dict, model_config_to_dict, read_json
 from gptport.errors import ArtifactError, first_line
 from gptport.paths import CONFIG, OPTIMIZER, TRAINER, WEIGHTS
@@ -34,7 +35,8 @@ class ModelCard:
     model_dir: Path | None = None  # where config.json was read
 
 
-def write_config(model_dir: Path, cfg: ModelConfig, tok: BPETokenizer, step: int) -> None:
+def write_config(model_dir: Path, cfg: ModelConfig, tok: BPETokenizer, step: int, weights_sha256: str) -> None:
+    """config.json, recording the sha256 of the model.safetensors in place (save_model's last write)."""
     data = {
         "format": "gptport-model",
         "format_version": 1,
@@ -45,6 +47,7 @@ def write_config(model_dir: Path, cfg: ModelConfig, tok: BPETokenizer, step: int
         "special_tokens": tok.special_tokens,
         "eot_id": tok.eot_id,
         "step": step,
+        provenance.WEIGHTS_SHA: weights_sha256,
     }
     atomic.write_text(model_dir / CONFIG, json.dumps(data, indent=2) + "\n")
 
@@ -66,18 +69,42 @@ def check_tokenizer(card: ModelCard, tok: BPETokenizer, model_dir: Path) -> None
     check_trained_with(tok, model_dir, card.tokenizer_sha256, card.model.vocab_size)
 
 
-def save_weights(model_dir: Path, model: GPT, step: int) -> None:
-    """model.safetensors, the tied head stored once (as wte.weight)."""
+def write_weights(path: Path, model: GPT, step: int) -> str:
+    """The weights as a safetensors file at `path` (the tied head stored once, as wte.weight); its sha256."""
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
              if not (model.cfg.tie_embeddings and k == TIED_KEY)}
+    save_file(state, str(path), metadata={"format": "pt", "step": str(step)})
+    return provenance.file_digest(path)
+
+
+def save_model(model_dir: Path, model: GPT, cfg: ModelConfig, tok: BPETokenizer, step: int) -> None:
+    """model.safetensors, then config.json recording its sha256, so that config.json accepts the weights
+    in place at every moment a crash could leave: the new weights are written under a temporary name and
+    hashed, config.json accepts their sha256 besides its own (mark_pending), they are renamed into place,
+    and config.json is written anew with theirs alone."""
     with atomic.atomic_path(model_dir / WEIGHTS) as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt", "step": str(step)})
+        sha = write_weights(tmp, model, step)
+        mark_pending(model_dir, sha)
+    write_config(model_dir, cfg, tok, step, sha)
+
+
+def mark_pending(model_dir: Path, sha: str) -> None:
+    """Let config.json accept weights of sha256 `sha` too, before they replace model.safetensors (nothing
+    to do without a readable config.json: there is no recorded sha256 to keep consistent)."""
+    path = model_dir / CONFIG
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(data, dict) and provenance.WEIGHTS_SHA in data:
+        atomic.write_text(path, json.dumps({**data, provenance.WEIGHTS_PENDING: sha}, indent=2) + "\n")
 
 
 def load_weights(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "cpu") -> GPT:
     path = model_dir / WEIGHTS
     if not path.is_file():
         raise ArtifactError(f"{model_dir}: no {WEIGHTS}; train a model first (`gptport train`)")
+    provenance.check_weights(model_dir)
     try:
         state = load_file(str(path), device=str(device))
     except (SafetensorError, OSError) as e:

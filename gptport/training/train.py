@@ -89,6 +89,14 @@ def make_autocast(mode: str, device: torch.device) -> tuple[contextlib.AbstractC
     return torch.autocast(device.type, dtype=torch.bfloat16), notice
 
 
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has compiled in this process so far (Dynamo's count): 0 when every
+    call ran eagerly (the compiled function never called, or Dynamo gave up and fell back)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def lr_at(progress: float, tcfg: TrainConfig, warmup_fraction: float) -> float:
     """Linear warm-up over `warmup_fraction` of the run, then cosine decay to lr * min_lr_ratio."""
     if progress < warmup_fraction:
@@ -323,14 +331,16 @@ class Trainer:
         if self.device.type == "cuda":
             for r, t in enumerate(self.ctx.all_gather(torch.cuda.get_rng_state(self.device))):
                 rng["cuda" + (f".{r}" if r else "")] = t
+        graphs = self.ctx.all_gather(torch.tensor([compiled_graphs()])) if self.tcfg.compile else []  # per rank
         if not self.ctx.main:
             return
         state: dict[str, Any] = {"step": self.step, "elapsed_s": self.elapsed,
                                  "data_rng": self.rng.bit_generator.state, "train": asdict(self.tcfg)}
         if self.ctx.enabled:
             state["world_size"] = self.ctx.world
+        if self.tcfg.compile:
+            state["compiled_graphs"] = [int(t) for t in graphs]  # what --compile did, not only that it was asked
         checkpoint.save_resume(self.dir, state, self.model, self.optimizer, rng)  # one file: the resume point
-        checkpoint.save_weights(self.dir, self.model, self.step)
-        checkpoint.write_config(self.dir, self.cfg, self.tok, self.step)
+        checkpoint.save_model(self.dir, self.model, self.cfg, self.tok, self.step)  # config.json last
         self.hooks.on_checkpoint(self.step)
 
