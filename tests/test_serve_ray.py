@@ -329,6 +329,54 @@ def test_ray_replica_killed_mid_load(cluster: Cluster) -> None:
 
 @needs_ray
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc")
+def test_ray_cluster_listens_on_loopback_only(cluster: Cluster) -> None:
+    """Every socket that a process of the command's session (the driver, GCS, raylet, the agents, the Serve
+    controller, proxy and replicas, a replica restarted after the kill above included) listens on, TCP or UDP,
+    IPv4 or IPv6, is on a loopback address: Ray Serve's own replicas bind their gRPC server on [::] unless
+    ray_cluster's worker setup hook moves it to the node's address."""
+    listening = _listening(set(_session(cluster.proc.pid)))
+    assert len({pid for pid, *_ in listening}) >= 5, listening  # GCS, raylet, agents, proxy, replicas at least
+    ports = {port for _, _, _, port in listening}
+    http_port = int(cluster.served.url.rsplit(":", 1)[1])
+    assert {http_port, int(cluster.gcs.rsplit(":", 1)[1])} <= ports, listening
+    outside = [f"pid {pid} ({_session(cluster.proc.pid).get(pid, '?')[:80]}) {proto} {ip}:{port}"
+               for pid, proto, ip, port in listening if not ip.is_loopback]
+    assert not outside, "listening beyond the loopback address:\n" + "\n".join(outside)
+
+
+def _listening(pids: set[int]) -> list[tuple[int, str, Any, int]]:
+    """(pid, protocol, address, port) of every listening TCP socket and every bound UDP socket the processes
+    `pids` hold, from /proc (what `ss -lntup` shows); an IPv4-mapped IPv6 address as the IPv4 one."""
+    import ipaddress
+
+    owner: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    owner[link[8:-1]] = pid
+        except OSError:  # the process ended, or a descriptor closed while being read
+            continue
+    out = []
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        for line in Path(f"/proc/net/{proto}").read_text().splitlines()[1:]:
+            f = line.split()
+            local, state, inode = f[1], f[3], f[9]
+            if inode not in owner or (proto.startswith("tcp") and state != "0A"):  # 0A: LISTEN
+                continue
+            hex_ip, hex_port = local.split(":")
+            raw = b"".join(bytes.fromhex(hex_ip[i:i + 8])[::-1] for i in range(0, len(hex_ip), 8))  # host order
+            ip = ipaddress.ip_address(raw)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            out.append((owner[inode], proto, ip, int(hex_port, 16)))
+    return out
+
+
+@needs_ray
+@pytest.mark.slow
 def test_ray_ctrl_c_leaves_no_ray_processes(cluster: Cluster) -> None:
     """Ctrl-C (SIGINT) of `gptport serve --ray`: it exits 0 and no process of its session (raylet, GCS, workers,
     the Serve proxy and replicas) is left."""

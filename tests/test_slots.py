@@ -138,27 +138,47 @@ class Run:
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_greedy_tokens_alone_equal_tokens_among_others(opened: Any, data: st.DataObject) -> None:
-    """16 greedy requests with hypothesis-chosen prompts, lengths and arrival iterations: each gets the
-    tokens `generate` gives it alone."""
-    vocab, n_ctx = opened.tok.vocab_size, opened.engine.n_ctx
+    """16 greedy requests with hypothesis-chosen prompts, lengths, arrival iterations and ignore_eos: each gets,
+    token for token, what `generate` gives it alone, and ends as it does. Some run into the context: a prompt of
+    p tokens has room for n_ctx + 1 - p new ones (the last one sampled from position n_ctx - 1's logits), and
+    one that asks for more ends with "length" there (generate's "context"); others ask for exactly that room, or
+    for a few tokens after a short prompt. The first request always runs into the context."""
+    vocab, n_ctx, eot = opened.tok.vocab_size, opened.engine.n_ctx, opened.tok.eot_id
     n = 16
-    prompts = [data.draw(st.lists(st.integers(1, vocab - 1), min_size=1, max_size=30)) for _ in range(n)]
-    max_tokens = [data.draw(st.integers(1, 24)) for _ in range(n)]
+    prompts, max_tokens, ignore = [], [], []
+    for i in range(n):
+        kind = "context" if i == 0 else data.draw(st.sampled_from(["context", "room", "short"]))
+        lo, hi = {"context": (n_ctx - 30, n_ctx), "room": (1, n_ctx), "short": (1, 30)}[kind]
+        prompt = data.draw(st.lists(st.integers(1, vocab - 1), min_size=lo, max_size=hi))
+        room = n_ctx + 1 - len(prompt)
+        prompts.append(prompt)
+        max_tokens.append({"context": data.draw(st.integers(room + 1, room + 40)), "room": room,
+                           "short": data.draw(st.integers(1, 24))}[kind])
+        ignore.append(i == 0 or data.draw(st.booleans()))
     arrivals = [data.draw(st.integers(0, 40)) for _ in range(n)]
     slots = data.draw(st.sampled_from([4, 16]))
     run = Run(opened, slots, prefill_chunk=data.draw(st.sampled_from([7, 256])))
-    choices = [Choice(p, m, Sampling(), out=i) for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))]
+    choices = [Choice(p, m, Sampling(), ignore_eos=ig, out=i)
+               for i, (p, m, ig) in enumerate(zip(prompts, max_tokens, ignore, strict=True))]
     for it in range(max(arrivals) + 1):
         run.s.submit([c for c, a in zip(choices, arrivals, strict=True) if a == it])
         run.step()
     run.until_idle()
-    for i, c in enumerate(choices):
-        alone = generate(opened.engine, [prompts[i]], max_tokens[i], Sampling(), opened.tok.eot_id, overflow="stop")[0]
-        got = c.new_ids[:-1] if c.new_ids[-1] == opened.tok.eot_id else c.new_ids
-        assert got == alone.new_ids[:len(got)], f"request {i} (arrived at iteration {arrivals[i]})"
+    at_context = 0
+    for i, (c, p, m) in enumerate(zip(choices, prompts, max_tokens, strict=True)):
+        alone = generate(opened.engine, [p], m, Sampling(), -1 if c.ignore_eos else eot, overflow="stop")[0]
+        room = n_ctx + 1 - len(p)
         finish = run.of(i)[-1]
-        assert isinstance(finish, Finish) and finish.completion_tokens == len(c.new_ids)
-        assert len(got) == len(alone.new_ids) or len(prompts[i]) + len(c.new_ids) > n_ctx
+        where = f"request {i} (prompt {len(p)}, max_tokens {m}, ignore_eos {c.ignore_eos}, arrived at {arrivals[i]})"
+        if not c.ignore_eos and c.new_ids[-1] == eot:
+            assert (c.new_ids[:-1], alone.finish_reason) == (alone.new_ids, "eot"), where
+            assert finish == Finish("stop", len(p), len(c.new_ids)), where
+            continue
+        assert c.new_ids == alone.new_ids, where
+        assert finish == Finish("length", len(p), min(m, room)), where
+        assert alone.finish_reason == ("context" if m > room else "length"), where
+        at_context += m >= room
+    assert at_context >= 1
     assert run.s.busy == 0 and run.s.positions_in_use == 0
 
 

@@ -102,10 +102,23 @@ def test_extra_special_tokens_are_single_ids(corpus_file: Path, tmp_path: Path) 
 
 
 def test_heldout_compression_is_reported(corpus_file: Path) -> None:
-    _, report = bpe.train(CorpusReader(resolve_sources([corpus_file]), chunk_bytes=1024), 400)
-    assert report.heldout_bytes > 0
-    assert report.bytes_per_token is not None and 1.0 < report.bytes_per_token < 8.0
+    """The held-out figure, recomputed here from the corpus: the chunks held out are the 50th, 150th, ... of
+    the reader's chunks; their UTF-8 bytes over the trained tokenizer's token count of their text is the
+    reported bytes per token, exactly; and the tokenizer is the one trained on the other chunks alone."""
+    tok, report = bpe.train(CorpusReader(resolve_sources([corpus_file]), chunk_bytes=1024), 400)
+    chunks = list(CorpusReader(resolve_sources([corpus_file]), chunk_bytes=1024).chunks())
+    assert "".join(chunks) == corpus_file.read_text(encoding="utf-8") and len(chunks) >= 100
+    held = [c for n, c in enumerate(chunks, 1) if n % 100 == 50]
+    text = "".join(held)
+    assert len(text.encode("utf-8")) > len(text)  # the held-out text has non-ASCII: bytes are not characters
+    assert report.heldout_bytes == len(text.encode("utf-8"))
+    assert report.heldout_tokens == len(tok.encode(text))
+    assert report.bytes_per_token == report.heldout_bytes / report.heldout_tokens
     assert report.corpus_bytes == corpus_file.stat().st_size
+    trained_without = bpe.new_backend()  # held out of training, not only measured
+    trained_without.train_from_iterator(iter([c for n, c in enumerate(chunks, 1) if n % 100 != 50]),
+                                        trainer=bpe.make_trainer(400, [bpe.EOT], 2, False))
+    assert trained_without.to_str() == tok.backend.to_str()
 
 
 def test_vocab_size_bounds(corpus_file: Path) -> None:

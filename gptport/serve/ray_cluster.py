@@ -7,13 +7,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gptport.errors import GptportError, UsageError
-from gptport.serve.app import Settings
-from gptport.serve.server import bind, check
+
+if TYPE_CHECKING:
+    from gptport.serve.app import Settings
 
 PROXY_CALLBACK = "gptport.serve.proxy_errors:proxy_middlewares"
 INSTALL = "--ray needs Ray Serve, which is not installed: pip install 'gptport[ray]' (or pip install 'ray[serve]')"
@@ -39,6 +42,7 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     _import_ray()
     from gptport.serve import ray_app
+    from gptport.serve.server import bind, check
 
     bounds = ray_app.parse_autoscale(autoscale) if autoscale else None
     ray_app.deployment_options(settings, replicas, bounds)  # refuses bad numbers before anything starts
@@ -54,8 +58,8 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
     started_here = address is None
     try:
         if started_here:
-            ray.init(include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False)
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                     configure_logging=False, runtime_env={"worker_process_setup_hook": LOOPBACK_HOOK})
         else:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's own notes of what it deploys
@@ -92,6 +96,37 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+LOOPBACK_HOOK = f"{__name__}.grpc_on_the_node_address"
+
+
+def grpc_on_the_node_address() -> None:
+    """Ray's worker_process_setup_hook in the cluster `run` starts (this module is imported in every worker of it,
+    so it imports nothing heavy at the top). Ray Serve 2.60 starts each replica's gRPC server for calls between
+    deployments on "[::]:0", every interface, whatever address the node has (serve/_private/replica.py,
+    `_on_initialized`); every other server of the cluster listens on the node's address, the loopback one
+    here. This makes Ray's helper that adds a server's port put such a wildcard address on the node's instead,
+    before the replica's module takes its own reference to it. Ray's other servers pass it concrete addresses."""
+    import ray
+    from ray._common import tls_utils
+
+    add = tls_utils.add_port_to_grpc_server
+    if getattr(add, "_gptport", False):
+        return
+
+    def on_node(server: Any, address: str) -> Any:
+        host, sep, port = address.rpartition(":")
+        if sep and host in ("[::]", "0.0.0.0", ""):
+            ip = ray.util.get_node_ip_address()
+            address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+        return add(server, address)
+
+    on_node._gptport = True  # type: ignore[attr-defined]
+    tls_utils.add_port_to_grpc_server = on_node
+    replica = sys.modules.get("ray.serve._private.replica")  # imported already: its own reference too
+    if replica is not None:
+        replica.add_port_to_grpc_server = on_node  # type: ignore[attr-defined]
 
 
 def _why(e: Exception) -> str:
