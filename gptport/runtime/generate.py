@@ -8,13 +8,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from gptport.runtime.constraint import Masks, Matcher
 from gptport.runtime.engine import Engine, left_pad, positions
 from gptport.runtime.sampling import Sampling, choose
+
+if TYPE_CHECKING:  # llguidance loads only when a constraint is asked for
+    from gptport.runtime.constraint import Matcher
 
 Overflow = Literal["slide", "stop"]
 
@@ -119,6 +121,8 @@ class Constrained:
     masks started in the background (while the engine's step runs)."""
 
     def __init__(self, matchers: Sequence[Matcher | None], vocab_size: int) -> None:
+        from gptport.runtime.constraint import Masks
+
         self.matchers, self.masks = list(matchers), Masks(vocab_size)
         self.pending = self.masks.start([m for m in self.matchers if m is not None])
 
