@@ -236,3 +236,44 @@ def attempts(n: int, seconds: float) -> Iterator[int]:
 
 
 # ---- fixtures -----------------------------------------------------------------------------------------------------
+
+
+def session_processes(sid: int) -> dict[int, str]:
+    """pid -> command line of the live processes of session `sid` (ps)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True, check=True).stdout
+    procs = {}
+    for line in out.splitlines():
+        parts = line.split(None, 3)
+        if int(parts[1]) == sid and not parts[2].startswith("Z"):
+            procs[int(parts[0])] = parts[3] if len(parts) > 3 else ""
+    return procs
+
+
+def listening_sockets(pids: set[int]) -> list[tuple[int, str, Any, int]]:
+    """(pid, protocol, address, port) of every listening TCP socket and every bound UDP socket the processes
+    `pids` hold, from /proc (what `ss -lntup` shows); an IPv4-mapped IPv6 address as the IPv4 one."""
+    import ipaddress
+
+    owner: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    owner[link[8:-1]] = pid
+        except OSError:  # the process ended, or a descriptor closed while being read
+            continue
+    out = []
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        for line in Path(f"/proc/net/{proto}").read_text().splitlines()[1:]:
+            f = line.split()
+            local, state, inode = f[1], f[3], f[9]
+            if inode not in owner or (proto.startswith("tcp") and state != "0A"):  # 0A: LISTEN
+                continue
+            hex_ip, hex_port = local.split(":")
+            raw = b"".join(bytes.fromhex(hex_ip[i:i + 8])[::-1] for i in range(0, len(hex_ip), 8))  # host order
+            ip = ipaddress.ip_address(raw)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            out.append((owner[inode], proto, ip, int(hex_port, 16)))
+    return out

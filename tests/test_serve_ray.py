@@ -24,7 +24,17 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serving import Raw, Served, assert_error, cli_generate, free_port, sample, stop
+from tests.serving import (
+    Raw,
+    Served,
+    assert_error,
+    cli_generate,
+    free_port,
+    listening_sockets,
+    sample,
+    session_processes,
+    stop,
+)
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray Serve is not installed: pip install -e '.[ray]'")
@@ -335,44 +345,14 @@ def test_ray_cluster_listens_on_loopback_only(cluster: Cluster) -> None:
     controller, proxy and replicas, a replica restarted after the kill above included) listens on, TCP or UDP,
     IPv4 or IPv6, is on a loopback address: Ray Serve's own replicas bind their gRPC server on [::] unless
     ray_cluster's worker setup hook moves it to the node's address."""
-    listening = _listening(set(_session(cluster.proc.pid)))
+    listening = listening_sockets(set(session_processes(cluster.proc.pid)))
     assert len({pid for pid, *_ in listening}) >= 5, listening  # GCS, raylet, agents, proxy, replicas at least
     ports = {port for _, _, _, port in listening}
     http_port = int(cluster.served.url.rsplit(":", 1)[1])
     assert {http_port, int(cluster.gcs.rsplit(":", 1)[1])} <= ports, listening
-    outside = [f"pid {pid} ({_session(cluster.proc.pid).get(pid, '?')[:80]}) {proto} {ip}:{port}"
+    outside = [f"pid {pid} ({session_processes(cluster.proc.pid).get(pid, '?')[:80]}) {proto} {ip}:{port}"
                for pid, proto, ip, port in listening if not ip.is_loopback]
     assert not outside, "listening beyond the loopback address:\n" + "\n".join(outside)
-
-
-def _listening(pids: set[int]) -> list[tuple[int, str, Any, int]]:
-    """(pid, protocol, address, port) of every listening TCP socket and every bound UDP socket the processes
-    `pids` hold, from /proc (what `ss -lntup` shows); an IPv4-mapped IPv6 address as the IPv4 one."""
-    import ipaddress
-
-    owner: dict[str, int] = {}
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:["):
-                    owner[link[8:-1]] = pid
-        except OSError:  # the process ended, or a descriptor closed while being read
-            continue
-    out = []
-    for proto in ("tcp", "tcp6", "udp", "udp6"):
-        for line in Path(f"/proc/net/{proto}").read_text().splitlines()[1:]:
-            f = line.split()
-            local, state, inode = f[1], f[3], f[9]
-            if inode not in owner or (proto.startswith("tcp") and state != "0A"):  # 0A: LISTEN
-                continue
-            hex_ip, hex_port = local.split(":")
-            raw = b"".join(bytes.fromhex(hex_ip[i:i + 8])[::-1] for i in range(0, len(hex_ip), 8))  # host order
-            ip = ipaddress.ip_address(raw)
-            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-                ip = ip.ipv4_mapped
-            out.append((owner[inode], proto, ip, int(hex_port, 16)))
-    return out
 
 
 @needs_ray
@@ -381,24 +361,14 @@ def test_ray_ctrl_c_leaves_no_ray_processes(cluster: Cluster) -> None:
     """Ctrl-C (SIGINT) of `gptport serve --ray`: it exits 0 and no process of its session (raylet, GCS, workers,
     the Serve proxy and replicas) is left."""
     sid = cluster.proc.pid
-    before = _session(sid)
+    before = session_processes(sid)
     assert len(before) > 3, before  # the command, and the cluster it started
     cluster.proc.send_signal(signal.SIGINT)
     assert cluster.proc.wait(timeout=60) == 0, cluster.served.log.read_text()
     deadline = time.monotonic() + 20
-    while (left := _session(sid)) or any(_alive(pid) for pid in before):
+    while (left := session_processes(sid)) or any(_alive(pid) for pid in before):
         assert time.monotonic() < deadline, f"left running: {left}"
         time.sleep(0.2)
-
-
-def _session(sid: int) -> dict[int, str]:
-    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True, check=True).stdout
-    procs = {}
-    for line in out.splitlines():
-        parts = line.split(None, 3)
-        if int(parts[1]) == sid and not parts[2].startswith("Z"):
-            procs[int(parts[0])] = parts[3] if len(parts) > 3 else ""
-    return procs
 
 
 def _alive(pid: int) -> bool:
@@ -432,7 +402,7 @@ def test_ray_replica_that_cannot_load_is_one_line(ray_model: Path, tmp_path: Pat
         errors = [line for line in out.splitlines() if line.startswith("gptport: error:")]
         assert len(errors) == 1 and "model.static.onnx" in errors[0] and "Traceback" not in out, out
         deadline = time.monotonic() + 20
-        while left := _session(proc.pid):
+        while left := session_processes(proc.pid):
             assert time.monotonic() < deadline, f"left running: {left}"
             time.sleep(0.2)
     finally:
