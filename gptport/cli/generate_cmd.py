@@ -25,6 +25,8 @@ EXAMPLES = """Examples:
   gptport generate models/mymodel "A person:" --json-schema person.schema.json --temperature 0.7
 
   gptport generate models/mymodel "Date:" --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
+
+  gptport generate models/mymodel "ROMEO:" --draft models/draft --max-new-tokens 256
 """
 
 
@@ -67,6 +69,14 @@ def generate(
                                               "expression (Rust regex syntax).")] = None,
     grammar: Annotated[Path | None, typer.Option("--grammar", help="Constrain the output to this grammar file "
                                                  "(Lark, or llama.cpp's GBNF).")] = None,
+    draft: Annotated[Path | None, typer.Option("--draft", help="Speculative decoding: this model directory (a "
+                                               "small model with the same tokenizer) drafts, the model verifies "
+                                               "several tokens per step. Same output as without.")] = None,
+    draft_tokens: Annotated[int | None, typer.Option("--draft-tokens", help="Drafts per step, fixed (default: "
+                                                     "adaptive, from the acceptance rate).")] = None,
+    prompt_lookup: Annotated[int | None, typer.Option("--prompt-lookup", help="Speculative decoding without a "
+                                                      "draft model: copy drafts from the latest earlier match of "
+                                                      "the last N tokens (N-grams down to 2).")] = None,
 ) -> None:
     """Generate text: one prefill, then one token per step through the KV cache."""
     from gptport.errors import UsageError
@@ -95,14 +105,25 @@ def generate(
 
     matchers = None
     spec = constraint_spec(json_schema, regex, grammar)
+    drafter = open_drafter(opened, model_dir, draft, draft_tokens, prompt_lookup, spec is not None, threads)
     if spec is not None:
         from gptport.runtime.constraint import Grammars
 
         grammars = Grammars(opened.tok.json, opened.engine.config.vocab_size, opened.tok.eot_id)
         compiled = grammars.compile(spec)
         matchers = [grammars.matcher(compiled, spec.json_like) for _ in ids]
-    results = run(opened.engine, ids, max_new_tokens, sampling, opened.tok.eot_id,
-                  overflow=context_overflow.value, on_token=on_token, matchers=matchers)
+    stats = None
+    if drafter is None:
+        results = run(opened.engine, ids, max_new_tokens, sampling, opened.tok.eot_id,
+                      overflow=context_overflow.value, on_token=on_token, matchers=matchers)
+    else:  # one prompt at a time: drafts are verified at batch 1
+        from gptport.runtime.speculative import SpecStats, speculate
+
+        stats = SpecStats()
+        results = []
+        for i, p in enumerate(ids):
+            results.append(speculate(opened.engine, drafter(), p, max_new_tokens, sampling, opened.tok.eot_id,
+                                     context_overflow.value, lambda _, t, i=i: on_token(i, t), draft_tokens, stats))
     for i, (res, stream) in enumerate(zip(results, streams, strict=True)):
         tail = stream.finish()
         if as_json:
@@ -110,7 +131,9 @@ def generate(
                               "prompt_tokens": len(res.prompt_ids), "finish_reason": res.finish_reason,
                               "prefill_ms": round(res.prefill_ms, 3), "decode_tok_s": round(res.decode_tok_s, 2),
                               "engine": opened.engine_name, "provider": opened.provider,
-                              "precision": opened.precision, "kv_cache": opened.cache}, ensure_ascii=False))
+                              "precision": opened.precision, "kv_cache": opened.cache,
+                              **({} if stats is None else {"drafted": stats.drafted, "accepted": stats.accepted})},
+                             ensure_ascii=False))
         elif live:
             sys.stdout.write(tail + "\n")
         else:
@@ -127,6 +150,40 @@ def generate(
     graph = f" {opened.cache} cache" if opened.engine_name == "onnx" else ""
     err.print(f"[dim]{opened.engine_name} {opened.provider} {opened.precision}{graph}: prefill {r.prefill_ms:.1f} ms, "
               f"decode {r.decode_tok_s:,.1f} tok/s per row, batch {len(results)}[/]")
+    if stats is not None:
+        err.print(f"[dim]drafts: {stats.drafted} drafted, {stats.accepted} accepted ({stats.acceptance:.0%}), "
+                  f"{stats.tokens_per_step:.2f} tokens per step[/]")
+
+
+def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens: int | None,
+                 prompt_lookup: int | None, constrained: bool, threads: int) -> Any:
+    """A function making a fresh drafter per prompt (--draft or --prompt-lookup), or None."""
+    from gptport.errors import UsageError
+    from gptport.runtime import speculative
+
+    if draft is not None and prompt_lookup is not None:
+        raise UsageError("--draft and --prompt-lookup: one way of drafting at a time")
+    if draft is None and prompt_lookup is None:
+        if draft_tokens is not None:
+            raise UsageError("--draft-tokens needs --draft or --prompt-lookup")
+        return None
+    if draft_tokens is not None and draft_tokens < 1:
+        raise UsageError(f"--draft-tokens must be at least 1, not {draft_tokens}")
+    if constrained:
+        raise UsageError("--draft/--prompt-lookup with an output constraint (--json-schema, --regex, --grammar) "
+                         "is not supported: drafting verifies unconstrained tokens")
+    speculative.static_model(opened.engine, "--draft" if draft is not None else "--prompt-lookup")
+    if prompt_lookup is not None:
+        if prompt_lookup < speculative.LOOKUP_MIN:
+            raise UsageError(f"--prompt-lookup must be at least {speculative.LOOKUP_MIN} (tokens matched), "
+                             f"not {prompt_lookup}")
+        return lambda: speculative.LookupDrafter(prompt_lookup)
+    from gptport.runtime.loader import open_model
+
+    assert draft is not None
+    small = open_model(draft, opened.provider, opened.precision, threads)
+    speculative.check_tokenizers(model_dir, opened.tok.sha256, draft, small.tok.sha256)
+    return lambda: speculative.ModelDrafter(small.engine)
 
 
 def constraint_spec(json_schema: Path | None, regex: str | None, grammar: Path | None) -> Any:

@@ -35,6 +35,8 @@ EXAMPLES = """Examples:
 
   gptport train corpus.txt --model-dir models/mymodel --nproc-per-node 4   (torchrun, 4 ranks)
 
+  gptport train corpus.txt --model-dir models/draft --preset tiny --tokenizer-from models/mymodel
+
   torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
       -m gptport train corpus.txt --model-dir /shared/models/mymodel --preset small
 """
@@ -44,6 +46,9 @@ def train(
     corpus: Annotated[list[str], typer.Argument(help="Text files, directories, or '-' for stdin.",
                                                 show_default=False)],
     model_dir: Annotated[Path, typer.Option("--model-dir", help="Model directory holding the tokenizer.")],
+    tokenizer_from: Annotated[Path | None, typer.Option(
+        "--tokenizer-from", help="Copy the tokenizer of this model directory into --model-dir first (a draft "
+        "model for `generate --draft` shares its target's tokenizer).")] = None,
     preset: Annotated[str, typer.Option(help="tiny, small, gpt2-124m, or a .toml file.")] = "tiny",
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key=value "
                                                    "(d_model=256, model.dropout=0.1, train.lr=3e-4).")] = None,
@@ -77,6 +82,8 @@ def train(
     Under torchrun, every rank runs this; rank 0 tokenizes, writes and reports."""
     from gptport.training import distributed
 
+    if tokenizer_from is not None:
+        copy_tokenizer(tokenizer_from, model_dir)
     if nproc_per_node is not None:
         if distributed.under_torchrun():
             raise UsageError("--nproc-per-node: this process already runs under torchrun; give it to torchrun")
@@ -109,6 +116,19 @@ def train(
         raise GptportError(f"rank {rank} of {world}: a collective failed, another rank has gone "
                            f"({text.splitlines()[0]})") from e
     distributed.shutdown(ctx)  # a run that failed leaves its process group to the exit (and torchrun)
+
+
+def copy_tokenizer(source: Path, model_dir: Path) -> None:
+    """--tokenizer-from: the tokenizer of `source` into model_dir, unless model_dir holds it already; a
+    different tokenizer there is refused. Every rank may run this: the files are renamed into place."""
+    tok = bpe.load(source)
+    if bpe.has_tokenizer(model_dir):
+        there = bpe.load(model_dir)
+        if there.sha256 != tok.sha256:
+            raise InputError(f"--tokenizer-from {source}: {model_dir} already holds another tokenizer (sha256 "
+                             f"{there.sha256[:12]}… there, {tok.sha256[:12]}… in {source})")
+        return
+    bpe.save(tok, model_dir, force=True)
 
 
 def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], options: dict[str, Any], resume: bool,

@@ -136,3 +136,30 @@ def logprob_entries(logits: np.ndarray, tokens: Sequence[int], top: int
         best = best[np.argsort(-row[best], kind="stable")]
         out.append((int(tok), float(row[tok]), [(int(t), float(row[t])) for t in best]))
     return out
+
+
+def probs(logits: np.ndarray, s: Sampling, seen: Iterable[int] = ()) -> np.ndarray:
+    """The distribution `choose` draws from for a (V,) row of logits, as float64 (V,): the repetition
+    penalty, temperature, top-k and top-p applied; greedy settings give a point mass on the argmax."""
+    row = penalize(logits.astype(np.float32), seen, s.repetition_penalty)
+    V = row.size
+    if s.greedy:
+        out = np.zeros(V, dtype=np.float64)
+        out[int(row.argmax())] = 1.0
+        return out
+    row = row * np.float32(1.0 / s.temperature)
+    if 0 < s.top_k < V:
+        row[row < np.partition(row, -s.top_k)[-s.top_k]] = -np.inf
+    p = np.exp((row - row.max()).astype(np.float64))  # (V,)
+    if s.top_p < 1.0:  # as _draw: the smallest set of likeliest tokens whose probability reaches top_p
+        order = np.argsort(-p, kind="stable")
+        cumulative = np.cumsum(p[order])
+        p[order[int(np.searchsorted(cumulative, s.top_p * cumulative[-1]) + 1):]] = 0.0
+    return p / p.sum()
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One index from the probability vector p (V,), with one uniform number from rng."""
+    cumulative = np.cumsum(p)
+    j = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return min(j, int(np.flatnonzero(p)[-1]))

@@ -149,6 +149,13 @@ class StaticSlots:
     def free(self, slot: int) -> None:
         self.lengths[slot] = 0
 
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the slot's first `length` positions (a rejected draft's are rolled back: the next append
+        writes over them, and attention reads only up to the length)."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions; cannot keep {length}")
+        self.lengths[slot] = length
+
 
 def _host(value: Any) -> np.ndarray:
     """A cache tensor as numpy (OrtValues of GPU engines are copied down)."""

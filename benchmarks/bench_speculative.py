@@ -1,0 +1,213 @@
+"""Speculative decoding at batch 1: a `small` target and a `tiny` draft with the same tokenizer, both
+trained on tinyshakespeare for a few minutes (once; cached under benchmarks/work/speculative), greedy,
+NEW new tokens from held-out prompts, interleaved rounds.
+
+Rows per round, each over the same prompts: plain decoding (`generate`, the static-cache graph), the
+draft with adaptive K, the draft with fixed K, and prompt lookup; the text of every drafted row must be
+the plain row's, token for token. A repetitive task (a prompt that quotes a passage twice, continued:
+the model tends to go on quoting) shows prompt lookup's gain; the plain prompts show its cost when
+little matches. With --llama-dir PATH (a llama.cpp build holding llama-bench and llama-speculative),
+the same pair as F32 GGUFs runs in llama.cpp's speculative example and llama-bench's plain decode,
+in the same rounds. Tokens/s count new tokens over the whole generation (the prompt's prefill
+included, a short prompt), for every engine alike. The models use n_ctx 512 (`--set n_ctx=512`) so
+that prompt and NEW new tokens fit without sliding the window (llama.cpp's examples cannot slide a
+learned-position model). Writes benchmarks/results/speculative-<cpu>.json naming the CPU.
+
+    python benchmarks/bench_speculative.py [--rounds 3] [--new 256] [--threads 2] [--llama-dir PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gptport.machine import describe, slug
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "work" / "speculative"
+SHAKESPEARE = HERE.parent.parent / "shared" / "corpora" / "tinyshakespeare.txt"
+N_CTX = 512
+
+
+def gptport(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
+
+
+def prepare(corpus: Path, target_minutes: float, draft_minutes: float) -> tuple[Path, Path, str]:
+    """The target and draft directories (trained and exported once), and the held-out text."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    text = corpus.read_text(encoding="utf-8")
+    cut = int(len(text) * 0.95)
+    cut = text.index("\n\n", cut) + 2
+    train, heldout = WORK / "train.txt", text[cut:]
+    if not train.exists():
+        train.write_text(text[:cut], encoding="utf-8")
+    target, draft = WORK / "target", WORK / "draft"
+    for d, preset, minutes in ((target, "small", target_minutes), (draft, "tiny", draft_minutes)):
+        if (d / "model.f32.gguf").exists():
+            continue
+        if d == target and not (d / "tokenizer.json").exists():
+            gptport("train-tokenizer", str(train), "--vocab-size", "4096", "--out", str(d))
+        extra = ["--tokenizer-from", str(target)] if d == draft else []
+        if not (d / "config.json").exists():
+            gptport("train", str(train), "--model-dir", str(d), "--preset", preset, "--minutes", str(minutes),
+                    "--set", f"n_ctx={N_CTX}", *extra)
+        gptport("export", str(d), "--force")
+        gptport("export-gguf", str(d), "--outtype", "f32", "--force")
+    return target, draft, heldout
+
+
+def prompts(heldout: str, count: int) -> list[str]:
+    """Speeches' openings from the held-out text: a speaker's line and the first line after it."""
+    blocks = [b.strip() for b in heldout.split("\n\n") if b.count("\n") >= 2]
+    step = max(1, len(blocks) // count)
+    return ["\n".join(b.splitlines()[:2]) + "\n" for b in blocks[::step][:count]]
+
+
+def repetitive(heldout: str, count: int) -> list[str]:
+    """A passage, then the same passage begun again: continuing it, the model can copy."""
+    blocks = [b.strip() for b in heldout.split("\n\n") if b.count("\n") >= 6]
+    step = max(1, len(blocks) // count)
+    out = []
+    for b in blocks[::step][:count]:
+        lines = b.splitlines()
+        out.append("\n".join(lines) + "\n\n" + "\n".join(lines[:2]) + "\n")
+    return out
+
+
+def gptport_rows(target: Path, draft: Path, texts: list[str], new: int, threads: int, k: int
+                 ) -> dict[str, dict[str, Any]]:
+    """Each configuration's tokens/s (new tokens over the wall time), acceptance and tokens per step,
+    and whether every text equals plain decoding's."""
+    from gptport.runtime.generate import generate
+    from gptport.runtime.loader import encode_prompts, open_model
+    from gptport.runtime.sampling import Sampling
+    from gptport.runtime.speculative import LookupDrafter, ModelDrafter, SpecStats, speculate
+
+    tg, dr = open_model(target, "cpu", "fp32", threads), open_model(draft, "cpu", "fp32", threads)
+    ids = encode_prompts(tg.tok, texts, tg.engine.n_ctx)
+    greedy, eot = Sampling(), -1  # no end-of-text: every row generates `new` tokens
+    configs = {"plain": None, "draft adaptive": ("draft", None), f"draft k={k}": ("draft", k),
+               "lookup 3": ("lookup", None)}
+    out: dict[str, dict[str, Any]] = {}
+    plain_ids: list[list[int]] = []
+    for name, how in configs.items():
+        stats, total_s, tokens, same = SpecStats(), 0.0, 0, True
+        for i, p in enumerate(ids):
+            t0 = time.perf_counter()
+            if how is None:
+                row = generate(tg.engine, [p], new, greedy, eot)[0]
+                plain_ids.append(row.new_ids)
+            else:
+                drafter = ModelDrafter(dr.engine) if how[0] == "draft" else LookupDrafter(3)
+                row = speculate(tg.engine, drafter, p, new, greedy, eot, k=how[1], stats=stats)
+                same &= row.new_ids == plain_ids[i]
+            total_s += time.perf_counter() - t0
+            tokens += len(row.new_ids)
+        out[name] = {"tok_s": tokens / total_s, "tokens": tokens, "same_text": same,
+                     "acceptance": stats.acceptance, "tokens_per_step": stats.tokens_per_step}
+    return out
+
+
+def llama_rows(llama: Path, target: Path, draft: Path, texts: list[str], new: int, threads: int
+               ) -> dict[str, dict[str, Any]]:
+    """llama.cpp on the same pair: llama-speculative's decode tokens/s over the prompts, and
+    llama-bench's plain decode of the target (tg NEW)."""
+    speeds, accepts = [], []
+    for text in texts:
+        run = subprocess.run([str(llama / "llama-speculative"), "-m", str(target / "model.f32.gguf"), "-md",
+                              str(draft / "model.f32.gguf"), "-p", text, "-n", str(new), "-t", str(threads),
+                              "-td", str(threads), "-c", str(N_CTX), "-cd", str(N_CTX), "--temp", "0",
+                              "--draft-max", "8", "--ignore-eos", "-no-cnv"],
+                             capture_output=True, text=True, check=True)
+        log = run.stderr + run.stdout
+        speed = re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
+        accept = re.search(r"accept\s*=\s*([\d.]+)%", log)
+        if speed is None:
+            raise RuntimeError(f"llama-speculative printed no speed:\n{log[-2000:]}")
+        speeds.append(float(speed.group(2)))
+        accepts.append(float(accept.group(1)) / 100 if accept else float("nan"))
+    bench = subprocess.run([str(llama / "llama-bench"), "-m", str(target / "model.f32.gguf"), "-p", "0", "-n",
+                            str(new), "-t", str(threads), "-r", "3", "-o", "json"],
+                           capture_output=True, text=True, check=True)
+    plain = json.loads(bench.stdout)[0]["avg_ts"]
+    return {"llama.cpp speculative": {"tok_s": statistics.mean(speeds), "acceptance": statistics.mean(accepts)},
+            "llama.cpp plain (llama-bench)": {"tok_s": plain}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", type=Path, default=SHAKESPEARE)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--k", type=int, default=4, help="the fixed draft length's row")
+    ap.add_argument("--target-minutes", type=float, default=10.0)
+    ap.add_argument("--draft-minutes", type=float, default=4.0)
+    ap.add_argument("--llama-dir", type=Path, help="a llama.cpp build's bin directory (llama-speculative, "
+                    "llama-bench)")
+    args = ap.parse_args()
+    target, draft, heldout = prepare(args.corpus, args.target_minutes, args.draft_minutes)
+    tasks = {"held-out prompts": prompts(heldout, args.prompts), "repetitive": repetitive(heldout, args.prompts)}
+    rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
+    for r in range(args.rounds):
+        got: dict[str, dict[str, dict[str, Any]]] = {}
+        for task, texts in tasks.items():
+            print(f"== round {r + 1}/{args.rounds}: {task}", file=sys.stderr)
+            rows = {}
+            if args.llama_dir is not None and r % 2 == 1 and task == "held-out prompts":
+                rows |= llama_rows(args.llama_dir, target, draft, texts, args.new, args.threads)
+            rows |= gptport_rows(target, draft, texts, args.new, args.threads, args.k)
+            if args.llama_dir is not None and r % 2 == 0 and task == "held-out prompts":
+                rows |= llama_rows(args.llama_dir, target, draft, texts, args.new, args.threads)
+            got[task] = rows
+        rounds.append(got)
+    result = {"machine": describe(), "settings": vars(args) | {"corpus": args.corpus.name, "n_ctx": N_CTX,
+                                                                "llama_dir": bool(args.llama_dir)},
+              "median": summarize(rounds), "rounds": rounds}
+    out = HERE / "results" / f"speculative-{slug(describe())}.json"
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print_table(result)
+    print(f"wrote {out}")
+
+
+def summarize(rounds: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each row's median over rounds (tok/s, acceptance, tokens per step; same_text: every round)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for task, rows in rounds[0].items():
+        out[task] = {}
+        for name in rows:
+            got = [rd[task][name] for rd in rounds]
+            row: dict[str, Any] = {k: statistics.median(g[k] for g in got)
+                                   for k in ("tok_s", "acceptance", "tokens_per_step") if k in got[0]}
+            if "same_text" in got[0]:
+                row["same_text"] = all(g["same_text"] for g in got)
+            out[task][name] = row
+    return out
+
+
+def print_table(result: dict[str, Any]) -> None:
+    m = result["machine"]
+    print(f"\nspeculative decoding, batch 1, greedy, {result['settings']['new']} new tokens, on {m['cpu']} "
+          f"({m['cores']} cores)")
+    for task, rows in result["median"].items():
+        plain = rows["plain"]["tok_s"]
+        print(f"\n{task}\n{'row':<32} {'tok/s':>8} {'× plain':>8} {'accept':>7} {'tok/step':>8} {'same':>5}")
+        for name, row in rows.items():
+            acc = row.get("acceptance")
+            tps = row.get("tokens_per_step")
+            print(f"{name:<32} {row['tok_s']:>8.1f} {row['tok_s'] / plain:>8.2f} "
+                  f"{'' if acc is None else f'{acc:.2f}':>7} {'' if tps is None else f'{tps:.2f}':>8} "
+                  f"{str(row.get('same_text', '')):>5}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Speculative decoding of one sequence over the static-cache graph. No torch here.
+
+A drafter proposes K tokens; the target runs its pending token and the K drafts in one step (reading
+its weights once for K + 1 positions) and keeps the longest prefix it agrees with, plus one token of
+its own: the token that replaced the first rejected draft, or, when every draft stood, the token after
+them. The rejected positions are rolled back by setting the slot's length back (slots.py): the next
+step writes over them.
+
+Greedy: a draft stands when it is the target's argmax, so the output is the plain decoder's token for
+token. Sampled: a draft x drawn from the drafter's q stands with probability min(1, p(x)/q(x)) under the
+target's p; a rejected one is replaced by a draw from max(p - q, 0), renormalized (Leviathan et al.
+2023, Chen et al. 2023), so every token follows the target's distribution exactly. A drafter that
+copies tokens (prompt lookup) has q a point mass on its draft.
+
+Drafters: `ModelDrafter`, a small model with the target's tokenizer and a static cache of its own;
+`LookupDrafter`, the continuation of the latest earlier occurrence of the sequence's last n-gram.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from gptport.runtime.generate import Overflow, RowResult
+from gptport.runtime.sampling import Sampling, draw, penalize, probs
+from gptport.runtime.slots import StaticSlots
+
+K_START, K_MAX = 4, 16  # the adaptive draft length: where it starts and its bound
+LOOKUP_MIN = 2  # prompt lookup matches n-grams of LOOKUP_MIN..N tokens (one token matches too often to pay)
+
+Drafts = tuple[list[int], list[np.ndarray | None]]  # the drafted tokens, and each one's draft distribution
+
+
+@dataclass
+class SpecStats:
+    """What drafting did for one sequence."""
+
+    steps: int = 0  # target steps (each verifies its drafts, or none)
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0  # tokens the target's steps produced
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+    def add(self, other: SpecStats) -> None:
+        self.steps += other.steps
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.tokens += other.tokens
+
+
+class Drafter(Protocol):
+    """Proposes tokens to follow a sequence."""
+
+    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
+        """Up to k tokens to follow seq, and each one's distribution (None: the draft is a point mass)."""
+        ...
+
+
+def static_model(engine: Any, what: str) -> Any:
+    """The engine as an onnxruntime model with the static-cache graph, or a UsageError naming `what`."""
+    from gptport import contract
+    from gptport.errors import UsageError
+
+    if getattr(engine, "cache", None) != contract.CACHE_STATIC:
+        raise UsageError(f"{what} needs the static-cache graph (onnx engine, CPU provider, --kv-cache auto or "
+                         "static; `gptport export` writes it): only it rolls a rejected draft back in place")
+    return engine
+
+
+def check_tokenizers(target_dir: Path, target_sha256: str, draft_dir: Path, draft_sha256: str) -> None:
+    """A draft must tokenize as its target does: refused otherwise, naming both tokenizers."""
+    from gptport.errors import UsageError
+
+    if target_sha256 != draft_sha256:
+        raise UsageError(f"--draft {draft_dir}: its tokenizer (sha256 {draft_sha256}) is not {target_dir}'s "
+                         f"(sha256 {target_sha256}); train the draft with `gptport train ... --tokenizer-from "
+                         f"{target_dir}`")
+
+
+class ModelDrafter:
+    """Drafts from a small model (its static cache holds a window of the sequence: its own context may
+    be shorter than the target's)."""
+
+    def __init__(self, model: Any) -> None:
+        model = static_model(model, "--draft")
+        self.slots = StaticSlots(model.session, model.config, 1, model.kv_dtype)
+        self.n_ctx = model.n_ctx
+        self.start = 0  # where in the sequence the cached window starts
+        self.ctx: list[int] = []  # the tokens the cache holds
+
+    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
+        k = min(k, self.n_ctx // 2)
+        if len(seq) - self.start + k - 1 > self.n_ctx:  # the window is full: restart from the last half
+            self.start, self.ctx = max(0, len(seq) - self.n_ctx // 2), []
+            self.slots.free(0)
+        window = list(seq[self.start:])
+        lim = min(len(self.ctx), len(window) - 1)  # at least one token is fed, for its logits
+        differ = np.flatnonzero(np.asarray(self.ctx[:lim]) != np.asarray(window[:lim]))
+        common = int(differ[0]) if differ.size else lim
+        self.slots.truncate(0, common)
+        logits = self.slots.append(0, np.asarray(window[common:], dtype=np.int64))[-1]  # (V,)
+        self.ctx = window
+        seen = list(seq)
+        drafts: list[int] = []
+        dists: list[np.ndarray | None] = []
+        for i in range(k):
+            if sampling.greedy:
+                tok, q = int(penalize(logits, seen, sampling.repetition_penalty).argmax()), None
+            else:
+                q = probs(logits, sampling, seen)
+                tok = draw(q, rng)
+            drafts.append(tok)
+            dists.append(q)
+            seen.append(tok)
+            if i + 1 < k:
+                logits = self.slots.decode([0], np.array([tok], dtype=np.int64))[0]  # (V,)
+                self.ctx.append(tok)
+        return drafts, dists
+
+
+class LookupDrafter:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's last n
+    tokens (n from N down to LOOKUP_MIN), in the prompt or the output so far."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
+        arr = np.asarray(seq, dtype=np.int64)
+        for size in range(min(self.n, len(arr) - 1), LOOKUP_MIN - 1, -1):
+            tail = arr[-size:]
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], size)  # (L - size, size): not the tail
+            hits = np.flatnonzero((windows == tail).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + size
+                drafts = arr[start:start + k].tolist()
+                return drafts, [None] * len(drafts)
+        return [], []
+
+
+def verify(logits: np.ndarray, drafts: Sequence[int], dists: Sequence[np.ndarray | None], sampling: Sampling,
+           rng: np.random.Generator, seq: Sequence[int]) -> tuple[list[int], int]:
+    """The drafts that stand and the target's own next token, from the target's logits (len(drafts) + 1,
+    V): row j is the target's prediction for the position of drafts[j] (the last row, for the token
+    after every draft)."""
+    plain = sampling.greedy and sampling.repetition_penalty == 1.0
+    if plain:  # one argmax over every row
+        best = logits.argmax(axis=-1)  # (T,)
+        m = 0
+        while m < len(drafts) and best[m] == drafts[m]:
+            m += 1
+        return list(drafts[:m]), int(best[m])
+    seen = list(seq)
+    for j, d in enumerate(drafts):
+        if sampling.greedy:
+            tok = int(penalize(logits[j], seen, sampling.repetition_penalty).argmax())
+            if tok != d:
+                return list(drafts[:j]), tok
+        else:
+            p, q = probs(logits[j], sampling, seen), dists[j]
+            if rng.random() * (1.0 if q is None else q[d]) >= p[d]:  # rejected: P(accept) = min(1, p/q)
+                rest = p.copy()
+                if q is None:
+                    rest[d] = 0.0
+                else:
+                    np.maximum(p - q, 0.0, out=rest)
+                if rest.sum() <= 0.0:  # rounding only: p and q agree to the last bit where p > 0
+                    rest = p
+                return list(drafts[:j]), draw(rest / rest.sum(), rng)
+        seen.append(d)
+    last = logits[len(drafts)]
+    if sampling.greedy:
+        return list(drafts), int(penalize(last, seen, sampling.repetition_penalty).argmax())
+    return list(drafts), draw(probs(last, sampling, seen), rng)
+
+
+def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling,
+              eot_id: int, overflow: Overflow = "slide", on_token: Callable[[int, int], bool] | None = None,
+              k: int | None = None, stats: SpecStats | None = None) -> RowResult:
+    """Generate for one prompt with drafts (`drafter` None: the same loop without any, for comparison).
+    Ends as generate() does: eot, `on_token` True (a stop string), max_new_tokens, or the context
+    (`slide` re-prefills the last n_ctx // 2 tokens). `k`: drafts per step, fixed; None: adaptive (up
+    while every draft stands, down after a rejection). A seeded run gives the same output each time."""
+    model = static_model(target, "speculative decoding")
+    slots, n_ctx = StaticSlots(model.session, model.config, 1, model.kv_dtype), model.n_ctx
+    stats = stats if stats is not None else SpecStats()
+    rng = np.random.default_rng(sampling.seed)
+    row = RowResult(list(prompt))
+    seq = list(prompt)
+    t0 = time.perf_counter()
+    if len(seq) > 1:  # the cache holds every token but the last, whose logits come with the drafts'
+        slots.append(0, np.asarray(seq[:-1], dtype=np.int64))
+    row.prefill_ms = (time.perf_counter() - t0) * 1e3
+    k_now = k if k is not None else K_START
+    t_decode = time.perf_counter()
+    while True:
+        length = slots.length(0)
+        if length >= n_ctx:  # full, and seq[-1] pending
+            if overflow == "stop":
+                row.finish_reason = "context"
+                break
+            window = seq[-(n_ctx // 2):]
+            slots.free(0)
+            slots.append(0, np.asarray(window[:-1], dtype=np.int64))
+            continue
+        want = min(k_now, n_ctx - length - 1, max_new_tokens - len(row.new_ids) - 1)
+        drafts, dists = drafter.propose(seq, want, sampling, rng) if drafter is not None and want > 0 else ([], [])
+        if drafts:
+            logits = slots.append(0, np.asarray([seq[-1], *drafts], dtype=np.int64), all_logits=True)  # (T, V)
+        elif length > 0:
+            logits = slots.decode([0], np.array([seq[-1]], dtype=np.int64))  # (1, V): a plain decode step
+        else:
+            logits = slots.append(0, np.asarray(seq[-1:], dtype=np.int64))  # (1, V)
+        accepted, own = verify(logits, drafts, dists, sampling, rng, seq)
+        slots.truncate(0, length + 1 + len(accepted))
+        stats.steps += 1
+        stats.drafted += len(drafts)
+        stats.accepted += len(accepted)
+        stats.tokens += len(accepted) + 1
+        if k is None and drafts:
+            k_now = min(k_now + 2, K_MAX) if len(accepted) == want else max(1, k_now - 1)
+        if _emit(row, seq, [*accepted, own], eot_id, max_new_tokens, on_token):
+            break
+    row.decode_s = time.perf_counter() - t_decode
+    return row
+
+
+def _emit(row: RowResult, seq: list[int], tokens: Sequence[int], eot_id: int, max_new_tokens: int,
+          on_token: Callable[[int, int], bool] | None) -> bool:
+    """Append tokens to the output as generate() would, one by one; True when the sequence ended."""
+    for tok in tokens:
+        if tok == eot_id:
+            row.finish_reason = "eot"
+            return True
+        row.new_ids.append(tok)
+        seq.append(tok)
+        if on_token is not None and on_token(0, tok):
+            row.finish_reason = "stop"
+            return True
+        if len(row.new_ids) >= max_new_tokens:
+            row.finish_reason = "length"
+            return True
+    return False

@@ -1,0 +1,225 @@
+"""Speculative decoding (runtime/speculative.py): greedy output is the plain decoder's token for token
+whatever the drafts, sampled output follows the target's distribution (chi-square), seeded runs repeat,
+and the CLI's --draft / --prompt-lookup / --tokenizer-from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gptport.runtime.generate import generate
+from gptport.runtime.loader import open_model
+from gptport.runtime.sampling import Sampling, probs
+from gptport.runtime.speculative import Drafts, LookupDrafter, ModelDrafter, SpecStats, speculate
+from tests.conftest import SYLLABLES, build_model_dir, make_text
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
+    """A weaker model with the same tokenizer: one layer, 20 steps."""
+    from gptport.export import exporter
+
+    out = build_model_dir(tmp_path_factory.mktemp("draft") / "d", tokenizer_dir, corpus_file, steps=20, n_ctx=96,
+                          d_model=32, n_layer=1, n_head=2)
+    exporter.export(out, ["fp32"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(trained_dir: Path, draft_dir: Path) -> tuple[Any, Any]:
+    return open_model(trained_dir, "cpu", "fp32", 1), open_model(draft_dir, "cpu", "fp32", 1)
+
+
+class WrongDrafter(ModelDrafter):
+    """The target drafting for itself, every draft then moved to the next token id: always rejected."""
+
+    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
+        drafts, dists = super().propose(seq, k, sampling, rng)
+        vocab = self.slots.vocab_size
+        return [(t + 1) % vocab for t in drafts], dists
+
+
+def drafter(kind: str, target: Any, draft: Any) -> Any:
+    return {"self": lambda: ModelDrafter(target.engine), "draft": lambda: ModelDrafter(draft.engine),
+            "wrong": lambda: WrongDrafter(target.engine), "lookup": lambda: LookupDrafter(3),
+            "none": lambda: None}[kind]()
+
+
+words = st.lists(st.sampled_from(SYLLABLES), min_size=1, max_size=40).map(" ".join)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=words, kind=st.sampled_from(["self", "draft", "wrong", "lookup", "none"]),
+       k=st.sampled_from([None, 1, 2, 3, 5]), new=st.integers(1, 150), overflow=st.sampled_from(["slide", "stop"]),
+       repeat=st.booleans())
+def test_greedy_output_is_the_plain_decoders(models: tuple[Any, Any], text: str, kind: str, k: int | None, new: int,
+                                              overflow: str, repeat: bool) -> None:
+    """Any drafter, any K, outputs that slide past n_ctx (96) or stop there, with and without a repetition
+    penalty: the same tokens and the same finish reason as generate()."""
+    target, draft = models
+    greedy = Sampling(repetition_penalty=1.3 if repeat else 1.0)
+    prompt = target.tok.encode(text + " " + text)  # said twice: prompt lookup finds matches
+    plain = generate(target.engine, [prompt], new, greedy, target.tok.eot_id, overflow=overflow)[0]  # type: ignore[arg-type]
+    stats = SpecStats()
+    got = speculate(target.engine, drafter(kind, target, draft), prompt, new, greedy, target.tok.eot_id,
+                    overflow=overflow, k=k, stats=stats)  # type: ignore[arg-type]
+    assert got.new_ids == plain.new_ids
+    assert got.finish_reason == plain.finish_reason
+    assert stats.tokens >= len(got.new_ids)
+    if kind == "self":  # the target agrees with itself: every draft stands
+        assert stats.accepted == stats.drafted
+    if kind == "wrong":
+        assert stats.accepted == 0
+
+
+def test_drafts_cut_the_target_steps(models: tuple[Any, Any]) -> None:
+    """The target drafting for itself: every draft stands, fewer steps than tokens; a draft that is always
+    wrong costs a step per token, like plain decoding."""
+    target, _ = models
+    prompt = target.tok.encode("ka to ri men sol")
+    for kind, many in (("self", True), ("wrong", False)):
+        stats = SpecStats()
+        row = speculate(target.engine, drafter(kind, target, None), prompt, 60, Sampling(), -1, k=4, stats=stats)
+        assert len(row.new_ids) == 60
+        assert (stats.steps <= 60 // 5 + 1) if many else (stats.steps == 60)
+
+
+def chi_square_critical(df: int, z: float = 3.09) -> float:
+    """The chi-square value exceeded with probability ~0.001 (Wilson-Hilferty; z is the normal quantile)."""
+    c = 2.0 / (9.0 * df)
+    return df * (1.0 - c + z * np.sqrt(c)) ** 3
+
+
+@pytest.mark.parametrize("kind", ["draft", "lookup"])
+def test_sampled_tokens_follow_the_targets_distribution(models: tuple[Any, Any], kind: str) -> None:
+    """The first new token, decided by accepting or replacing one draft, over 3,000 seeds: its counts fit
+    the target's own next-token distribution (chi-square, p > 0.001); the draft's distribution is far from
+    it, so a rule that kept drafts too often would show."""
+    target, draft = models
+    prompt = target.tok.encode("ka to ri men sol ve")
+    if kind == "lookup":  # its first two tokens again at the end: lookup drafts the third
+        prompt = prompt + prompt[:2]
+    sampling = Sampling(temperature=1.0)
+    p = probs(target.engine.step(last_only=True)(np.array([prompt]), np.ones((1, len(prompt)), dtype=np.int64),
+                                                 np.arange(len(prompt))[None], target.engine.empty_past(1))[0][0, -1],
+              sampling)
+    if kind == "draft":
+        q = probs(draft.engine.step(last_only=True)(np.array([prompt]), np.ones((1, len(prompt)), dtype=np.int64),
+                                                    np.arange(len(prompt))[None], draft.engine.empty_past(1))[0][0, -1],
+                  sampling)
+    else:
+        drafts, _ = LookupDrafter(3).propose(prompt, 1, sampling, np.random.default_rng(0))
+        assert drafts, "the prompt repeats itself: lookup has a draft"
+        q = np.zeros_like(p)
+        q[drafts[0]] = 1.0
+    assert 0.5 * np.abs(p - q).sum() > 0.1  # the test has power: drafts alone would give another distribution
+    n = 3000
+    counts = np.zeros_like(p)
+    for seed in range(n):
+        row = speculate(target.engine, drafter(kind, target, draft), prompt, 2, Sampling(temperature=1.0, seed=seed),
+                        -1, k=1)
+        counts[row.new_ids[0]] += 1
+    expected = p * n
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    chi2 = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())
+    df = int(keep.sum()) - 1
+    assert chi2 < chi_square_critical(df), (chi2, df)
+
+
+def test_seeded_sampling_repeats(models: tuple[Any, Any]) -> None:
+    target, draft = models
+    prompt = target.tok.encode("men sol ve qua")
+    sampling = Sampling(temperature=0.9, top_k=40, top_p=0.95, seed=7)
+    runs = [speculate(target.engine, ModelDrafter(draft.engine), prompt, 80, sampling, -1).new_ids for _ in range(2)]
+    assert runs[0] == runs[1]
+    other = speculate(target.engine, ModelDrafter(draft.engine), prompt, 80, Sampling(temperature=0.9, seed=8), -1)
+    assert other.new_ids != runs[0]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_draft_and_lookup_give_the_plain_text(trained_dir: Path, draft_dir: Path) -> None:
+    base = ["generate", str(trained_dir), "ka to ri ka to ri", "--max-new-tokens", "40", "--json"]
+    plain = json.loads(cli(*base).stdout)
+    for extra in (["--draft", str(draft_dir)], ["--draft", str(draft_dir), "--draft-tokens", "3"],
+                  ["--prompt-lookup", "3"]):
+        run = cli(*base, *extra)
+        assert run.returncode == 0, run.stderr
+        got = json.loads(run.stdout)
+        assert got["token_ids"] == plain["token_ids"], extra
+        assert got["drafted"] >= got["accepted"] >= 0
+        assert "tokens per step" in run.stderr
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model whose tokenizer is another one (trained on other text)."""
+    from gptport import tokenizer as bpe
+    from gptport.corpus import CorpusReader, resolve_sources
+    from gptport.export import exporter
+
+    root = tmp_path_factory.mktemp("othertok")
+    corpus = root / "c.txt"
+    corpus.write_text(make_text(400, seed=5), encoding="utf-8")
+    tok_dir = root / "tok"
+    tok, report = bpe.train(CorpusReader(resolve_sources([corpus])), 300)
+    bpe.save(tok, tok_dir, report, force=True)
+    out = build_model_dir(root / "m", tok_dir, corpus, steps=0, n_ctx=96)
+    exporter.export(out, ["fp32"])
+    return out
+
+
+def test_cli_refusals(trained_dir: Path, draft_dir: Path, other_tokenizer_dir: Path) -> None:
+    """One line naming what is wrong, exit code 2, no traceback."""
+    from gptport import tokenizer as bpe
+
+    ours, theirs = bpe.load(trained_dir).sha256, bpe.load(other_tokenizer_dir).sha256
+    cases = [
+        (["--draft", str(other_tokenizer_dir)], [ours, theirs, "--tokenizer-from"]),
+        (["--draft", str(draft_dir), "--prompt-lookup", "3"], ["one way of drafting"]),
+        (["--draft-tokens", "3"], ["--draft-tokens needs --draft"]),
+        (["--draft", str(draft_dir), "--draft-tokens", "0"], ["--draft-tokens must be at least 1"]),
+        (["--prompt-lookup", "1"], ["--prompt-lookup must be at least 2"]),
+        (["--draft", str(draft_dir), "--regex", "[a-z]+"], ["output constraint"]),
+        (["--draft", str(draft_dir), "--kv-cache", "concat"], ["static-cache graph"]),
+    ]
+    for extra, words_ in cases:
+        run = cli("generate", str(trained_dir), "ka", *extra)
+        assert run.returncode == 2, (extra, run.stderr)
+        assert "Traceback" not in run.stderr
+        for w in words_:
+            assert w in run.stderr, (extra, w, run.stderr)
+
+
+@pytest.mark.slow
+def test_train_tokenizer_from(tmp_path: Path, trained_dir: Path, corpus_file: Path, other_tokenizer_dir: Path) -> None:
+    """--tokenizer-from copies the target's tokenizer into a new model directory and trains there; a directory
+    that holds another tokenizer is refused, naming both."""
+    from gptport import tokenizer as bpe
+
+    out = tmp_path / "draft"
+    small = ["--preset", "tiny", "--steps", "2", "--set", "d_model=32", "--set", "n_layer=1", "--set", "n_head=2",
+             "--set", "n_ctx=32", "--device", "cpu", "--no-compile"]
+    run = cli("train", str(corpus_file), "--model-dir", str(out), "--tokenizer-from", str(trained_dir), *small)
+    assert run.returncode == 0, run.stderr
+    assert bpe.load(out).sha256 == bpe.load(trained_dir).sha256
+    assert (out / "model.safetensors").exists()
+    run = cli("train", str(corpus_file), "--model-dir", str(other_tokenizer_dir), "--tokenizer-from", str(trained_dir),
+              *small)
+    assert run.returncode == 1 and "already holds another tokenizer" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
