@@ -223,3 +223,22 @@ def test_train_tokenizer_from(tmp_path: Path, trained_dir: Path, corpus_file: Pa
               *small)
     assert run.returncode == 1 and "already holds another tokenizer" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_bench_draft_rows(tmp_path: Path, trained_dir: Path, draft_dir: Path, other_tokenizer_dir: Path) -> None:
+    """`bench --draft`: a speculative row beside the plain one, with its acceptance, tokens per step and
+    decode speed over plain; a draft with another tokenizer is refused naming both."""
+    out = tmp_path / "bench.json"
+    run = cli("bench", str(trained_dir), "--draft", str(trained_dir), "--no-torch-baseline", "--repeat", "1",
+              "--warmup", "0", "--gen-len", "24", "--prompt-len", "8", "--threads", "1", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out.read_text())["rows"]
+    drafted = [r for r in rows if r["draft"]]
+    plain = [r for r in rows if not r["draft"] and r["kv_cache"] == "static"]
+    assert len(drafted) == 1 and len(plain) == 1
+    row = drafted[0]
+    assert row["acceptance"] == 1.0  # the target drafting for itself
+    assert row["tokens_per_step"] > 1.5 and row["decode_tok_s"] > 0 and row["speedup_vs_plain"] > 0
+    assert "tokens per step" in run.stderr
+    run = cli("bench", str(trained_dir), "--draft", str(other_tokenizer_dir), "--no-torch-baseline")
+    assert run.returncode == 2 and "--tokenizer-from" in run.stderr and "Traceback" not in run.stderr

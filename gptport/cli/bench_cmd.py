@@ -51,6 +51,11 @@ def bench(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write {machine, versions, rows} here.")] = None,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write the rows here.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Draw tokens/s per configuration (PNG).")] = None,
+    draft: Annotated[Path | None, typer.Option("--draft", help="Also decode with this draft model (speculative "
+                                               "decoding, batch 1, static cache): acceptance, tokens per step, "
+                                               "tok/s beside plain.")] = None,
+    draft_tokens: Annotated[int | None, typer.Option("--draft-tokens", help="Drafts per step with --draft "
+                                                     "(default: adaptive).")] = None,
 ) -> None:
     """Measure prefill and decode tokens/s, latency percentiles, memory, and the share of the memory
     bandwidth decoding uses."""
@@ -69,7 +74,16 @@ def bench(
         precisions=[p.strip() for p in precisions.split(",") if p.strip()],
         batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
         gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline,
-        kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()])
+        kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()], draft=draft, draft_tokens=draft_tokens)
+    if draft_tokens is not None and (draft is None or draft_tokens < 1):
+        raise UsageError(f"--draft-tokens {draft_tokens}: needs --draft, and at least 1")
+    if draft is not None:
+        from gptport import tokenizer as bpe
+        from gptport.runtime.speculative import check_tokenizers
+
+        check_tokenizers(model_dir, bpe.load(model_dir).sha256, draft, bpe.load(draft).sha256)
+        if 1 not in plan.batches:
+            raise UsageError(f"--draft: speculative rows run at batch 1; --batch {batch} has none")
     from gptport.runtime.loader import CACHES
 
     bad = [c for c in plan.kv_caches if c not in CACHES]
@@ -114,13 +128,19 @@ def print_table(result: dict) -> None:
         if r["error"]:
             continue
         table.add_row(
-            r["engine"], r["provider"], r["precision"], r["kv_cache"], str(r["batch"]), str(r["prompt_len"]),
+            r["engine"] + ("+draft" if r.get("draft") else ""),
+            r["provider"], r["precision"], r["kv_cache"], str(r["batch"]), str(r["prompt_len"]),
             f"{_fmt(r['prefill_tok_s'])} ± {_fmt(r['prefill_tok_s_std'])}",
             f"{_fmt(r['decode_tok_s'])} ± {_fmt(r['decode_tok_s_std'])}", _fmt(r["ttft_ms"], ".1f"),
             f"{_fmt(r['latency_ms_p50'], '.2f')}/{_fmt(r['latency_ms_p90'], '.2f')}/{_fmt(r['latency_ms_p99'], '.2f')}",
             _fmt(r["speedup_vs_torch"], ".2f") + ("x" if r["speedup_vs_torch"] else ""),
             _fmt(r["bandwidth_fraction"], ".0%"), _fmt(r["peak_rss_mb"]))
     err.print(table)
+    for r in result["rows"]:
+        if r.get("draft") and not r["error"]:
+            err.print(f"drafts from {r['draft']} ({r['precision']}, prompt {r['prompt_len']}): acceptance "
+                      f"{r['acceptance']:.0%}, {r['tokens_per_step']:.2f} tokens per step, decode "
+                      f"{_fmt(r['speedup_vs_plain'], '.2f')}x plain")
     for r in result["rows"]:
         if r["error"]:
             what = f"{r['engine']} {r['provider']} {r['precision']} {r['kv_cache']}"

@@ -45,6 +45,8 @@ class BenchPlan:
     torch_baseline: bool = True
     kv_caches: Sequence[str] = ("auto",)  # auto | static | concat (loader.graph_path)
     probe_mib: int = 1024  # the bandwidth probe's buffer: far larger than the caches
+    draft: Path | None = None  # speculative rows (batch 1, static cache, CPU) with this draft model beside plain
+    draft_tokens: int | None = None  # drafts per step (None: adaptive)
 
 
 @dataclass
@@ -76,6 +78,10 @@ class Row:
     providers_ran: list[str] = field(default_factory=list)
     samples: int = 0
     error: str | None = None
+    draft: str | None = None  # speculative rows: the draft model's directory name
+    acceptance: float | None = None  # drafts the target kept
+    tokens_per_step: float | None = None  # tokens per target step
+    speedup_vs_plain: float | None = None  # decode tok/s over the plain row of the same graph and shape
 
 
 def measure_bandwidth(threads: int = 0, mib: int = 1024, tries: int = 5) -> float:
@@ -207,6 +213,38 @@ def _fill(row: Row, engine: Engine, vocab: int, plan: BenchPlan,
         row.bandwidth_gb_s = statistics.mean([*bandwidths, probe()]) / 1e9
 
 
+def _draft_row(plain: Row, model: Any, plan: BenchPlan) -> Row:
+    """Speculative decoding of the plain row's runs (the same random prompts, greedy): decode tok/s counts
+    every new token over the drafting steps (the prompt's prefill apart), with the acceptance rate and
+    the tokens per target step."""
+    from gptport.runtime.loader import open_graph
+    from gptport.runtime.sampling import Sampling
+    from gptport.runtime.speculative import ModelDrafter, SpecStats, speculate
+
+    assert plan.draft is not None
+    row = Row("onnx", plain.provider, plain.precision, 1, plain.prompt_len, plain.gen_len, kv_cache="static",
+              draft=plan.draft.name, providers_ran=plain.providers_ran)
+    try:
+        draft = open_graph(plan.draft, plain.precision, plain.provider, "static", threads=plan.threads)
+    except GptportError as e:
+        row.error = f"--draft {plan.draft}: {e}"
+        return row
+    stats, speeds = SpecStats(), []
+    for i in range(plan.warmup + plan.repeat):
+        ids = np.random.default_rng(i).integers(0, model.config.vocab_size, plain.prompt_len).tolist()
+        counted = SpecStats()
+        out = speculate(model, ModelDrafter(draft), ids, plain.gen_len, Sampling(), -1, k=plan.draft_tokens,
+                        stats=counted)
+        if i >= plan.warmup:
+            stats.add(counted)
+            speeds.append(len(out.new_ids) / out.decode_s)
+    row.decode_tok_s = statistics.mean(speeds)
+    row.decode_tok_s_std = statistics.stdev(speeds) if len(speeds) > 1 else 0.0
+    row.acceptance, row.tokens_per_step, row.samples = stats.acceptance, stats.tokens_per_step, len(speeds)
+    row.speedup_vs_plain = row.decode_tok_s / plain.decode_tok_s if plain.decode_tok_s else None
+    return row
+
+
 def _shapes(plan: BenchPlan, n_ctx: int) -> Iterator[tuple[int, int]]:
     for batch in plan.batches:
         for prompt_len in plan.prompt_lens:
@@ -254,6 +292,9 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
             if row.bandwidth_gb_s:
                 row.bandwidth_fraction = wbytes * row.decode_tok_s / row.batch / (row.bandwidth_gb_s * 1e9)
             rows.append(row)
+            if plan.draft is not None and batch == 1 and model.cache == "static":
+                say(f"onnx {provider} {precision} static prompt {prompt_len}, drafts from {plan.draft.name}")
+                rows.append(_draft_row(row, model, plan))
         del model
     if plan.torch_baseline:
         rows.extend(_torch_rows(model_dir, plan, say, open_torch))
