@@ -49,6 +49,15 @@ def serve(
     spin: Annotated[str, typer.Option(help="What onnxruntime's idle threads do: 'step' spin while a step runs "
                                       "and sleep between steps (the HTTP side gets the cores), 'always' spin "
                                       "between steps too, 'never' sleep at once.")] = "step",
+    max_connections: Annotated[int, typer.Option(help="Open connections, idle ones too, past which a request is "
+                                                 "answered 503 at once (0: no limit; raises the open-file limit "
+                                                 "to fit).")] = 1024,
+    header_timeout: Annotated[float, typer.Option(help="Seconds a connection has to send a request's headers, from "
+                                                  "opening or from its previous response; then it is closed (408 "
+                                                  "when some had come).")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(help="Seconds a request's body has to arrive; then 408 and the "
+                                                "connection is closed.")] = 30.0,
+    keep_alive: Annotated[int, typer.Option(help="Seconds an idle keep-alive connection stays open.")] = 5,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
                                              "load).")] = False,
     ray: Annotated[bool, typer.Option("--ray", help="Serve on Ray Serve (pip install 'gptport[ray]'): replicas, "
@@ -61,19 +70,23 @@ def serve(
 ) -> None:
     """Serve the model over HTTP with OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics, and a page at /."""
+    from gptport.errors import UsageError
     from gptport.serve.app import Settings
+    from gptport.serve.connections import Limits
     from gptport.serve.server import run
 
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
-                        model_name or model_dir.resolve().name, prefill_chunk, spin=spin)
+                        model_name or model_dir.resolve().name, prefill_chunk, spin=spin, body_timeout=body_timeout)
+    limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:
+        if limits != Limits():
+            raise UsageError("--max-connections, --header-timeout and --keep-alive bound gptport's own HTTP server, "
+                             "not Ray's proxy")
         from gptport.serve import ray_cluster
 
         settings.threads = settings.threads or 1  # a replica's CPUs
         sys.exit(ray_cluster.run(settings, host, port, say, replicas, autoscale, ray_address))
     if replicas != 1 or autoscale or ray_address:
-        from gptport.errors import UsageError
-
         raise UsageError("--replicas, --autoscale and --ray-address go with --ray")
-    sys.exit(run(settings, host, port, say, shutdown_timeout, access_log))
+    sys.exit(run(settings, host, port, say, shutdown_timeout, access_log, limits))

@@ -10,7 +10,6 @@ No torch here.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -31,14 +30,14 @@ from starlette.routing import Route
 
 from gptport.errors import GptportError
 from gptport.page_style import styled
-from gptport.serve import protocol
+from gptport.serve import openapi, protocol
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
 from gptport.serve.responses import Collector, stream_chunks
 from gptport.serve.scheduler import Choice, Finish, Scheduler
 
 log = logging.getLogger("gptport.serve")
-PUBLIC = {"/health", "/"}  # no API key: the page's own calls carry the key the user types
+PUBLIC = {"/health", "/", "/openapi.json"}  # no API key: the page's own calls carry the key the user types
 
 
 @dataclass
@@ -56,6 +55,7 @@ class Settings:
     model_name: str = ""
     prefill_chunk: int = 512
     max_body: int = 1 << 20
+    body_timeout: float = 30.0  # seconds a request's body may take to arrive (then 408): a slow sender holds no task
     spin: str = "step"  # onnxruntime's workers spin during a step and sleep between: the HTTP side needs the cores
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
@@ -125,23 +125,28 @@ def _dispatch(events: list[tuple[Any, Any]]) -> None:
 
 
 async def _body(request: Request, limit: int) -> Any:
-    """The request's JSON, refused past `limit` bytes (413) or when it does not parse (400)."""
+    """The request's JSON, refused past `limit` bytes (413), when it has not all arrived within the
+    settings' body_timeout seconds (408, and the connection closes), or when it does not parse (400)."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise ApiError(413, f"the request body is {length} bytes; the limit is {limit}", None, "body_too_large")
     data = bytearray()
-    try:
+
+    async def read() -> None:
         async for part in request.stream():
-            data += part
+            data.extend(part)
             if len(data) > limit:
                 raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
+
+    timeout = request.app.state.gptport.settings.body_timeout
+    try:
+        await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError as e:  # a slow (or stalled) sender: uvicorn has no bound of its own on a body
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s", None, "body_timeout") from e
     except ClientDisconnect as e:  # the client left mid-body: nobody reads the answer, and it is no server error
         raise ApiError(499, "the client closed the connection before the whole body arrived", None,
                        "client_closed") from e
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e})", None, "invalid_json") from e
+    return protocol.parse_body(data)
 
 
 async def _disconnected(request: Request) -> None:
@@ -257,7 +262,7 @@ def create_app(settings: Settings) -> Starlette:
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        headers = {"Retry-After": "1"} if exc.status == 429 else {"Connection": "close"} if exc.status == 408 else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -278,7 +283,8 @@ def create_app(settings: Settings) -> Starlette:
               Route("/v1/models", models), Route("/v1/models/{name:path}", model),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
-              Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"])]
+              Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
+              openapi.route(state, PUBLIC)]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: api_error, HTTPException: http_error})
     app.state.gptport = state

@@ -60,7 +60,7 @@ def check_fields(body: dict[str, Any], chat: bool) -> None:
 
 def _values(body: dict[str, Any], chat: bool) -> None:
     get = body.get
-    if get("store") not in (None, False):
+    if get("store") is not None and get("store") is not False:  # not `in (None, False)`: 0 == False
         raise bad("store", "true is not supported: gptport keeps no completions (false is)", "unsupported")
     tier = get("service_tier")
     if tier is not None and tier not in ("auto", "default"):
@@ -70,7 +70,7 @@ def _values(body: dict[str, Any], chat: bool) -> None:
     if modalities is not None and modalities != ["text"]:
         raise bad("modalities", "only [\"text\"] is supported", "unsupported")
     best_of, n = get("best_of"), get("n") or 1
-    if best_of is not None and best_of != n:
+    if best_of is not None and (type(best_of) is not int or best_of != n):  # true == 1, 1.0 == 1: not integers
         raise bad("best_of", f"is supported only equal to n ({n}), not {best_of!r}: gptport returns every "
                   "choice it generates", "unsupported")
     options = get("stream_options")
@@ -78,6 +78,9 @@ def _values(body: dict[str, Any], chat: bool) -> None:
         unknown = sorted(set(options) - STREAM_OPTIONS)
         if unknown:
             raise bad("stream_options", f"unknown option {unknown[0]!r}", "invalid_value")
+        for key in STREAM_OPTIONS:
+            if options.get(key) is not None and not isinstance(options[key], bool):
+                raise bad(f"stream_options.{key}", "expected true or false", "invalid_type")
         if options.get("include_obfuscation"):
             raise bad("stream_options.include_obfuscation", "true is not supported: gptport pads no chunks",
                       "unsupported")
@@ -94,16 +97,17 @@ def _values(body: dict[str, Any], chat: bool) -> None:
 
 def logit_bias(value: Any, vocab: int) -> dict[int, float] | None:
     """OpenAI's logit_bias: token ids (as strings) to a bias in [-100, 100], added to the logits."""
-    if not value:
+    if value is None:
         return None
     if not isinstance(value, dict):
         raise bad("logit_bias", "expected an object of token id -> bias", "invalid_type")
+    if not value:
+        return None
     out: dict[int, float] = {}
     for key, bias in value.items():
-        try:
-            token = int(key)
-        except ValueError as e:
-            raise bad("logit_bias", f"key {key!r} is not a token id", "invalid_value") from e
+        if not (key.isascii() and key.isdigit()):  # int() would take " 1", "+1", "1_0" and other scripts' digits
+            raise bad("logit_bias", f"key {key!r:.40} is not a token id", "invalid_value")
+        token = int(key)
         if not 0 <= token < vocab:
             raise bad("logit_bias", f"token id {token} is outside the vocabulary (0..{vocab - 1})", "invalid_token")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:

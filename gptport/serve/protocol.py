@@ -5,6 +5,7 @@ field at fault. No torch here.
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 import time
@@ -49,6 +50,24 @@ class Job:
     model: str = ""
     id: str = ""
     created: int = 0
+
+
+def parse_body(data: bytes | bytearray) -> Any:
+    """A request body's JSON; 400 invalid_json for what json.loads refuses (syntax, encoding), for nesting
+    past Python's recursion limit, for an integer literal past int's 4300 digits, and for a string holding
+    a lone surrogate (an escaped \\ud800, or its bytes): it is not text, and a tokenizer or the response
+    encoder would fail on it later."""
+    try:
+        body = json.loads(data)
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except RecursionError as e:
+        raise ApiError(400, "the request body is not valid JSON (nested too deeply)", None, "invalid_json") from e
+    except UnicodeEncodeError as e:
+        raise ApiError(400, "the request body is not valid JSON (a string holds a lone surrogate, "
+                       f"{e.object[e.start:e.end]!r})", None, "invalid_json") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, and ints past sys.get_int_max_str_digits()
+        raise ApiError(400, f"the request body is not valid JSON ({e})", None, "invalid_json") from e
+    return body
 
 
 class Fields:
@@ -162,8 +181,8 @@ def _common(f: Fields, tok: BPETokenizer, chat: bool, prompts: list[list[int]], 
                   f"{slots} slots", "too_many_choices")
     stream = f.flag("stream")
     options = f.get("stream_options", (dict,), {}, "an object")
-    include_usage = stream and bool(Fields(options).flag("include_usage"))
-    max_name = "max_completion_tokens" if chat and "max_completion_tokens" in f.body else "max_tokens"
+    include_usage = Fields(options).flag("include_usage") and stream
+    max_name = "max_completion_tokens" if chat and f.body.get("max_completion_tokens") is not None else "max_tokens"
     job = Job(chat, prompts, texts, f.integer(max_name, 16, 1) or 16, sampling, n, _stops(f), stream,
               include_usage, ignore_eos=f.flag("ignore_eos"), id=("chatcmpl-" if chat else "cmpl-") +
               secrets.token_hex(12), created=int(time.time()))
@@ -188,7 +207,7 @@ def completion_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int) -> Job:
     job = _common(f, tok, False, prompts, texts, n_ctx, slots)
     job.logprobs = f.integer("logprobs", None, 0, MAX_LOGPROBS)
     job.echo = f.flag("echo")
-    if f.body.get("suffix"):
+    if f.get("suffix", (str,), "", "a string"):
         raise bad("suffix", "is not supported", "unsupported")
     return _constrained(job)
 
@@ -206,8 +225,9 @@ def chat_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, render: Any) 
     ids = tok.encode(text) or [tok.eot_id]
     job = _common(f, tok, True, [ids], [text], n_ctx, slots)
     job.stops += [s for s in stops if s not in job.stops]
+    top = f.integer("top_logprobs", 0, 0, MAX_LOGPROBS)
     if f.flag("logprobs"):
-        job.logprobs = f.integer("top_logprobs", 0, 0, MAX_LOGPROBS)
+        job.logprobs = top
     if tools is not None and tools.active:
         job.tools = tools
         job.spec = reply_spec(tools, job.spec)
@@ -238,7 +258,9 @@ def message_dict(i: int, m: Any) -> dict[str, Any]:
             raise bad("messages", f"item {i}: {e}", "invalid_value") from e
         out["tool_calls"] = calls
     for key in ("tool_call_id", "name"):
-        if isinstance(m.get(key), str):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise bad("messages", f"item {i}: '{key}' must be a string", "invalid_type")
+        if m.get(key) is not None:
             out[key] = m[key]
     return out
 

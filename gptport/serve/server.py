@@ -15,9 +15,10 @@ from gptport.runtime import loader
 from gptport.runtime.onnx_engine import check_spin
 from gptport.runtime.providers import TRT_MAX_BATCH
 from gptport.serve.app import Settings, create_app
+from gptport.serve.connections import Limits, fit_open_files
 
 
-def check(settings: Settings) -> None:
+def check(settings: Settings, limits: Limits | None = None) -> None:
     """What can be refused before the server starts: options, the graph file, the tokenizer."""
     if settings.slots < 1:
         raise UsageError(f"--slots must be at least 1, not {settings.slots}")
@@ -25,6 +26,14 @@ def check(settings: Settings) -> None:
         raise UsageError(f"--max-queue must be >= 0, not {settings.max_queue}")
     if settings.prefill_chunk < 1:
         raise UsageError(f"--prefill-chunk must be at least 1, not {settings.prefill_chunk}")
+    if not 0 < settings.body_timeout <= 3600:
+        raise UsageError(f"--body-timeout must be > 0 and <= 3600 seconds, not {settings.body_timeout:g}")
+    if limits is not None:
+        limits.check()
+        if limits.max_connections and limits.max_connections <= settings.slots + settings.max_queue:
+            raise UsageError(f"--max-connections {limits.max_connections} must be more than --slots + --max-queue "
+                             f"({settings.slots + settings.max_queue}): a full queue answers 429 before connections "
+                             "run out")
     check_spin(settings.spin)
     if settings.provider == "tensorrt" and settings.slots > TRT_MAX_BATCH:
         raise UsageError(f"--slots {settings.slots}: the TensorRT engine's profiles go up to batch {TRT_MAX_BATCH}")
@@ -33,11 +42,15 @@ def check(settings: Settings) -> None:
 
 
 def run(settings: Settings, host: str, port: int, say: Callable[[str], None], shutdown_timeout: float = 30.0,
-        access_log: bool = False) -> int:
+        access_log: bool = False, limits: Limits | None = None) -> int:
     """Serve until SIGTERM/SIGINT; the exit code (1 when the model could not be loaded)."""
     import uvicorn
 
-    check(settings)
+    limits = limits or Limits()
+    check(settings, limits)
+    lowered = fit_open_files(limits)
+    if lowered:
+        say(f"gptport serve: {lowered}")
     settings.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     failed: list[str] = []
     server: uvicorn.Server | None = None
@@ -52,7 +65,7 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], sh
     logging.getLogger("gptport.serve").setLevel(logging.INFO)
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
                             access_log=access_log, timeout_graceful_shutdown=int(shutdown_timeout),
-                            lifespan="on", server_header=False)
+                            lifespan="on", server_header=False, **limits.uvicorn_options())
     listener = bind(host, port)
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again through the handler it

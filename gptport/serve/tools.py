@@ -80,12 +80,15 @@ def parse_tools(body: dict[str, Any]) -> Tools | None:
                       "invalid_value")
         if any(fn.name == name for fn in functions):
             raise bad("tools", f"item {i}: function {name!r} is defined twice", "invalid_value")
-        params = f.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(params, dict):
+        params = f.get("parameters")
+        if params is not None and not isinstance(params, dict):
             raise bad("tools", f"item {i}: 'parameters' must be a JSON schema object", "invalid_type")
-        description = f.get("description") or ""
-        if not isinstance(description, str):
+        description = f.get("description")
+        if description is not None and not isinstance(description, str):
             raise bad("tools", f"item {i}: 'description' must be a string", "invalid_type")
+        if f.get("strict") is not None and not isinstance(f["strict"], bool):
+            raise bad("tools", f"item {i}: 'strict' must be true or false", "invalid_type")
+        params, description = params or {"type": "object", "properties": {}}, description or ""
         functions.append(Function(name, description, params))
     mode, allowed = _choice(choice, functions)
     return Tools(tuple(functions), mode, allowed, tools)

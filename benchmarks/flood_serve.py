@@ -1,0 +1,326 @@
+"""A flood against `gptport serve`: does overload turn into fast 429s while admitted requests keep their
+latency, and how soon is the server itself again once the flood stops?
+
+1. unloaded: sequential short streamed completions (a new connection each): TTFT p50 / p99.
+2. flood: 4x (slots + max-queue) clients for 60 s, each looping the same short streamed completion;
+   twice (--retry-after): retrying a 429 at once (a flood, not a polite client), then waiting the
+   Retry-After seconds as told. Every answer is counted: 200, 429 with Retry-After; any other status,
+   a 429 without Retry-After, a broken stream or a connection error is a failure. Goal: the admitted
+   requests' TTFT p99 within 3x the unloaded p99, which takes a short queue (--max-queue): a deep one
+   makes admitted requests wait for the requests ahead of them.
+3. recovery: from the moment the flood stops, sequential probes until three in a row answer within the
+   unloaded TTFT p99 (goal: within 5 s).
+4. health: /metrics busy slots and queue depth, the server's RSS before and after.
+5. idle sockets (idle_serve.py): TTFT without and with idle, keep-alive and slowloris sockets open.
+
+Uses bench_serve.py's random weights of the preset (or --url, a running server: then pass its --slots
+and --max-queue). Writes benchmarks/results/flood-<preset>-<date>.json.
+
+    python benchmarks/flood_serve.py [--preset small] [--slots 16 --max-queue 0] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench_serve import free_port, model_dir, wait_healthy
+from bench_tokenizer import big_corpus
+from idle_serve import body, idle_phase, ms, quantile, sequential, stream_once
+from rich.console import Console
+from rich.table import Table
+
+from gptport.machine import describe
+
+HERE = Path(__file__).resolve().parent
+PER_CLIENT = 100_000  # requests a flood client sends at most (it stops at the deadline first)
+STREAK = 3  # probes in a row within the unloaded p99 that count as recovered
+
+
+async def flood(url: str, payload: dict[str, Any], clients: int, seconds: float, honor: bool, timeout: float,
+                recovery_limit: float, threshold: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The flood, and the recovery probes that start the moment it stops (while its last requests end)."""
+    import aiohttp
+
+    stop = time.monotonic() + seconds
+    counts: Counter[str] = Counter()
+    admitted: list[float] = []
+    refused: list[float] = []
+    samples: list[str] = []
+
+    def failed(what: str) -> None:
+        counts[what] += 1
+        if len(samples) < 10:
+            samples.append(what)
+
+    async def client(session: Any) -> None:
+        for _ in range(PER_CLIENT):
+            if time.monotonic() >= stop:
+                return
+            r = await stream_once(session, url, payload, timeout)
+            if r.status == 200 and r.error is None and r.ttft is not None:
+                counts["200"] += 1
+                admitted.append(r.ttft)
+            elif r.status == 429 and r.error is None and r.retry_after:
+                counts["429"] += 1
+                refused.append(r.seconds)
+                if honor:
+                    await asyncio.sleep(max(0.0, min(float(r.retry_after), stop - time.monotonic())))
+            else:
+                failed(f"HTTP {r.status}: {r.error}" if r.status else f"no answer: {r.error}")
+                await asyncio.sleep(0.05)  # no tight loop on a server that does not answer
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        started = time.monotonic()
+        tasks = [asyncio.create_task(client(session)) for _ in range(clients)]
+        recovery = asyncio.create_task(recover(url, payload, stop, recovery_limit, threshold))
+        await asyncio.gather(*tasks)
+        drained = time.monotonic() - stop
+        recovered = await recovery
+    ok, refusals = counts.pop("200", 0), counts.pop("429", 0)
+    result = {"clients": clients, "seconds": round(stop - started, 2), "requests": ok + refusals + sum(counts.values()),
+              "ok": ok, "refused_429": refusals, "failures": dict(counts), "failure_samples": samples,
+              "admitted_ttft": ms(admitted), "refusal_latency": ms(refused),
+              "requests_per_s": round((ok + refusals) / seconds, 1), "last_requests_ended_s": round(drained, 3)}
+    return result, recovered
+
+
+async def recover(url: str, payload: dict[str, Any], since: float, limit: float, threshold: float) -> dict[str, Any]:
+    """Sequential probes from `since` (the flood's end) until STREAK in a row have a TTFT within `threshold`;
+    the seconds from `since` to the first of those (None when not within `limit`)."""
+    await asyncio.sleep(max(0.0, since - time.monotonic()))
+    probes: list[tuple[float, float | None]] = []
+    streak_start: float | None = None
+    streak = 0
+    while time.monotonic() < since + limit:
+        t = time.monotonic() - since
+        ttfts, _ = await sequential(url, payload, 1, timeout=max(1.0, since + limit - time.monotonic()))
+        probes.append((round(t, 3), round(ttfts[0] * 1000, 2) if ttfts else None))
+        if ttfts and ttfts[0] <= threshold:
+            streak_start = t if streak == 0 else streak_start
+            streak += 1
+            if streak == STREAK:
+                return {"seconds": round(streak_start or 0.0, 3), "threshold_ms": round(threshold * 1000, 2),
+                        "probes": probes}
+        else:
+            streak = 0
+        await asyncio.sleep(0.02)
+    return {"seconds": None, "threshold_ms": round(threshold * 1000, 2), "probes": probes}
+
+
+def scrape(url: str) -> str:
+    """/metrics' text."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def sample(text: str, name: str) -> float | None:
+    """An unlabelled sample's value."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def ttft_buckets(text: str) -> dict[float, float]:
+    """The server's TTFT histogram (from a choice's arrival to its first token): upper bound -> count."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("gptport_time_to_first_token_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def server_p99_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The upper bound of the bucket that holds the p99 of the TTFTs the server saw between two scrapes."""
+    delta = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+    if not total:
+        return None
+    le = next(le for le, n in delta.items() if n >= 0.99 * total)
+    return None if le == float("inf") else le * 1000
+
+
+def settle(url: str, within: float = 10.0) -> dict[str, Any]:
+    """Poll /metrics until no slot is busy and nothing waits (at most `within` s): what it said, how soon."""
+    t0 = time.monotonic()
+    while True:
+        text = scrape(url)
+        busy, queue = sample(text, "gptport_slots_busy"), sample(text, "gptport_queue_depth")
+        if (busy == 0 and queue == 0) or time.monotonic() - t0 > within:
+            return {"slots_busy": busy, "queue_depth": queue, "after_s": round(time.monotonic() - t0, 3)}
+        time.sleep(0.05)
+
+
+def rss_mib(pid: int | None) -> float | None:
+    """A process's resident memory (Linux /proc), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def one_flood(url: str, pid: int | None, payload: dict[str, Any], mode: str, p99: float, args: argparse.Namespace
+              ) -> dict[str, Any]:
+    """A flood in `mode` (ignore | honor Retry-After), its recovery, the server's state after it, the goals."""
+    clients = args.factor * (args.slots + args.max_queue)
+    print(f"flood: {clients} clients for {args.seconds:g} s, Retry-After: {mode}", file=sys.stderr)
+    before = ttft_buckets(scrape(url))
+    flooded, recovered = asyncio.run(flood(url, payload, clients, args.seconds, mode == "honor", args.timeout,
+                                           args.recovery_limit, p99))
+    flooded["server_ttft_p99_ms_at_most"] = server_p99_ms(before, ttft_buckets(scrape(url)))
+    after = settle(url)
+    after["rss_mib"] = rss_mib(pid)
+    admitted = flooded["admitted_ttft"]["p99_ms"]
+    ratio = round(admitted / (p99 * 1000), 2) if admitted and p99 else None
+    goals = {"only_200_and_429": not flooded["failures"],
+             "admitted_ttft_p99_within_3x": ratio is not None and ratio <= 3.0,
+             "recovered_within_5s": recovered["seconds"] is not None and recovered["seconds"] <= 5.0,
+             "slots_idle_after": after["slots_busy"] == 0 and after["queue_depth"] == 0}
+    return {"retry_after": mode, **flooded, "admitted_p99_over_unloaded_p99": ratio, "recovery": recovered,
+            "after": after, "goals": goals}
+
+
+def measure(url: str, pid: int | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Every phase against the server at `url` (its process `pid`, for RSS, when this script started it)."""
+    payload = body(args.max_tokens)
+    asyncio.run(sequential(url, payload, 5))  # warm up
+    rss_before = rss_mib(pid)
+    base, results = asyncio.run(sequential(url, payload, args.unloaded, gap=0.02))
+    if len(base) < len(results):
+        raise SystemExit(f"{len(results) - len(base)} unloaded requests failed: {results}")
+    p99 = quantile(base, 0.99) or 0.0
+    print(f"unloaded TTFT p99 {p99 * 1000:.1f} ms", file=sys.stderr)
+    floods = [one_flood(url, pid, payload, mode, p99, args) for mode in args.retry_after.split(",")]
+    counts = {"idle": args.idle, "keepalive": args.keepalive, "slow": args.slow}
+    idle = idle_phase(url, payload, counts, args.idle_seconds) if sum(counts.values()) else None
+    end = settle(url)
+    end.update(rss_mib_before=rss_before, rss_mib_after=rss_mib(pid))
+    return {"unloaded_ttft": ms(base), "floods": floods, "idle_sockets": idle, "health_at_end": end}
+
+
+def served(cmd: list[str], url: str, log: Path, run: Callable[[str, int], Any]) -> Any:
+    """Start a server, wait until it is healthy, `run(url, pid)`, stop it by its pid."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(url, proc)
+        return run(url, proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def print_table(result: dict[str, Any]) -> None:
+    r, s, m = result["results"], result["settings"], result["machine"]
+    t = Table(title=f"flood: {result['preset']} on {m['cpu']} ({m['cores']} cores), {s['slots']} slots, "
+              f"--max-queue {s['max_queue']}, {s['clients']} clients x {s['seconds']:g} s, "
+              f"{s['max_tokens']} tokens a request")
+    for name, justify in (("measure", "left"), ("value", "right"), ("goal", "left")):
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    u = r["unloaded_ttft"]
+    t.add_row("unloaded TTFT p50 / p99", f"{u['p50_ms']} / {u['p99_ms']} ms", "")
+    for f in r["floods"]:
+        g, rec, a, q = f["goals"], f["recovery"], f["admitted_ttft"], f["refusal_latency"]
+        t.add_row(f"[b]flood, Retry-After {'honored' if f['retry_after'] == 'honor' else 'ignored'}[/b]", "", "")
+        t.add_row("  answers 200 / 429", f"{f['ok']} / {f['refused_429']}", f"{f['requests_per_s']} answers/s")
+        t.add_row("  failures", str(sum(f["failures"].values())),
+                  "0: " + ("met" if g["only_200_and_429"] else f"MISSED {f['failures']}"))
+        t.add_row("  admitted TTFT p50 / p99 (client)", f"{a['p50_ms']} / {a['p99_ms']} ms",
+                  f"p99 <= 3x unloaded p99: {f['admitted_p99_over_unloaded_p99']}x "
+                  + ("met" if g["admitted_ttft_p99_within_3x"] else "MISSED"))
+        t.add_row("  admitted TTFT p99 (server histogram)", f"<= {f['server_ttft_p99_ms_at_most']} ms", "")
+        t.add_row("  429 latency p50 / p99", f"{q['p50_ms']} / {q['p99_ms']} ms", "")
+        back = "not within the limit" if rec["seconds"] is None else f"{rec['seconds']} s"
+        t.add_row("  recovery to unloaded TTFT", back, "<= 5 s: " + ("met" if g["recovered_within_5s"] else "MISSED"))
+        t.add_row("  after: busy slots / queue", f"{f['after']['slots_busy']:g} / {f['after']['queue_depth']:g}",
+                  "0 / 0: " + ("met" if g["slots_idle_after"] else "MISSED"))
+    idle = r["idle_sockets"]
+    if idle:
+        w = idle["with"]
+        t.add_row("[b]idle sockets[/b]", "", "")
+        t.add_row("  TTFT p50 / p99 without", f"{idle['without']['ttft']['p50_ms']} / "
+                  f"{idle['without']['ttft']['p99_ms']} ms", "")
+        t.add_row("  ... with " + ", ".join(f"{n} {k}" for k, n in w["sockets"].items()),
+                  f"{w['ttft']['p50_ms']} / {w['ttft']['p99_ms']} ms", f"{w['failed']} of {w['requests']} failed")
+        for kind, tally in w["what_the_server_did"].items():
+            t.add_row(f"  {kind} sockets", f"{tally['connects']} opened", f"closed {tally['closed']}, "
+                      f"answered {tally['statuses']}, errors {tally['errors']}")
+    h = r["health_at_end"]
+    t.add_row("at the end: busy slots / queue", f"{h['slots_busy']:g} / {h['queue_depth']:g}", "")
+    t.add_row("server RSS at start / end", f"{h['rss_mib_before']} / {h['rss_mib_after']} MiB", "")
+    load = result["load_average_1m"]
+    t.add_row("machine load average (1 min) at start / end", f"{load['start']:.1f} / {load['end']:.1f}",
+              f"{m['cores']} cores")
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--url", help="a running server (else one is started on the preset's random weights)")
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--max-queue", type=int, default=0, help="the server's --max-queue (0: admit only into a free "
+                    "slot, the short queue that keeps admitted requests' TTFT)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--factor", type=int, default=4, help="clients per slot + queue place")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--max-tokens", type=int, default=16, help="each completion's length (short)")
+    ap.add_argument("--unloaded", type=int, default=40, help="sequential requests for the unloaded TTFT")
+    ap.add_argument("--retry-after", default="ignore,honor", help="floods to run: ignore (a 429 is retried at once) "
+                    "and/or honor (refused clients wait Retry-After seconds)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds one request may take")
+    ap.add_argument("--recovery-limit", type=float, default=30.0)
+    ap.add_argument("--idle", type=int, default=500, help="idle sockets in the idle phase (0 with the others: none)")
+    ap.add_argument("--keepalive", type=int, default=100)
+    ap.add_argument("--slow", type=int, default=50)
+    ap.add_argument("--idle-seconds", type=float, default=40.0)
+    ap.add_argument("--serve-args", default="", help="more `gptport serve` options, space-separated")
+    args = ap.parse_args()
+    load_before = os.getloadavg()[0]
+    if args.url:
+        url, server = args.url.rstrip("/"), None
+        results = measure(url, None, args)
+    else:
+        d = model_dir(args.preset, big_corpus(), False)
+        port = free_port()
+        server = [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", str(port), "--slots",
+                  str(args.slots), "--max-queue", str(args.max_queue), "--threads", str(args.threads),
+                  *args.serve_args.split()]
+        results = served(server, f"http://127.0.0.1:{port}", HERE / "work" / "serve" / f"flood-{args.preset}.log",
+                         lambda u, pid: measure(u, pid, args))
+    result = {"preset": args.preset, "date": time.strftime("%Y-%m-%d"), "machine": describe(),
+              "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},  # others' work on the machine
+              "settings": {"slots": args.slots, "max_queue": args.max_queue, "threads": args.threads,
+                           "clients": args.factor * (args.slots + args.max_queue), "seconds": args.seconds,
+                           "max_tokens": args.max_tokens,
+                           "serve_options": server[5:] if server else None, "url": args.url},
+              "results": results}
+    out = HERE / "results" / f"flood-{args.preset}-{time.strftime('%Y%m%d')}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(f"wrote {out.relative_to(HERE.parent)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
