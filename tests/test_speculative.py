@@ -20,7 +20,11 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling, probs
 from gptport.runtime.speculative import Drafts, LookupDrafter, ModelDrafter, SpecStats, speculate
+from gptport.serve.drafting import Drafting
+from gptport.serve.scheduler import Choice
 from tests.conftest import SYLLABLES, build_model_dir, make_text
+from tests.serving import free_port, serve
+from tests.test_slots import Run
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +246,78 @@ def test_bench_draft_rows(tmp_path: Path, trained_dir: Path, draft_dir: Path, ot
     assert "tokens per step" in run.stderr
     run = cli("bench", str(trained_dir), "--draft", str(other_tokenizer_dir), "--no-torch-baseline")
     assert run.returncode == 2 and "--tokenizer-from" in run.stderr and "Traceback" not in run.stderr
+
+
+class Counting:
+    """An observer that counts the scheduler's drafts."""
+
+    def __init__(self) -> None:
+        self.drafted = self.accepted = 0
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def next_token(self, seconds: float) -> None: ...
+
+    def tokens(self, prompt: int, generated: int) -> None: ...
+
+    def phase(self, name: str, seconds: float) -> None: ...
+
+    def drafts(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_scheduler_drafts_alone_and_greedy_tokens_stay(models: tuple[Any, Any], data: st.DataObject) -> None:
+    """Continuous batching with a drafter (serve --draft): greedy requests arriving at hypothesis-chosen
+    iterations, some running into the context, get what generate() gives each alone, token for token;
+    drafting ran (it does while one row decodes) and fixed or adaptive K changes nothing."""
+    target, draft = models
+    vocab, n_ctx = target.tok.vocab_size, target.engine.n_ctx
+    n = data.draw(st.integers(1, 4))
+    prompts = [data.draw(st.lists(st.integers(1, vocab - 1), min_size=1, max_size=n_ctx)) for _ in range(n)]
+    max_tokens = [data.draw(st.integers(1, n_ctx + 10)) for _ in range(n)]
+    arrivals = [0, *(data.draw(st.integers(0, 120)) for _ in range(n - 1))]
+    kind = data.draw(st.sampled_from(["draft", "lookup"]))
+    counting = Counting()
+    drafter = ModelDrafter(draft.engine) if kind == "draft" else LookupDrafter(3)
+    run = Run(target, 4, drafting=Drafting(drafter, data.draw(st.sampled_from([None, 1, 3]))), observer=counting)
+    choices = [Choice(p, m, Sampling(), ignore_eos=True, out=i)
+               for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))]
+    for it in range(max(arrivals) + 1):
+        run.s.submit([c for c, a in zip(choices, arrivals, strict=True) if a == it])
+        run.step()
+    run.until_idle()
+    for c, p, m in zip(choices, prompts, max_tokens, strict=True):
+        room = n_ctx + 1 - len(p)
+        alone = generate(target.engine, [p], m, Sampling(), -1, overflow="stop")[0]
+        assert len(c.new_ids) == min(m, room), (len(p), m)
+        assert c.new_ids == alone.new_ids[:len(c.new_ids)], (len(p), m, kind)
+    if kind == "draft" and any(min(m, n_ctx + 1 - len(p)) > 3 for p, m in zip(prompts, max_tokens, strict=True)):
+        assert counting.drafted > 0
+
+
+def test_serve_draft_gives_the_plain_text(tmp_path: Path, trained_dir: Path, draft_dir: Path,
+                                          other_tokenizer_dir: Path) -> None:
+    """`gptport serve --draft`: a lone greedy request gets generate's text, and /metrics counts the drafts;
+    bad drafting options are refused in one line."""
+    plain = json.loads(cli("generate", str(trained_dir), "ka to ri ka to ri", "--max-new-tokens", "40",
+                           "--json").stdout)
+    for extra in (["--draft", str(draft_dir)], ["--prompt-lookup", "3", "--draft-tokens", "2"]):
+        with serve(trained_dir, tmp_path / "serve.log", "--slots", "2", *extra) as server:
+            status, body = server.post("/v1/completions", {"prompt": "ka to ri ka to ri", "max_tokens": 40,
+                                                           "temperature": 0})
+            assert status == 200, body
+            assert body["choices"][0]["text"] == plain["text"], extra
+            assert body["usage"]["completion_tokens"] == len(plain["token_ids"])
+            assert server.metric("gptport_draft_tokens_total") >= server.metric("gptport_draft_accepted_tokens_total")
+            if extra[0] == "--draft":  # a model always drafts; a lookup drafts only where an n-gram recurs
+                assert server.metric("gptport_draft_tokens_total") > 0
+        assert "drafts " in (tmp_path / "serve.log").read_text()
+    for extra, code, words in ((["--draft-tokens", "3"], 2, "needs --draft"),
+                               (["--draft", str(draft_dir), "--prompt-lookup", "3"], 2, "one way of drafting"),
+                               (["--prompt-lookup", "1"], 2, "--prompt-lookup must be at least"),
+                               (["--draft", str(other_tokenizer_dir)], 1, "--tokenizer-from")):
+        run = cli("serve", str(trained_dir), "--port", str(free_port()), *extra)
+        assert run.returncode == code and words in run.stderr and "Traceback" not in run.stderr, (extra, run.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,6 +20,8 @@ EXAMPLES = """Examples:
        -d '{"prompt": "To be or not", "max_tokens": 32, "temperature": 0}'
 
   Open http://127.0.0.1:8000/ in a browser for a prompt box that streams the reply.
+
+  gptport serve models/mymodel --draft models/draft             # a lone request decodes several tokens per step
 
   gptport serve models/mymodel --ray --replicas 2 --threads 1    # Ray Serve: 2 engines behind Ray's proxy
 
@@ -58,6 +61,14 @@ def serve(
     body_timeout: Annotated[float, typer.Option(help="Seconds a request's body has to arrive; then 408 and the "
                                                 "connection is closed.")] = 30.0,
     keep_alive: Annotated[int, typer.Option(help="Seconds an idle keep-alive connection stays open.")] = 5,
+    draft: Annotated[Path | None, typer.Option("--draft", help="Speculative decoding while one request decodes "
+                                               "alone: this model directory (same tokenizer) drafts, the model "
+                                               "verifies several tokens per step. Same output as without.")] = None,
+    draft_tokens: Annotated[int | None, typer.Option("--draft-tokens", help="Drafts per step, fixed (default: "
+                                                     "adaptive, from the acceptance rate).")] = None,
+    prompt_lookup: Annotated[int | None, typer.Option("--prompt-lookup", help="Speculative decoding without a "
+                                                      "draft model: drafts copied from the latest earlier match of "
+                                                      "the last N tokens.")] = None,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
                                              "load).")] = False,
     ray: Annotated[bool, typer.Option("--ray", help="Serve on Ray Serve (pip install 'gptport[ray]'): replicas, "
@@ -76,10 +87,13 @@ def serve(
     from gptport.serve.server import run
 
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
-                        model_name or model_dir.resolve().name, prefill_chunk, spin=spin, body_timeout=body_timeout)
+                        model_name or model_dir.resolve().name, prefill_chunk, spin=spin, body_timeout=body_timeout,
+                        draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup)
     limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:
+        if draft is not None or prompt_lookup is not None:
+            raise UsageError("--draft and --prompt-lookup serve from gptport's own server, not Ray Serve's replicas")
         if limits != Limits():
             raise UsageError("--max-connections, --header-timeout and --keep-alive bound gptport's own HTTP server, "
                              "not Ray's proxy")

@@ -31,6 +31,7 @@ from starlette.routing import Route
 from gptport.errors import GptportError
 from gptport.page_style import styled
 from gptport.serve import openapi, protocol
+from gptport.serve.drafting import Drafting
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
 from gptport.serve.responses import Collector, stream_chunks
@@ -56,6 +57,9 @@ class Settings:
     prefill_chunk: int = 512
     max_body: int = 1 << 20
     body_timeout: float = 30.0  # seconds a request's body may take to arrive (then 408): a slow sender holds no task
+    draft: Path | None = None  # speculative decoding of a lone row: the draft model's directory
+    draft_tokens: int | None = None  # drafts per step (None: adaptive)
+    prompt_lookup: int | None = None  # speculative decoding by prompt lookup: the n-gram length
     spin: str = "step"  # onnxruntime's workers spin during a step and sleep between: the HTTP side needs the cores
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
@@ -91,8 +95,9 @@ class State:
             self.render, template = renderer(s.model_dir)
             vocab = opened.engine.config.vocab_size
             self.grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
+            drafting, drafts_from = _drafting(s, opened)
             self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
-                                       s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab))
+                                       s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab), drafting)
         except Exception as e:  # noqa: BLE001 - whatever stops the load stops the server, with its message
             self.error = str(e) if isinstance(e, GptportError) else f"loading the model failed: {type(e).__name__}: {e}"
             log.debug("load failed", exc_info=True)
@@ -110,12 +115,32 @@ class State:
         kv *= engine.kv_dtype.itemsize
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
                    f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
-                   f"chat template: {template}")
+                   f"chat template: {template}{drafts_from}")
 
     def ready(self) -> Scheduler:
         if self.scheduler is None:
             raise ApiError(503, self.error or "the model is still loading", None, "not_ready")
         return self.scheduler
+
+
+def _drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
+    """The scheduler's drafting (--draft or --prompt-lookup; server.check refused bad values), and the
+    startup line's words for it."""
+    from gptport.runtime import speculative
+
+    if s.draft is None and s.prompt_lookup is None:
+        return None, ""
+    speculative.static_model(opened.engine, "--draft" if s.draft is not None else "--prompt-lookup")
+    k = "adaptive" if s.draft_tokens is None else str(s.draft_tokens)
+    if s.prompt_lookup is not None:
+        return (Drafting(speculative.LookupDrafter(s.prompt_lookup), s.draft_tokens),
+                f" · drafts by prompt lookup ({s.prompt_lookup}-grams, k {k})")
+    from gptport.runtime.loader import open_model
+
+    assert s.draft is not None
+    small = open_model(s.draft, opened.provider, opened.precision, s.threads, spin=s.spin)
+    speculative.check_tokenizers(s.model_dir, opened.tok.sha256, s.draft, small.tok.sha256)
+    return Drafting(speculative.ModelDrafter(small.engine), s.draft_tokens), f" · drafts from {s.draft} (k {k})"
 
 
 def _dispatch(events: list[tuple[Any, Any]]) -> None:

@@ -29,6 +29,8 @@ class Metrics(Observer):
         self.phases = Counter("gptport_scheduler_seconds", "Scheduler time by phase: prefill, decode (the model), "
                               "sample, emit (detokenize and hand over)", ["phase"], registry=r)
         self._phases: dict[str, Any] = {}
+        self.drafted = Counter("gptport_draft_tokens", "Tokens drafted (serve --draft / --prompt-lookup)", registry=r)
+        self.accepted = Counter("gptport_draft_accepted_tokens", "Drafted tokens the model kept", registry=r)
         self.queue = Gauge("gptport_queue_depth", "Choices waiting for a slot", registry=r)
         self.busy = Gauge("gptport_slots_busy", "Slots holding a request", registry=r)
         self.slots = Gauge("gptport_slots", "Slots (rows of the KV cache)", registry=r)
@@ -56,6 +58,10 @@ class Metrics(Observer):
         if child is None:
             child = self._phases[name] = self.phases.labels(name)
         child.inc(seconds)
+
+    def drafts(self, drafted: int, accepted: int) -> None:
+        self.drafted.inc(drafted)
+        self.accepted.inc(accepted)
 
     def render(self, scheduler: Any) -> bytes:
         """The exposition text, with the gauges read from the scheduler now."""

@@ -7,6 +7,7 @@ slot, samples each row with its choice's own generator, detokenizes UTF-8-safely
 and hands the iteration's events over in one call of `deliver`. A choice with a constraint (a
 llguidance matcher) has its next-token mask computed in the background while the model runs; its
 disallowed logits are -inf before sampling, and it finishes with `stop` when its grammar is complete.
+With a drafter (drafting.py), a choice decoding alone takes speculative steps: several tokens per step.
 The asyncio side never calls the model; it submits choices and reads their events. No torch here.
 """
 
@@ -27,6 +28,7 @@ from gptport.runtime.constraint import Masks, Matcher
 from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import Sampling, choose_rows, logprob_entries
 from gptport.runtime.slots import SlotEngine
+from gptport.serve.drafting import Drafting
 from gptport.tokenizer import BPETokenizer
 
 log = logging.getLogger("gptport.serve")
@@ -101,6 +103,8 @@ class Observer:
 
     def phase(self, name: str, seconds: float) -> None: ...
 
+    def drafts(self, drafted: int, accepted: int) -> None: ...
+
 
 class Scheduler:
     """The loop over a SlotEngine. `deliver(events)` is called from the scheduler's thread with a list
@@ -108,8 +112,9 @@ class Scheduler:
 
     def __init__(self, slots: SlotEngine, tok: BPETokenizer, deliver: Callable[[list[tuple[Any, Event]]], None],
                  max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
-                 masks: Masks | None = None) -> None:
+                 masks: Masks | None = None, drafting: Drafting | None = None) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
+        self.drafting = drafting  # speculative steps while one row decodes alone (a StaticSlots engine)
         self.masks = masks  # None: constrained choices are refused at submit
         self.max_queue, self.prefill_chunk = max_queue, max(1, prefill_chunk)
         self.observer = observer or Observer()
@@ -310,21 +315,36 @@ class Scheduler:
 
     def _decode(self, events: list[tuple[Any, Event]]) -> None:
         rows = self._decoding
+        if (self.drafting is not None and len(rows) == 1 and not self._filling and not self._waiting
+                and self.drafting.eligible(rows[0])):
+            self._speculate(rows[0], events)
+            return
         t0 = time.perf_counter()
         logits = self.engine.decode([c.slot for c in rows], np.array([c.new_ids[-1] for c in rows], dtype=np.int64))
         t1 = time.perf_counter()
         self.observer.phase("decode", t1 - t0)
         self._decoding = self._sample(rows, logits, events, t1)
 
-    def _sample(self, rows: list[Choice], logits: np.ndarray, events: list[tuple[Any, Event]], now: float
-                ) -> list[Choice]:
-        """Choose each row's next token from logits (k, V), emit its text, finish what is finished;
-        the rows that go on decoding."""
+    def _speculate(self, c: Choice, events: list[tuple[Any, Event]]) -> None:
+        """One row alone: the drafts that stood and the model's own token emitted in turn (drafting.py)."""
+        logits, toks = self.drafting.step(self.engine, c, self.observer)  # type: ignore[union-attr]
+        now, still = time.perf_counter(), [c]
+        for j, tok in enumerate(toks or []):
+            still = self._sample([c], logits[j:j + 1], events, now, picks=[tok])
+            if not still:
+                break
+        self._decoding = self._sample([c], logits, events, now) if toks is None else still
+
+    def _sample(self, rows: list[Choice], logits: np.ndarray, events: list[tuple[Any, Event]], now: float,
+                picks: list[int] | None = None) -> list[Choice]:
+        """Choose each row's next token from logits (k, V) (or take `picks`, chosen already), emit its
+        text, finish what is finished; the rows that go on decoding."""
         t0 = time.perf_counter()
         self.observer.tokens(0, len(rows))
         raw = self._adjust(rows, logits)
         t_mask = time.perf_counter()
-        picks = choose_rows(logits, [(c.sampling, c._rng, (c.prompt_ids, c.new_ids)) for c in rows])
+        if picks is None:
+            picks = choose_rows(logits, [(c.sampling, c._rng, (c.prompt_ids, c.new_ids)) for c in rows])
         t1 = time.perf_counter()
         still: list[Choice] = []
         for i, (c, tok) in enumerate(zip(rows, picks, strict=True)):

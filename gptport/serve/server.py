@@ -34,11 +34,30 @@ def check(settings: Settings, limits: Limits | None = None) -> None:
             raise UsageError(f"--max-connections {limits.max_connections} must be more than --slots + --max-queue "
                              f"({settings.slots + settings.max_queue}): a full queue answers 429 before connections "
                              "run out")
+    check_drafting(settings)
     check_spin(settings.spin)
     if settings.provider == "tensorrt" and settings.slots > TRT_MAX_BATCH:
         raise UsageError(f"--slots {settings.slots}: the TensorRT engine's profiles go up to batch {TRT_MAX_BATCH}")
     loader.graph_path(settings.model_dir, settings.precision, settings.provider, settings.kv_cache)
     bpe.load(settings.model_dir)
+
+
+def check_drafting(settings: Settings) -> None:
+    """--draft, --draft-tokens and --prompt-lookup, before anything loads."""
+    from gptport.runtime.speculative import LOOKUP_MIN
+
+    if settings.draft is not None and settings.prompt_lookup is not None:
+        raise UsageError("--draft and --prompt-lookup: one way of drafting at a time")
+    if settings.draft is None and settings.prompt_lookup is None and settings.draft_tokens is not None:
+        raise UsageError("--draft-tokens needs --draft or --prompt-lookup")
+    if settings.draft_tokens is not None and settings.draft_tokens < 1:
+        raise UsageError(f"--draft-tokens must be at least 1, not {settings.draft_tokens}")
+    if settings.prompt_lookup is not None and settings.prompt_lookup < LOOKUP_MIN:
+        raise UsageError(f"--prompt-lookup must be at least {LOOKUP_MIN} (tokens matched), not "
+                         f"{settings.prompt_lookup}")
+    if settings.draft is not None:
+        loader.graph_path(settings.draft, settings.precision, settings.provider)  # exported, at this precision
+        bpe.load(settings.draft)
 
 
 def run(settings: Settings, host: str, port: int, say: Callable[[str], None], shutdown_timeout: float = 30.0,
