@@ -7,11 +7,13 @@ vocabulary.
 Free requests generate max_tokens each (ignore_eos); constrained ones end where their JSON is
 complete or at max_tokens. The schema's strings hold 48-96 lower-case letters and spaces (3-4 tags
 of 16-32), so that a constrained request runs about as long as a free one (~130 tokens of JSON at
-`small`'s vocabulary; random weights otherwise close strings at once): with shorter outputs (as with a schema of free strings, where the many
-tokens that hold a quote end a string early) requests end at different steps and arrive one by one,
-each prefill interrupting every decoding row, while the free load's requests end and arrive together
-and are prefilled in one batch — the comparison would measure that rather than the masks. Random weights (bench_serve.py's), so the JSON's
-strings are noise bounded by the schema. Rounds alternate which server goes first.
+`small`'s vocabulary; random weights otherwise close strings at once): with shorter outputs (as with a
+schema of free strings, where the many tokens that hold a quote end a string early) requests end at
+different steps and arrive one by one, each prefill interrupting every decoding row, while the free
+load's requests end and arrive together and are prefilled in one batch — the comparison would measure
+that rather than the masks. Random weights (bench_serve.py's), so the JSON's strings are noise bounded by
+the schema. Rounds alternate which server goes first. Each user sends --requests-per-user requests per
+load: with few, the run's last requests (the drain, when fewer than 16 users are left) weigh more.
 Writes benchmarks/results/structured-<shape>.json naming the CPU.
 
     python benchmarks/bench_structured.py [--shapes small,gpt2-124m] [--rounds 2] [--llama-server PATH]
@@ -77,14 +79,15 @@ def mask_cost_us(d: Path, rows: int, steps: int = 200, seed: int = 0) -> dict[st
             "p90_us_per_row": float(np.percentile(times, 90) * 1e6)}
 
 
-def load(url: str, shape: str, levels: list[int], seed: int, schema_path: Path) -> list[dict[str, Any]]:
+def load(url: str, shape: str, levels: list[int], seed: int, schema_path: Path, per_user: int
+         ) -> list[dict[str, Any]]:
     rows = []
     for kind in ("free", "json"):
         for c in levels:
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 extra = ["--json-schema", str(schema_path)] if kind == "json" else []
                 subprocess.run([sys.executable, "-m", "gptport.cli.main", "bench-serve", url, "--concurrency", str(c),
-                                "--num-prompts", str(max(8, 4 * c)), "--prompt-len", "64", "--max-tokens",
+                                "--num-prompts", str(max(8, per_user * c)), "--prompt-len", "64", "--max-tokens",
                                 str(MAX_TOKENS[shape]), "--temperature", "0.8", "--seed", str(seed), *extra,
                                 "--json", f.name], check=True)
                 rows += [{**r, "load": kind, "mean_output_tokens": r["total_output_tokens"] / max(r["completed"], 1)}
@@ -99,6 +102,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--requests-per-user", type=int, default=4,
+                    help="requests each user sends in a load (more: less of the run is the last requests' tail)")
     ap.add_argument("--llama-server", type=Path, default=os.environ.get("GPTPORT_LLAMA_SERVER"))
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -124,10 +129,12 @@ def main() -> None:
                 cmd = [port if a == "PORT" else a for a in servers[name]]
                 log = WORK / f"structured-{shape}-{name}.log"
                 rounds[name].append(served_with(cmd, f"http://127.0.0.1:{port}", log,
-                                                lambda url, r=r, shape=shape: load(url, shape, levels, r, schema_path)))
+                                                lambda url, r=r, shape=shape: load(url, shape, levels, r, schema_path,
+                                                                              args.requests_per_user)))
         result = {"shape": shape, "machine": describe(), "schema": SCHEMA,
                   "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,
                                "max_tokens": MAX_TOKENS[shape], "temperature": 0.8, "rounds": args.rounds,
+                               "requests_per_user": args.requests_per_user,
                                "concurrency": levels},
                   "mask_cost": masks, "servers": {name: {"median": median(rs), "rounds": rs}
                                                   for name, rs in rounds.items()}}
