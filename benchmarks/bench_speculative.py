@@ -1,5 +1,6 @@
 """Speculative decoding at batch 1: a `small` target and a `tiny` draft with the same tokenizer, both
-trained on tinyshakespeare for a few minutes (once; cached under benchmarks/work/speculative), greedy,
+trained on tinyshakespeare for 600 steps of 8 sequences each (a few minutes on a quiet 2-core CPU; once,
+cached under benchmarks/work/speculative), greedy,
 NEW new tokens from held-out prompts, interleaved rounds.
 
 Rows per round, each over the same prompts: plain decoding (`generate`, the static-cache graph), the
@@ -40,7 +41,7 @@ def gptport(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
 
 
-def prepare(corpus: Path, target_minutes: float, draft_minutes: float) -> tuple[Path, Path, str]:
+def prepare(corpus: Path, target_steps: int, draft_steps: int) -> tuple[Path, Path, str]:
     """The target and draft directories (trained and exported once), and the held-out text."""
     WORK.mkdir(parents=True, exist_ok=True)
     text = corpus.read_text(encoding="utf-8")
@@ -50,15 +51,15 @@ def prepare(corpus: Path, target_minutes: float, draft_minutes: float) -> tuple[
     if not train.exists():
         train.write_text(text[:cut], encoding="utf-8")
     target, draft = WORK / "target", WORK / "draft"
-    for d, preset, minutes in ((target, "small", target_minutes), (draft, "tiny", draft_minutes)):
+    for d, preset, steps in ((target, "small", target_steps), (draft, "tiny", draft_steps)):
         if (d / "model.f32.gguf").exists():
             continue
         if d == target and not (d / "tokenizer.json").exists():
             gptport("train-tokenizer", str(train), "--vocab-size", "4096", "--out", str(d))
         extra = ["--tokenizer-from", str(target)] if d == draft else []
         if not (d / "config.json").exists():
-            gptport("train", str(train), "--model-dir", str(d), "--preset", preset, "--minutes", str(minutes),
-                    "--set", f"n_ctx={N_CTX}", *extra)
+            gptport("train", str(train), "--model-dir", str(d), "--preset", preset, "--steps", str(steps),
+                    "--batch-size", "8", "--set", f"n_ctx={N_CTX}", *extra)
         gptport("export", str(d), "--force")
         gptport("export-gguf", str(d), "--outtype", "f32", "--force")
     return target, draft, heldout
@@ -150,12 +151,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--k", type=int, default=4, help="the fixed draft length's row")
-    ap.add_argument("--target-minutes", type=float, default=10.0)
-    ap.add_argument("--draft-minutes", type=float, default=4.0)
+    ap.add_argument("--target-steps", type=int, default=600, help="training steps of the target (batch 8)")
+    ap.add_argument("--draft-steps", type=int, default=600, help="training steps of the draft (batch 8)")
     ap.add_argument("--llama-dir", type=Path, help="a llama.cpp build's bin directory (llama-speculative, "
                     "llama-bench)")
     args = ap.parse_args()
-    target, draft, heldout = prepare(args.corpus, args.target_minutes, args.draft_minutes)
+    target, draft, heldout = prepare(args.corpus, args.target_steps, args.draft_steps)
     tasks = {"held-out prompts": prompts(heldout, args.prompts), "repetitive": repetitive(heldout, args.prompts)}
     rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
     for r in range(args.rounds):
