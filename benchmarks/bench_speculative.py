@@ -143,6 +143,39 @@ def llama_rows(llama: Path, target: Path, draft: Path, texts: list[str], new: in
             "llama.cpp plain (llama-bench)": {"tok_s": plain}}
 
 
+def step_costs(target: Path, threads: int, reps: int = 15) -> dict[str, dict[str, float]]:
+    """Why the server drafts only for a lone row: the target's step time (ms, median) for one row taking
+    n tokens at once (a verification of n - 1 drafts) and for B rows taking one token each (a plain
+    batched step), every row 128 tokens into its context. A B-row verification of K drafts each is
+    B·(K + 1) rows of the matrix products, as one row of B·(K + 1) tokens is (its attention differs)."""
+    import numpy as np
+
+    from gptport.runtime.loader import open_model
+    from gptport.runtime.slots import open_slots
+
+    tg = open_model(target, "cpu", "fp32", threads)
+    slots = open_slots(tg.engine, 16)
+    rng = np.random.default_rng(0)
+    for s in range(16):
+        slots.append(s, rng.integers(1, tg.tok.vocab_size, 128))
+    timed = lambda f: statistics.median(_time(f) for _ in range(reps)) * 1e3  # noqa: E731
+    one_row, rows = {}, {}
+    for n in (1, 2, 3, 5, 9, 17, 33, 80):
+        ids = rng.integers(1, tg.tok.vocab_size, n)
+        one_row[str(n)] = timed(lambda ids=ids: (slots.append(0, ids, all_logits=True), slots.truncate(0, 128)))
+    for b in (1, 2, 4, 8, 16):
+        ids = rng.integers(1, tg.tok.vocab_size, b)
+        rows[str(b)] = timed(lambda b=b, ids=ids: (slots.decode(list(range(b)), ids),
+                                                   [slots.truncate(s, 128) for s in range(b)]))
+    return {"one_row_n_tokens_ms": one_row, "b_rows_one_token_ms": rows}
+
+
+def _time(f: Any) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, default=SHAKESPEARE)
@@ -171,9 +204,10 @@ def main() -> None:
                 rows |= llama_rows(args.llama_dir, target, draft, texts, args.new, args.threads)
             got[task] = rows
         rounds.append(got)
-    result = {"machine": describe(), "settings": vars(args) | {"corpus": args.corpus.name, "n_ctx": N_CTX,
-                                                                "llama_dir": bool(args.llama_dir)},
-              "median": summarize(rounds), "rounds": rounds}
+    costs = step_costs(target, args.threads)
+    settings = vars(args) | {"corpus": args.corpus.name, "n_ctx": N_CTX, "llama_dir": bool(args.llama_dir)}
+    result = {"machine": describe(), "step_costs": costs, "settings": settings, "median": summarize(rounds),
+              "rounds": rounds}
     out = HERE / "results" / f"speculative-{slug(describe())}.json"
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print_table(result)
@@ -199,6 +233,10 @@ def print_table(result: dict[str, Any]) -> None:
     m = result["machine"]
     print(f"\nspeculative decoding, batch 1, greedy, {result['settings']['new']} new tokens, on {m['cpu']} "
           f"({m['cores']} cores)")
+    costs = result["step_costs"]
+    print("\nstep time (ms): one row taking n tokens | B rows taking one each")
+    print("  n: " + "  ".join(f"{n}: {ms:.2f}" for n, ms in costs["one_row_n_tokens_ms"].items()))
+    print("  B: " + "  ".join(f"{b}: {ms:.2f}" for b, ms in costs["b_rows_one_token_ms"].items()))
     for task, rows in result["median"].items():
         plain = rows["plain"]["tok_s"]
         print(f"\n{task}\n{'row':<32} {'tok/s':>8} {'× plain':>8} {'accept':>7} {'tok/step':>8} {'same':>5}")
