@@ -1,7 +1,7 @@
 """Speculative decoding at batch 1: a `small` target and a `tiny` draft with the same tokenizer, both
-trained on tinyshakespeare for 600 steps of 8 sequences each (a few minutes on a quiet 2-core CPU; once,
-cached under benchmarks/work/speculative), greedy,
-NEW new tokens from held-out prompts, interleaved rounds.
+trained on tinyshakespeare for 250 steps of 8 sequences of 512 tokens (about 15 and 4 minutes on a quiet
+2-core CPU; once, cached under benchmarks/work/speculative; the results record each model's steps and
+validation perplexity), greedy, NEW new tokens from held-out prompts, interleaved rounds.
 
 Rows per round, each over the same prompts: plain decoding (`generate`, the static-cache graph), the
 draft with adaptive K, the draft with fixed K, and prompt lookup; the text of every drafted row must be
@@ -92,7 +92,9 @@ def gptport_rows(target: Path, draft: Path, texts: list[str], new: int, threads:
     from gptport.runtime.sampling import Sampling
     from gptport.runtime.speculative import LookupDrafter, ModelDrafter, SpecStats, speculate
 
-    tg, dr = open_model(target, "cpu", "fp32", threads), open_model(draft, "cpu", "fp32", threads)
+    # both sessions' workers stop spinning after each step (as generate --draft opens them): two sessions
+    # taking turns on 2 cores, each spinning on after its step, halved the drafted rows' speed
+    tg, dr = (open_model(d, "cpu", "fp32", threads, spin="step") for d in (target, draft))
     ids = encode_prompts(tg.tok, texts, tg.engine.n_ctx)
     greedy, eot = Sampling(), -1  # no end-of-text: every row generates `new` tokens
     configs = {"plain": None, "draft adaptive": ("draft", None), f"draft k={k}": ("draft", k),
@@ -125,22 +127,33 @@ def llama_rows(llama: Path, target: Path, draft: Path, texts: list[str], new: in
     for text in texts:
         run = subprocess.run([str(llama / "llama-speculative"), "-m", str(target / "model.f32.gguf"), "-md",
                               str(draft / "model.f32.gguf"), "-p", text, "-n", str(new), "-t", str(threads),
-                              "-td", str(threads), "-c", str(N_CTX), "-cd", str(N_CTX), "--temp", "0",
-                              "--draft-max", "8", "--ignore-eos", "-no-cnv"],
+                              "-td", str(threads), "-c", str(N_CTX), "--temp", "0",
+                              "--spec-draft-n-max", "8", "--ignore-eos"],
                              capture_output=True, text=True, check=True)
         log = run.stderr + run.stdout
         speed = re.search(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
-        accept = re.search(r"accept\s*=\s*([\d.]+)%", log)
+        counts = re.search(r"n_drafted\s*=\s*(\d+).*?n_accept\s*=\s*(\d+)", log, re.S)
         if speed is None:
             raise RuntimeError(f"llama-speculative printed no speed:\n{log[-2000:]}")
         speeds.append(float(speed.group(2)))
-        accepts.append(float(accept.group(1)) / 100 if accept else float("nan"))
+        if counts is not None:  # drafted and accepted tokens, summed over the prompts
+            accepts.append((int(counts.group(1)), int(counts.group(2))))
     bench = subprocess.run([str(llama / "llama-bench"), "-m", str(target / "model.f32.gguf"), "-p", "0", "-n",
                             str(new), "-t", str(threads), "-r", "3", "-o", "json"],
                            capture_output=True, text=True, check=True)
     plain = json.loads(bench.stdout)[0]["avg_ts"]
-    return {"llama.cpp speculative": {"tok_s": statistics.mean(speeds), "acceptance": statistics.mean(accepts)},
+    acceptance = sum(a for _, a in accepts) / max(1, sum(d for d, _ in accepts))
+    return {"llama.cpp speculative": {"tok_s": statistics.mean(speeds), "acceptance": acceptance},
             "llama.cpp plain (llama-bench)": {"tok_s": plain}}
+
+
+def trained(d: Path) -> dict[str, Any]:
+    """What a model directory was trained for: its steps and its last validation perplexity."""
+    state = json.loads((d / "trainer.json").read_text())
+    evals = [json.loads(line) for line in (d / "logs" / "train.jsonl").read_text().splitlines() if line.strip()]
+    last = [e for e in evals if "val_ppl" in e][-1]
+    return {"steps": state["step"], "val_ppl": last["val_ppl"], "val_ppl_at_step": last["step"],
+            "parameters": json.loads((d / "config.json").read_text()).get("n_params")}
 
 
 def step_costs(target: Path, threads: int, reps: int = 15) -> dict[str, dict[str, float]]:
@@ -167,7 +180,13 @@ def step_costs(target: Path, threads: int, reps: int = 15) -> dict[str, dict[str
         ids = rng.integers(1, tg.tok.vocab_size, b)
         rows[str(b)] = timed(lambda b=b, ids=ids: (slots.decode(list(range(b)), ids),
                                                    [slots.truncate(s, 128) for s in range(b)]))
-    return {"one_row_n_tokens_ms": one_row, "b_rows_one_token_ms": rows}
+    # prompt lookup where nothing matches (no token recurs): what a step pays for the scan, n_ctx - 1 tokens
+    from gptport.runtime.sampling import Sampling
+    from gptport.runtime.speculative import LookupDrafter
+
+    seq, lookup = rng.permutation(tg.tok.vocab_size)[:N_CTX - 1].tolist(), LookupDrafter(3)
+    scan = timed(lambda: lookup.propose(seq, 4, Sampling(), rng)) * 1e3
+    return {"one_row_n_tokens_ms": one_row, "b_rows_one_token_ms": rows, "lookup_no_match_us": scan}
 
 
 def _time(f: Any) -> float:
@@ -206,9 +225,10 @@ def main() -> None:
         rounds.append(got)
     costs = step_costs(target, args.threads)
     settings = vars(args) | {"corpus": args.corpus.name, "n_ctx": N_CTX, "llama_dir": bool(args.llama_dir)}
-    result = {"machine": describe(), "step_costs": costs, "settings": settings, "median": summarize(rounds),
+    result = {"machine": describe(), "models": {"target": trained(target), "draft": trained(draft)},
+              "step_costs": costs, "settings": settings, "median": summarize(rounds),
               "rounds": rounds}
-    out = HERE / "results" / f"speculative-{slug(describe())}.json"
+    out = HERE / "results" / f"speculative-{slug(result['machine']['cpu'])}.json"
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print_table(result)
     print(f"wrote {out}")
@@ -237,6 +257,8 @@ def print_table(result: dict[str, Any]) -> None:
     print("\nstep time (ms): one row taking n tokens | B rows taking one each")
     print("  n: " + "  ".join(f"{n}: {ms:.2f}" for n, ms in costs["one_row_n_tokens_ms"].items()))
     print("  B: " + "  ".join(f"{b}: {ms:.2f}" for b, ms in costs["b_rows_one_token_ms"].items()))
+    print(f"prompt lookup's scan where nothing matches, {result['settings']['n_ctx'] - 1} tokens: "
+          f"{costs['lookup_no_match_us']:.0f} µs a step")
     for task, rows in result["median"].items():
         plain = rows["plain"]["tok_s"]
         print(f"\n{task}\n{'row':<32} {'tok/s':>8} {'× plain':>8} {'accept':>7} {'tok/step':>8} {'same':>5}")

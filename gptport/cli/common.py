@@ -43,14 +43,14 @@ def human_bytes(n: float) -> str:
 
 def open_engine(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
                 threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-                cache: str = "auto", fmt: str = "onnx") -> Opened:
+                cache: str = "auto", fmt: str = "onnx", spin: str = "always") -> Opened:
     """`--engine onnx`: the graph on `provider` (gptport.runtime.loader.open_model); `--engine torch`: the
     reference torch model (gptport.training.torch_engine, which needs the train extra). The choice is made
     here, above both stages, so that the runtime never imports the torch side."""
     if engine == "onnx":
         from gptport.runtime.loader import open_model
 
-        return open_model(model_dir, provider, precision, threads, fallback, say=say, cache=cache, fmt=fmt)
+        return open_model(model_dir, provider, precision, threads, fallback, say=say, cache=cache, fmt=fmt, spin=spin)
     if engine != "torch":
         raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
     if fmt != "onnx":

@@ -90,8 +90,11 @@ def generate(
         raise UsageError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
     texts = list(prompt or []) + (read_prompt_file(file) if file else [])
     warn = lambda msg: err.print(f"[yellow]warning:[/] {msg}")  # noqa: E731
+    # with a draft model two sessions take turns: workers that spin on after their step (onnxruntime's
+    # default) would hold the cores the other session's step needs (--draft ran at half speed)
+    spin = "step" if draft is not None else "always"
     opened = open_engine(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache,
-                         fmt=graph_format)
+                         fmt=graph_format, spin=spin)
     ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn)
     streams = [TextStream(opened.tok, stop or []) for _ in ids]
     live = len(ids) == 1 and not as_json
@@ -181,7 +184,7 @@ def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens:
     from gptport.runtime.loader import open_model
 
     assert draft is not None
-    small = open_model(draft, opened.provider, opened.precision, threads)
+    small = open_model(draft, opened.provider, opened.precision, threads, spin="step")
     speculative.check_tokenizers(model_dir, opened.tok.sha256, draft, small.tok.sha256)
     return lambda: speculative.ModelDrafter(small.engine)
 

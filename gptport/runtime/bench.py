@@ -225,7 +225,8 @@ def _draft_row(plain: Row, model: Any, plan: BenchPlan) -> Row:
     row = Row("onnx", plain.provider, plain.precision, 1, plain.prompt_len, plain.gen_len, kv_cache="static",
               draft=plan.draft.name, providers_ran=plain.providers_ran)
     try:
-        draft = open_graph(plan.draft, plain.precision, plain.provider, "static", threads=plan.threads)
+        # its workers stop spinning after each step: the target's session needs the cores next
+        draft = open_graph(plan.draft, plain.precision, plain.provider, "static", threads=plan.threads, spin="step")
     except GptportError as e:
         row.error = f"--draft {plan.draft}: {e}"
         return row

@@ -139,12 +139,16 @@ class LookupDrafter:
 
     def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
         arr = np.asarray(seq, dtype=np.int64)
-        for size in range(min(self.n, len(arr) - 1), LOOKUP_MIN - 1, -1):
-            tail = arr[-size:]
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], size)  # (L - size, size): not the tail
-            hits = np.flatnonzero((windows == tail).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + size
+        L = len(arr)
+        ends = np.flatnonzero(arr[:-1] == arr[-1])  # (m,) earlier positions of the last token: few, in text
+        for size in range(min(self.n, L - 1), LOOKUP_MIN - 1, -1):
+            cand = ends[ends >= size - 1]  # an n-gram ending at j: arr[j - size + 1 .. j] == the last `size`
+            ok = np.ones(len(cand), dtype=bool)
+            for i in range(1, size):
+                ok &= arr[cand - i] == arr[L - 1 - i]
+            hits = cand[ok]
+            if hits.size:  # the latest occurrence; its continuation starts after it
+                start = int(hits[-1]) + 1
                 drafts = arr[start:start + k].tolist()
                 return drafts, [None] * len(drafts)
         return [], []
