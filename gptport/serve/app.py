@@ -190,6 +190,16 @@ def create_app(settings: Settings) -> Starlette:
             raise ApiError(404, f"The model '{name}' does not exist; this server runs '{settings.model_name}'",
                            "model", "model_not_found")
 
+    def queue_full() -> ApiError:
+        return ApiError(429, f"the queue is full ({settings.max_queue} choices wait for a slot); retry shortly",
+                        None, "queue_full")
+
+    def admit() -> None:
+        """429 at once when not even one more choice fits, before the body is read, parsed and tokenized:
+        under a flood, refusals must cost the event loop little."""
+        if state.scheduler is not None and state.scheduler.full:
+            raise queue_full()
+
     async def run(request: Request, job: Job) -> Response:
         scheduler = state.ready()
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -200,8 +210,7 @@ def create_app(settings: Settings) -> Starlette:
                           job.logit_bias, out=(queue, i * job.n + j))
                    for i, ids in enumerate(job.prompts) for j in range(job.n)]
         if not scheduler.submit(choices):
-            raise ApiError(429, f"the queue is full ({settings.max_queue} choices wait for a slot); retry shortly",
-                           None, "queue_full")
+            raise queue_full()
 
         def cancel() -> None:
             for c in choices:
@@ -227,6 +236,7 @@ def create_app(settings: Settings) -> Starlette:
         return JSONResponse(collector.response())
 
     async def completions(request: Request) -> Response:
+        admit()
         body = await _body(request, settings.max_body)
         check_model(body)
         state.ready()
@@ -237,6 +247,7 @@ def create_app(settings: Settings) -> Starlette:
     async def chat(request: Request) -> Response:
         from jinja2 import TemplateError
 
+        admit()
         body = await _body(request, settings.max_body)
         check_model(body)
         state.ready()

@@ -168,6 +168,11 @@ class Scheduler:
         return len(self._waiting)
 
     @property
+    def full(self) -> bool:
+        """Whether one more choice would be refused now (submit's test, for a refusal before any parsing)."""
+        return len(self._waiting) + 1 - len(self._free) > self.max_queue
+
+    @property
     def busy(self) -> int:
         return self.engine.slots - len(self._free)
 
@@ -183,7 +188,7 @@ class Scheduler:
                     self._cond.wait()
                 if self._stop:
                     break
-            events = self.iterate()
+            events = self.iterate(self.deliver)
             if events:
                 self.deliver(events)
         with self._cond:
@@ -192,12 +197,13 @@ class Scheduler:
         if events:
             self.deliver(events)
 
-    def iterate(self) -> list[tuple[Any, Event]]:
-        """One iteration (the thread's loop body; tests call it directly): its events. A failing step
-        ends the running choices with a Failure and frees their slots; the server goes on."""
+    def iterate(self, early: Callable[[list[tuple[Any, Event]]], None] | None = None) -> list[tuple[Any, Event]]:
+        """One iteration (the thread's loop body; tests call it directly): its events, less those handed to
+        `early` as soon as the prefill is done (first tokens need not wait for the decode step). A failing
+        step ends the running choices with a Failure and frees their slots; the server goes on."""
         events: list[tuple[Any, Event]] = []
         try:
-            self._iteration(events)
+            self._iteration(events, early)
         except Exception as e:  # noqa: BLE001 - a model failure ends the requests, not the server
             log.exception("scheduler iteration failed")
             self._fail_all(events, f"the model failed: {type(e).__name__}: {e}")
@@ -219,7 +225,7 @@ class Scheduler:
             heapq.heappush(self._free, c.slot)
             c.slot = -1
 
-    def _iteration(self, events: list[tuple[Any, Event]]) -> None:
+    def _iteration(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None = None) -> None:
         with self._cond:  # cancelled choices leave, waiting ones take the free slots
             self._waiting = deque(c for c in self._waiting if not c.cancelled)
             for group in (self._filling, self._decoding):
@@ -241,6 +247,9 @@ class Scheduler:
             t0 = time.perf_counter()
             self._prefill(events)
             self.observer.phase("prefill", time.perf_counter() - t0)
+            if early is not None and events and self._decoding:
+                early(events[:])
+                events.clear()
         if self._decoding:
             self._decode(events)
 
