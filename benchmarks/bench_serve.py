@@ -109,11 +109,16 @@ def served_with(cmd: list[str], url: str, log: Path, run: Any) -> Any:
         wait_healthy(url, proc)
         return run(url)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a graceful shutdown), then SIGKILL after 60 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def decode_latency_ms(d: Path, shape: str, threads: int) -> float:

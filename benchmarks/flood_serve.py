@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_serve import free_port, model_dir, wait_healthy
+from bench_serve import free_port, model_dir, stop_server, wait_healthy
 from bench_tokenizer import big_corpus
 from idle_serve import body, idle_phase, ms, quantile, sequential, stream_once
 from rich.console import Console
@@ -224,11 +223,7 @@ def served(cmd: list[str], url: str, log: Path, run: Callable[[str, int], Any]) 
         wait_healthy(url, proc)
         return run(url, proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
 
 def print_table(result: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ PHASE_COLOURS = {"start": "#dde8f2", "warmup": "#f2e6c9", "pause": "#dde8f2", "s
 
 def soak_started(args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any]:
     """Start `gptport serve` on the preset's random weights, soak it, stop it by its pid."""
-    from bench_serve import free_port, model_dir, wait_healthy
+    from bench_serve import free_port, model_dir, stop_server, wait_healthy
     from bench_tokenizer import big_corpus
 
     d = model_dir(args.preset, big_corpus(), False)
@@ -54,11 +53,7 @@ def soak_started(args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any
         wait_healthy(url, proc)
         return soak.run(soak.SoakConfig(url, proc.pid, **cfg), say)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
 
 def say(message: str) -> None:
