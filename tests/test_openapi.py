@@ -24,9 +24,9 @@ from gptport.serve import fields, openapi, protocol, tokenize
 from gptport.serve.api_error import ApiError
 from gptport.serve.app import Settings, create_app
 from gptport.serve.chat import plain
+from gptport.serve.events import Finish, Piece
 from gptport.serve.openapi_schemas import CODES_400, REQUESTS, Limits, request_body
 from gptport.serve.responses import Collector, stream_chunks
-from gptport.serve.scheduler import Finish, Piece
 from tests import openapi_check
 from tests.openapi_check import Conformance
 from tests.serving import LONG, Raw, Served, attempts, serve, wait_idle

@@ -29,42 +29,10 @@ from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import Sampling, choose_rows, logprob_entries
 from gptport.runtime.slots import SlotEngine
 from gptport.serve.drafting import Drafting
+from gptport.serve.events import Event, Failure, Finish, Observer, Piece, PromptLogprobs, TokenLogprob
 from gptport.tokenizer import BPETokenizer
 
 log = logging.getLogger("gptport.serve")
-TokenLogprob = tuple[int, float | None, list[tuple[int, float]]]  # token, its log-probability, the top alternatives
-
-
-@dataclass
-class Piece:
-    """Text that is safe to send now, and the log-probabilities of the tokens it came from."""
-
-    text: str
-    logprobs: list[TokenLogprob] | None = None
-
-
-@dataclass
-class PromptLogprobs:
-    """echo with logprobs: each prompt token's log-probability (None for the first: nothing predicts it)."""
-
-    entries: list[TokenLogprob]
-
-
-@dataclass
-class Finish:
-    reason: str  # stop | length
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass
-class Failure:
-    message: str
-
-
-Event = Piece | PromptLogprobs | Finish | Failure
-
-
 @dataclass(eq=False)
 class Choice:
     """One sequence to generate: a prompt and how to continue it. `out` is the caller's handle for its
@@ -90,20 +58,6 @@ class Choice:
     _rng: np.random.Generator | None = None
     _stream: TextStream | None = None
     _prompt_lp: list[TokenLogprob] = field(default_factory=list)
-
-
-class Observer:
-    """What the scheduler reports as it goes; the server's metrics override these."""
-
-    def first_token(self, seconds: float) -> None: ...
-
-    def next_token(self, seconds: float) -> None: ...
-
-    def tokens(self, prompt: int, generated: int) -> None: ...
-
-    def phase(self, name: str, seconds: float) -> None: ...
-
-    def drafts(self, drafted: int, accepted: int) -> None: ...
 
 
 class Scheduler:

@@ -1,0 +1,52 @@
+"""What the scheduler hands out (events per choice) and reports as it goes (an Observer): the types the
+response writers, the metrics and the scheduler share. No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TokenLogprob = tuple[int, float | None, list[tuple[int, float]]]  # token, its log-probability, the top alternatives
+
+
+@dataclass
+class Piece:
+    """Text that is safe to send now, and the log-probabilities of the tokens it came from."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class PromptLogprobs:
+    """echo with logprobs: each prompt token's log-probability (None for the first: nothing predicts it)."""
+
+    entries: list[TokenLogprob]
+
+
+@dataclass
+class Finish:
+    reason: str  # stop | length
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Failure:
+    message: str
+
+
+Event = Piece | PromptLogprobs | Finish | Failure
+
+
+class Observer:
+    """What the scheduler reports as it goes; the server's metrics override these."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def next_token(self, seconds: float) -> None: ...
+
+    def tokens(self, prompt: int, generated: int) -> None: ...
+
+    def phase(self, name: str, seconds: float) -> None: ...
+
+    def drafts(self, drafted: int, accepted: int) -> None: ...
