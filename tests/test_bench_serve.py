@@ -149,6 +149,9 @@ def make_app(state: FakeState) -> Any:
         if not body.get("stream"):  # bench-serve's calibration probe: this tokenizer makes 2 tokens of a word
             n_in = 2 * len(body["prompt"].split())
             state.probes.append(body)
+            if n_in > 400:  # this server's context
+                return JSONResponse({"error": {"message": f"{n_in} tokens is past the context of 400"}},
+                                    status_code=400)
             return JSONResponse({"choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
                                  "usage": {"prompt_tokens": n_in, "completion_tokens": 1, "total_tokens": n_in + 1}})
         state.count += 1
@@ -169,8 +172,10 @@ def make_app(state: FakeState) -> Any:
                 yield sse({"choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}], "usage": None})
             if mode != "nousage" and body.get("stream_options", {}).get("include_usage"):
                 n_in = 2 * len(body["prompt"].split())
-                yield sse({"choices": [], "usage": {"prompt_tokens": n_in, "completion_tokens": CHUNKS * 2,
-                                                    "total_tokens": n_in + CHUNKS * 2}})
+                usage = {"prompt_tokens": n_in, "completion_tokens": CHUNKS * 2, "total_tokens": n_in + CHUNKS * 2}
+                if mode == "cached":  # a server with prefix caching says how many prompt tokens it reused
+                    usage["prompt_tokens_details"] = {"cached_tokens": 8}
+                yield sse({"choices": [], "usage": usage})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -255,6 +260,29 @@ def test_stream_errors_and_timeouts_count_as_failed(server: tuple[str, FakeState
     assert level["failed"] == 2 and level["errors"] == [{"message": "timed out after 0.3 s", "count": 2}]
 
 
+def test_shared_prefix(server: tuple[str, FakeState]) -> None:
+    """--shared-prefix: every prompt of every level starts with the same text of about N tokens, then its own
+    fresh part of --prompt-len; the prefix's tokens and the server's cached tokens are reported; a prompt
+    the server refuses is a one-line error naming both options."""
+    url, state = server
+    result = loadgen.run(loadgen.Settings(url=url, model="cached", concurrency=(1, 2), num_prompts=4, prompt_len=12,
+                                          max_tokens=12, shared_prefix=20, timeout_s=20))
+    assert result["settings"]["shared_prefix"] == 20 and result["settings"]["shared_prefix_tokens"] == 20
+    prompts = [b["prompt"] for b in state.bodies]
+    prefix = prompts[0].split("\n\n")[0] + "\n\n"
+    assert len(prefix.split()) == 10 and all(p.startswith(prefix) for p in prompts)  # 2 tokens a word
+    own = [p[len(prefix):] for p in prompts]
+    assert {len(o.split()) for o in own} == {6} and len(set(own)) == len(own)  # fresh per request and level
+    assert not any(o.startswith(prefix.split()[0] + " " + prefix.split()[1]) for o in own)
+    for level in result["results"]:
+        assert level["cached_prompt_tokens"] == 8 * level["completed"]
+    state.__init__()
+    plain = loadgen.run(loadgen.Settings(url=url, concurrency=(1,), num_prompts=2, prompt_len=12, timeout_s=20))
+    assert plain["settings"]["shared_prefix_tokens"] is None and plain["results"][0]["cached_prompt_tokens"] is None
+    with pytest.raises(UsageError, match="--shared-prefix 500 with --prompt-len 12"):
+        loadgen.run(loadgen.Settings(url=url, concurrency=(1,), num_prompts=2, prompt_len=12, shared_prefix=500))
+
+
 # ---- the CLI ----------------------------------------------------------------------------------------
 
 
@@ -298,3 +326,4 @@ def test_cli_unreachable_url_and_bad_options() -> None:
     _assert_one_line_error(gptport("bench-serve", url, "--num-prompts", "2"), 1, url, "does not answer")
     _assert_one_line_error(gptport("bench-serve", url, "--concurrency", "0,2"), 2, "--concurrency")
     _assert_one_line_error(gptport("bench-serve", url, "--request-rate", "-1"), 2, "--request-rate")
+    _assert_one_line_error(gptport("bench-serve", url, "--shared-prefix", "-1"), 2, "--shared-prefix")

@@ -40,6 +40,9 @@ def bench_serve(
     json_schema: Annotated[Path | None, typer.Option("--json-schema", help="Constrain every output to JSON valid "
                                                      "under this schema file (sent as the json_schema field, "
                                                      "without ignore_eos).", show_default=False)] = None,
+    shared_prefix: Annotated[int, typer.Option(help="Start every prompt with the same text of about this many "
+                                               "tokens (a system prompt), then its own --prompt-len: what a "
+                                               "server's prefix caching saves. 0: none.")] = 0,
 ) -> None:
     """Stream completions from an OpenAI-compatible server at several concurrency levels and report
     throughput and TTFT / TPOT / ITL / E2EL latencies (vLLM's benchmark metrics)."""
@@ -55,7 +58,8 @@ def bench_serve(
         url=url, model=model, concurrency=loadgen.parse_concurrency(concurrency),
         request_rate=loadgen.parse_rate(request_rate), num_prompts=num_prompts, prompt_len=prompt_len,
         max_tokens=max_tokens, temperature=temperature, api_key=api_key, timeout_s=timeout, seed=seed,
-        json_schema=loadgen.read_schema(json_schema) if json_schema is not None else None)
+        json_schema=loadgen.read_schema(json_schema) if json_schema is not None else None,
+        shared_prefix=shared_prefix)
     with err.status("benchmarking") as status:
         result = loadgen.run(settings, say=lambda m: status.update(escape(m)))
     _table(result)
@@ -93,6 +97,12 @@ def _table(result: dict[str, Any]) -> None:
     if seen:
         err.print(f"prompt tokens seen by the server: {sum(seen) / len(seen):.1f} on average "
                   f"({s.get('prompt_words', s['prompt_len'])} words sent)")
+    if s.get("shared_prefix"):
+        err.print(f"shared prefix: {_fmt(s.get('shared_prefix_tokens'), 'd')} tokens, the same in every prompt")
+    for r in result["results"]:
+        if r.get("cached_prompt_tokens") is not None:
+            err.print(f"concurrency {r['concurrency']}: the server reports {r['cached_prompt_tokens']:,} of "
+                      f"{r['total_input_tokens']:,} prompt tokens cached")
     for r in result["results"]:
         if r["requests_without_usage"]:
             err.print(f"[yellow]concurrency {r['concurrency']}: {r['requests_without_usage']} of {r['completed']} "

@@ -72,13 +72,15 @@ class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     seed: int = 0
     json_schema: dict[str, Any] | None = None  # constrain every request's output to it
+    shared_prefix: int = 0  # tokens of one text every prompt starts with (a system prompt); 0: none
 
     def as_json(self) -> dict[str, Any]:
         return {"concurrency": list(self.concurrency),
                 "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
                 "num_prompts": self.num_prompts, "prompt_len": self.prompt_len, "max_tokens": self.max_tokens,
                 "temperature": self.temperature, "timeout_s": self.timeout_s, "seed": self.seed,
-                "ignore_eos": self.json_schema is None, "json_schema": self.json_schema}
+                "ignore_eos": self.json_schema is None, "json_schema": self.json_schema,
+                "shared_prefix": self.shared_prefix}
 
 
 # ---- parsing options --------------------------------------------------------------------------------
@@ -109,7 +111,8 @@ def parse_rate(text: str) -> float:
 def check(settings: Settings) -> None:
     """Refuse values out of range, naming the option."""
     for option, value, low in (("--num-prompts", settings.num_prompts, 1), ("--prompt-len", settings.prompt_len, 1),
-                               ("--max-tokens", settings.max_tokens, 1)):
+                               ("--max-tokens", settings.max_tokens, 1),
+                               ("--shared-prefix", settings.shared_prefix, 0)):
         if value < low:
             raise UsageError(f"{option} {value}: must be >= {low}")
     if not settings.timeout_s > 0:
@@ -205,21 +208,43 @@ def resolve_model(settings: Settings) -> str:
         raise InputError(f"GET {url}: no model id in the answer; name the model with --model") from None
 
 
-def calibrate_words(settings: Settings, model: str) -> int:
-    """Words per prompt for about `prompt_len` tokens in the server's tokenizer (from one request's
-    usage); `prompt_len` itself when the server reports no usage."""
+def prompt_tokens(settings: Settings, model: str, prompt: str) -> tuple[int, int | None, str]:
+    """What the server makes of one prompt (max_tokens 1): (status, its usage.prompt_tokens or None, the
+    error's message)."""
     import aiohttp
 
-    probe = make_prompts(1, settings.prompt_len, settings.seed + 1)[0]
-    body = {"model": model, "prompt": probe, "max_tokens": 1, "temperature": 0.0}
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
     try:
-        _, raw = asyncio.run(_get_json("POST", f"{base_url(settings.url)}/v1/completions", settings, body))
+        status, raw = asyncio.run(_get_json("POST", f"{base_url(settings.url)}/v1/completions", settings, body))
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return 0, None, ""
+    try:
         tokens = json.loads(raw)["usage"]["prompt_tokens"]
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
-        return settings.prompt_len
-    if not isinstance(tokens, int) or tokens <= 0:
-        return settings.prompt_len
-    return max(1, round(settings.prompt_len * settings.prompt_len / tokens))
+    except (ValueError, KeyError, TypeError):
+        return status, None, _error_text(raw, 200)
+    return status, tokens if isinstance(tokens, int) and tokens > 0 else None, ""
+
+
+def calibrate_words(settings: Settings, model: str, length: int = 0, seed: int | None = None) -> int:
+    """Words per prompt for about `length` (default prompt_len) tokens in the server's tokenizer (from one
+    request's usage); `length` itself when the server reports no usage."""
+    length = length or settings.prompt_len
+    probe = make_prompts(1, length, settings.seed + 1 if seed is None else seed)[0]
+    tokens = prompt_tokens(settings, model, probe)[1]
+    return length if tokens is None else max(1, round(length * length / tokens))
+
+
+def shared_prefix(settings: Settings, model: str, own_words: int) -> tuple[str, int | None]:
+    """--shared-prefix: one text of about that many tokens (its own seeded stream, so that it is no
+    prompt's beginning by chance), and its token count as the server reports it; a prompt of the prefix
+    and an own part that the server refuses is a UsageError naming both options."""
+    seed = settings.seed * 7919 + 104729
+    prefix = make_prompts(1, calibrate_words(settings, model, settings.shared_prefix, seed), seed)[0] + "\n\n"
+    status, _, message = prompt_tokens(settings, model, prefix + make_prompts(1, own_words, seed + 1)[0])
+    if status not in (0, 200):
+        raise UsageError(f"--shared-prefix {settings.shared_prefix} with --prompt-len {settings.prompt_len}: the "
+                         f"server refuses such a prompt (HTTP {status}: {message})")
+    return prefix, prompt_tokens(settings, model, prefix)[1]
 
 
 async def _send(session: Any, url: str, body: dict[str, Any], rec: RequestRecord) -> None:
@@ -253,6 +278,9 @@ async def _send(session: Any, url: str, body: dict[str, Any], rec: RequestRecord
             if usage and isinstance(usage, dict):
                 rec.prompt_tokens = usage.get("prompt_tokens")
                 rec.completion_tokens = usage.get("completion_tokens")
+                details = usage.get("prompt_tokens_details")
+                if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                    rec.cached_tokens = details["cached_tokens"]
 
 
 async def _request(session: Any, url: str, body: dict[str, Any], timeout_s: float) -> RequestRecord:
@@ -315,6 +343,9 @@ def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict
     model = resolve_model(settings)
     words = calibrate_words(settings, model)
     say(f"prompts of {words} words, for about {settings.prompt_len} tokens in the server's tokenizer")
+    prefix, prefix_tokens = shared_prefix(settings, model, words) if settings.shared_prefix else ("", None)
+    if prefix:
+        say(f"every prompt starts with the same {prefix_tokens or '?'} tokens (--shared-prefix)")
     results = []
     for c in settings.concurrency:
         def progress(n: int, c: int = c) -> None:
@@ -323,9 +354,10 @@ def run(settings: Settings, say: Callable[[str], None] = lambda m: None) -> dict
         progress(0)
         # Fresh prompts for every level: a server that caches prompt prefixes (llama-server does) must
         # not be handed the previous level's prompts again.
-        prompts = make_prompts(settings.num_prompts, words, settings.seed * 7919 + c)
+        prompts = [prefix + p for p in make_prompts(settings.num_prompts, words, settings.seed * 7919 + c)]
         records, duration = asyncio.run(_level(settings, model, prompts, c, progress))
         results.append({"concurrency": c, "num_prompts": settings.num_prompts,
                         **level_metrics(records, duration, settings.prompt_len)})
-    return {"url": base_url(settings.url), "model": model, "settings": {**settings.as_json(), "prompt_words": words},
+    return {"url": base_url(settings.url), "model": model,
+            "settings": {**settings.as_json(), "prompt_words": words, "shared_prefix_tokens": prefix_tokens},
             "machine": describe(), "results": results}

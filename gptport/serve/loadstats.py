@@ -22,6 +22,7 @@ class RequestRecord:
     text_times: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
     prompt_tokens: int | None = None  # from usage; None when the server sent none
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server sends it
     error: str | None = None
 
 
@@ -74,6 +75,8 @@ def level_metrics(records: Sequence[RequestRecord], duration_s: float, prompt_le
         "total_input_tokens": n_in, "total_output_tokens": n_out,
         "mean_prompt_tokens": round(statistics.fmean(seen), 2) if seen else None,
         "requests_without_usage": sum(1 for r in done if r.completion_tokens is None),
+        "cached_prompt_tokens": (sum(r.cached_tokens for r in done if r.cached_tokens is not None)
+                                 if any(r.cached_tokens is not None for r in done) else None),
         "request_throughput": round(len(done) / per, 4), "output_throughput": round(n_out / per, 4),
         "total_token_throughput": round((n_in + n_out) / per, 4),
     }
