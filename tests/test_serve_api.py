@@ -109,6 +109,7 @@ def test_concat_cache_serves_the_contract_graph(tmp_path: Path, trained_dir: Pat
         status, body = s.post("/v1/completions", {"prompt": prompts, "max_tokens": n, "temperature": 0})
     assert status == 200, body
     assert "concat cache" in (tmp_path / "serve.log").read_text()
+    assert "prefix cache off (static-cache graphs only)" in (tmp_path / "serve.log").read_text()
     assert [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])] == \
         [cli_generate(trained_dir, p, n) for p in prompts]
 

@@ -172,10 +172,10 @@ def test_greedy_tokens_alone_equal_tokens_among_others(opened: Any, data: st.Dat
         where = f"request {i} (prompt {len(p)}, max_tokens {m}, ignore_eos {c.ignore_eos}, arrived at {arrivals[i]})"
         if not c.ignore_eos and c.new_ids[-1] == eot:
             assert (c.new_ids[:-1], alone.finish_reason) == (alone.new_ids, "eot"), where
-            assert finish == Finish("stop", len(p), len(c.new_ids)), where
+            assert finish == Finish("stop", len(p), len(c.new_ids), c.cached), where
             continue
         assert c.new_ids == alone.new_ids, where
-        assert finish == Finish("length", len(p), min(m, room)), where
+        assert finish == Finish("length", len(p), min(m, room), c.cached), where
         assert alone.finish_reason == ("context" if m > room else "length"), where
         at_context += m >= room
     assert at_context >= 1

@@ -47,6 +47,9 @@ def serve(
                                                    "name).")] = None,
     prefill_chunk: Annotated[int, typer.Option(help="Prompt tokens prefilled per scheduler iteration: decoding "
                                                "requests wait at most this long a prefill.")] = 512,
+    prefix_cache: Annotated[bool, typer.Option("--prefix-cache/--no-prefix-cache", help="A finished request's "
+                                               "slot keeps its KV cache; a prompt that starts with the same "
+                                               "tokens prefills only the rest (static-cache graphs).")] = True,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM/Ctrl-C, seconds running requests get to "
                                                     "finish.")] = 30.0,
     spin: Annotated[str, typer.Option(help="What onnxruntime's idle threads do: 'step' spin while a step runs "
@@ -88,7 +91,8 @@ def serve(
 
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
                         model_name or model_dir.resolve().name, prefill_chunk, spin=spin, body_timeout=body_timeout,
-                        draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup)
+                        draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup,
+                        prefix_cache=prefix_cache)
     limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:

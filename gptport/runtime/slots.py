@@ -7,6 +7,8 @@ about requests. No torch here.
 - `StaticSlots`, over the static-cache graph (gqa_graph.py, CPU): one (S, H, n_ctx, hd) buffer per key
   and value. A step over rows [lo, lo + n) binds views of those rows as both past and present, and
   GroupQueryAttention writes each row's new keys and values at that row's own length, in place.
+  A freed slot keeps the tokens its cache holds: `reuse` lets a prompt that starts with them go on
+  from there (prefix caching), `copy` hands one slot's first positions to another.
 - `ConcatSlots`, over any `Engine` (the contract graph on any provider, or the torch model): the busy
   slots' caches form one left-padded batch; a slot joins it by padding and leaves by being cut out.
 """
@@ -58,6 +60,8 @@ class StaticSlots:
         shape = (slots, config.n_head, self.n_ctx, config.head_dim)  # (S, H, C, hd)
         self.buffers = [np.zeros(shape, dtype=dtype) for _ in range(2 * layers)]
         self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
+        self.tokens = np.zeros((slots, self.n_ctx), dtype=np.int64)  # (S, C) the ids each row's cache was written with
+        self.kept = np.zeros(slots, dtype=np.int64)  # (S,) positions of `tokens` the cache holds, freed rows too
         self._bindings: dict[tuple[int, int], Any] = {}
         self._steps: dict[tuple[int, int], DecodeStep] = {}
         # one logits buffer for every decode span (its first n rows): a span per (lo, n) with logits of
@@ -111,6 +115,8 @@ class StaticSlots:
         index = np.arange(T, dtype=np.int64)[None, :] if all_logits else np.array([[T - 1]], dtype=np.int64)
         logits = self._run(self._binding(slot, 1), ids[None, :], pos, np.array([start + T - 1]), start + T, index)
         self.lengths[slot] += T
+        self.tokens[slot, start:start + T] = ids
+        self.kept[slot] = start + T
         return logits[0]  # (T, V) or (1, V)
 
     def prefill_many(self, lo: int, prompts: Sequence[np.ndarray]) -> np.ndarray:
@@ -125,7 +131,9 @@ class StaticSlots:
             ids[r, :len(p)] = p
         pos = np.broadcast_to(np.arange(T, dtype=np.int64), (k, T))  # (k, T); padding writes past each row's end
         logits = self._run(self._binding(lo, k), ids, pos, lens - 1, T, (lens - 1)[:, None])
-        self.lengths[lo:lo + k] = lens
+        self.lengths[lo:lo + k] = self.kept[lo:lo + k] = lens
+        for r, p in enumerate(prompts):
+            self.tokens[lo + r, :len(p)] = p
         return logits[:, 0]  # (k, V)
 
     def decode(self, slots: Sequence[int], tokens: np.ndarray) -> np.ndarray:
@@ -134,27 +142,63 @@ class StaticSlots:
             raise ValueError("decode needs slots that hold between 1 and n_ctx - 1 positions")
         lo, hi = int(rows.min()), int(rows.max()) + 1
         n = hi - lo
-        # Rows in [lo, hi) that are not decoding (free, or between prefill chunks) step a dummy token 0
-        # at their own length: a position that their next append overwrites, so nothing they hold changes.
+        # Rows in [lo, hi) that are not decoding step a dummy token at their own length: a row between
+        # prefill chunks writes token 0 where its next append writes; a free row writes at position 0 the
+        # token its kept cache holds there, which leaves those keys and values as they were (position 0
+        # attends to itself alone), so a prefix kept for reuse survives.
         step = self._decode_step(lo, n)
         np.minimum(self.lengths[lo:hi], self.n_ctx - 1, out=step.pos[:, 0])  # (n,) write positions
         step.ids.fill(0)
+        kept = (self.lengths[lo:hi] == 0) & (self.kept[lo:hi] > 0)  # (n,) free rows holding a cache
+        step.ids[kept, 0] = self.tokens[lo:hi, 0][kept]
         step.ids[rows - lo, 0] = tokens
         step.seqlens_k[:] = step.pos[:, 0]
         step.total[()] = step.seqlens_k.max() + 1
         self.session.run_with_iobinding(step.binding)
+        self.tokens[rows, self.lengths[rows]] = tokens
         self.lengths[rows] += 1
+        self.kept[rows] = self.lengths[rows]
         return step.logits[rows - lo, 0]  # (k, V): a copy (fancy indexing); the buffer is the next step's
 
     def free(self, slot: int) -> None:
-        self.lengths[slot] = 0
+        self.lengths[slot] = 0  # tokens and kept stay: the cache is there for `reuse`
+
+    def cached(self, slots: Sequence[int], ids: Sequence[int]) -> np.ndarray:
+        """For each slot, how many of ids' first tokens its cache holds (k,), at most len(ids) - 1: the
+        last token is always run, its logits are the request's first."""
+        rows = np.asarray(slots, dtype=np.int64)  # (k,)
+        n = min(len(ids) - 1, int(self.kept[rows].max(initial=0)))
+        if n <= 0:
+            return np.zeros(len(rows), dtype=np.int64)
+        same = self.tokens[rows, :n] == np.asarray(ids[:n], dtype=np.int64)  # (k, n)
+        run = np.where(same.all(axis=1), n, np.argmin(same, axis=1))  # (k,) the first mismatch
+        return np.minimum(run, self.kept[rows])
+
+    def reuse(self, slot: int, ids: Sequence[int]) -> int:
+        """Take up a free slot's kept cache for a prompt: its length becomes the shared prefix's, which the
+        next append goes on from; the positions reused."""
+        if self.lengths[slot] != 0:
+            raise ValueError(f"slot {slot} is in use; only a free slot's cache is reused")
+        m = int(self.cached([slot], ids)[0])
+        self.lengths[slot] = self.kept[slot] = m
+        return m
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        """Give the free slot dst the first `length` positions of src's cache (a prompt prefilled once for
+        several choices, or a prefix another row holds)."""
+        if self.lengths[dst] != 0 or not 0 < length <= self.lengths[src]:
+            raise ValueError(f"copy needs a free destination and 1 to {self.lengths[src]} positions of slot {src}")
+        for buf in self.buffers:
+            buf[dst, :, :length] = buf[src, :, :length]  # (H, length, hd)
+        self.tokens[dst, :length] = self.tokens[src, :length]
+        self.lengths[dst] = self.kept[dst] = length
 
     def truncate(self, slot: int, length: int) -> None:
         """Keep the slot's first `length` positions (a rejected draft's are rolled back: the next append
         writes over them, and attention reads only up to the length)."""
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions; cannot keep {length}")
-        self.lengths[slot] = length
+        self.lengths[slot] = self.kept[slot] = length
 
 
 def _host(value: Any) -> np.ndarray:

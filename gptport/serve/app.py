@@ -60,6 +60,7 @@ class Settings:
     draft: Path | None = None  # speculative decoding of a lone row: the draft model's directory
     draft_tokens: int | None = None  # drafts per step (None: adaptive)
     prompt_lookup: int | None = None  # speculative decoding by prompt lookup: the n-gram length
+    prefix_cache: bool = True  # freed slots keep their cache for prompts that start the same way
     spin: str = "step"  # onnxruntime's workers spin during a step and sleep between: the HTTP side needs the cores
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
@@ -97,7 +98,8 @@ class State:
             self.grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
             drafting, drafts_from = _drafting(s, opened)
             self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
-                                       s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab), drafting)
+                                       s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab), drafting,
+                                       s.prefix_cache)
         except Exception as e:  # noqa: BLE001 - whatever stops the load stops the server, with its message
             self.error = str(e) if isinstance(e, GptportError) else f"loading the model failed: {type(e).__name__}: {e}"
             log.debug("load failed", exc_info=True)
@@ -115,12 +117,19 @@ class State:
         kv *= engine.kv_dtype.itemsize
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
                    f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
-                   f"chat template: {template}{drafts_from}")
+                   f"prefix cache {_prefix_cache(s, self.scheduler)} · chat template: {template}{drafts_from}")
 
     def ready(self) -> Scheduler:
         if self.scheduler is None:
             raise ApiError(503, self.error or "the model is still loading", None, "not_ready")
         return self.scheduler
+
+
+def _prefix_cache(s: Settings, scheduler: Scheduler) -> str:
+    """What the startup line says of prefix caching."""
+    if scheduler.prefix_cache:
+        return "on"
+    return "off (--no-prefix-cache)" if not s.prefix_cache else "off (static-cache graphs only)"
 
 
 def _drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:

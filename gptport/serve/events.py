@@ -28,6 +28,7 @@ class Finish:
     reason: str  # stop | length
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt positions reused from a kept or copied cache (not prefilled)
 
 
 @dataclass
@@ -46,6 +47,9 @@ class Observer:
     def next_token(self, seconds: float) -> None: ...
 
     def tokens(self, prompt: int, generated: int) -> None: ...
+
+    def cached(self, prompt: int) -> None:
+        """Prompt tokens taken from a kept cache instead of prefilled."""
 
     def phase(self, name: str, seconds: float) -> None: ...
 

@@ -20,7 +20,9 @@ class Metrics(Observer):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("gptport_requests", "Requests answered, by route, HTTP status and the replica "
                                 "that answered (x-gptport-replica)", ["route", "status", "replica"], registry=r)
-        self.prompt_tokens = Counter("gptport_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter("gptport_prompt_tokens", "Prompt tokens prefilled (computed)", registry=r)
+        self.cached_tokens = Counter("gptport_prompt_tokens_cached", "Prompt tokens taken from a kept cache "
+                                     "(prefix caching) instead of prefilled", registry=r)
         self.generated_tokens = Counter("gptport_generation_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram("gptport_time_to_first_token_seconds", "From a choice's arrival to its first token",
                               buckets=LATENCY_BUCKETS, registry=r)
@@ -52,6 +54,9 @@ class Metrics(Observer):
             self.prompt_tokens.inc(prompt)
         if generated:
             self.generated_tokens.inc(generated)
+
+    def cached(self, prompt: int) -> None:
+        self.cached_tokens.inc(prompt)
 
     def phase(self, name: str, seconds: float) -> None:
         child = self._phases.get(name)

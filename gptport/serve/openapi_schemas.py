@@ -225,8 +225,9 @@ def request_body(name: str, limits: Limits) -> Schema:
 
 # ---- responses ----------------------------------------------------------------------------------------------------
 
-USAGE = obj({k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
-            ("prompt_tokens", "completion_tokens", "total_tokens"))
+USAGE = obj({**{k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+             "prompt_tokens_details": obj({"cached_tokens": {"type": "integer", "minimum": 0}}, ("cached_tokens",))},
+            ("prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"))
 COMPLETION_LOGPROBS = obj({
     "tokens": {"type": "array", "items": STRING},
     "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}},

@@ -288,9 +288,11 @@ def chat_logprobs(entries: Sequence[TokenLogprob], tok: BPETokenizer) -> list[di
     return [{**item(t, v or 0.0), "top_logprobs": [item(a, b) for a, b in top]} for t, v, top in entries]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object, with prompt_tokens_details.cached_tokens (prefix caching's reuse)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def envelope(job: Job, chunk: bool) -> dict[str, Any]:

@@ -26,6 +26,7 @@ class Collector:
         self.prompt_entries: list[list[TokenLogprob]] = [[] for _ in range(count)]
         self.reasons: list[str | None] = [None] * count
         self.completion = [0] * count
+        self.cached = [0] * count  # each choice's prompt positions from a kept cache
         self.offsets = [0] * count  # text offsets of streamed logprobs; with echo, the prompt's tokens come first
         self.error: str | None = None
         self.held = [""] * count  # a stream's reply text held back while it may be a tool call
@@ -40,6 +41,7 @@ class Collector:
             self.prompt_entries[index] = event.entries
         elif isinstance(event, Finish):
             self.reasons[index], self.completion[index] = event.reason, event.completion_tokens
+            self.cached[index] = event.cached_tokens
         elif isinstance(event, Failure):
             self.error = self.error or event.message
 
@@ -47,8 +49,12 @@ class Collector:
     def failed(event: Any) -> bool:
         return isinstance(event, Failure)
 
-    def usage(self) -> dict[str, int]:
-        return usage(sum(len(p) for p in self.job.prompts), sum(self.completion))
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage; a prompt counts once however many choices it has, and so do its cached tokens
+        (the least any of its choices reused: the others copied that one's prefill)."""
+        n = self.job.n
+        cached = sum(min(self.cached[i * n:(i + 1) * n]) for i in range(len(self.job.prompts)))
+        return usage(sum(len(p) for p in self.job.prompts), sum(self.completion), cached)
 
     def response(self) -> dict[str, Any]:
         """The non-streamed response object."""

@@ -8,6 +8,9 @@ and hands the iteration's events over in one call of `deliver`. A choice with a 
 llguidance matcher) has its next-token mask computed in the background while the model runs; its
 disallowed logits are -inf before sampling, and it finishes with `stop` when its grammar is complete.
 With a drafter (drafting.py), a choice decoding alone takes speculative steps: several tokens per step.
+With prefix caching (a StaticSlots engine), a freed slot keeps its cache: an arriving prompt takes the
+free slot that holds the longest part of it and prefills only the rest, and the other choices of an
+`n` > 1 request copy the first one's prefilled rows.
 The asyncio side never calls the model; it submits choices and reads their events. No torch here.
 """
 
@@ -28,6 +31,7 @@ from gptport.runtime.constraint import Masks, Matcher
 from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import Sampling, choose_rows, logprob_entries
 from gptport.runtime.slots import SlotEngine
+from gptport.serve import prefix
 from gptport.serve.drafting import Drafting
 from gptport.serve.events import Event, Failure, Finish, Observer, Piece, PromptLogprobs, TokenLogprob
 from gptport.tokenizer import BPETokenizer
@@ -55,6 +59,8 @@ class Choice:
     new_ids: list[int] = field(default_factory=list)
     t_submit: float = 0.0
     t_last: float = 0.0
+    cached: int = 0  # prompt positions taken from a kept or copied cache instead of prefilled
+    _twin: Choice | None = None  # a choice of the same prompt whose prefill this one copies
     _rng: np.random.Generator | None = None
     _stream: TextStream | None = None
     _prompt_lp: list[TokenLogprob] = field(default_factory=list)
@@ -66,8 +72,9 @@ class Scheduler:
 
     def __init__(self, slots: SlotEngine, tok: BPETokenizer, deliver: Callable[[list[tuple[Any, Event]]], None],
                  max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
-                 masks: Masks | None = None, drafting: Drafting | None = None) -> None:
+                 masks: Masks | None = None, drafting: Drafting | None = None, prefix_cache: bool = True) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
+        self.prefix_cache = prefix_cache and hasattr(slots, "reuse")  # StaticSlots only
         self.drafting = drafting  # speculative steps while one row decodes alone (a StaticSlots engine)
         self.masks = masks  # None: constrained choices are refused at submit
         self.max_queue, self.prefill_chunk = max_queue, max(1, prefill_chunk)
@@ -190,7 +197,7 @@ class Scheduler:
             self._decoding = [c for c in self._decoding if not c.cancelled]
             while self._free and self._waiting:
                 c = self._waiting.popleft()
-                c.slot = heapq.heappop(self._free)
+                self._admit(c)
                 self._holding[c.slot] = c
                 c._rng = np.random.default_rng(c.sampling.seed)
                 c._stream = TextStream(self.tok, c.stops)
@@ -207,6 +214,13 @@ class Scheduler:
         if self._decoding:
             self._decode(events)
 
+    def _admit(self, c: Choice) -> None:
+        """Give c a free slot: the lowest, or by prefix caching's choice (prefix.py)."""
+        if not self.prefix_cache or c.prompt_logprobs:  # prompt logprobs need every position's logits
+            c.slot = heapq.heappop(self._free)
+            return
+        prefix.admit(self.engine, c, self._free, self._holding.values(), self.observer)
+
     def _prefill(self, events: list[tuple[Any, Event]]) -> None:
         """Fill slots in admission order with up to prefill_chunk prompt tokens in all. Whole prompts
         that fit, in empty slots next to each other, are prefilled together in one step."""
@@ -216,7 +230,7 @@ class Scheduler:
         if hasattr(self.engine, "prefill_many"):
             budget, batched = self._prefill_together(budget, done)
         for c in self._filling:
-            if id(c) in batched:
+            if id(c) in batched or c._twin is not None:
                 continue
             if budget <= 0:
                 break
@@ -230,6 +244,8 @@ class Scheduler:
             self.observer.tokens(n, 0)
             if c.filled == len(c.prompt_ids):
                 done.append((c, logits[-1:]))
+        if self.prefix_cache:
+            prefix.copy_twins(self.engine, self._filling, done, self.observer)
         if not done:
             return
         self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
@@ -246,6 +262,8 @@ class Scheduler:
         the budget left and the choices done."""
         whole, left = [], budget
         for c in self._filling:  # admission order, as far as whole prompts fit
+            if c._twin is not None or (c.filled and c.filled == c.cached):  # copies, or the rest of a kept prefix
+                continue
             if c.filled or c.prompt_logprobs or len(c.prompt_ids) > left:
                 break
             whole.append(c)
@@ -335,7 +353,7 @@ class Scheduler:
             if reason is None:
                 still.append(c)
                 continue
-            events.append((c.out, Finish(reason, len(c.prompt_ids), len(c.new_ids))))
+            events.append((c.out, Finish(reason, len(c.prompt_ids), len(c.new_ids), c.cached)))
             self._release(c)
         if raw or t_mask - t0 > 1e-4:
             self.observer.phase("mask", t_mask - t0)
