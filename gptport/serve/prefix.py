@@ -5,7 +5,10 @@ A freed slot keeps its cache (slots.py). An arriving prompt takes the free slot 
 longest part of it, the lowest among equals, so that with nothing to reuse admission still takes the
 lowest free slot and the decode span stays narrow; it prefills only the rest, at least its last token.
 The choices of an `n` > 1 request share one list of prompt ids: the first prefills, the others copy its
-rows (one memcpy per layer) and start from its logits. No torch here.
+rows (one memcpy per buffer) and start from its logits. A prompt admitted while an earlier one
+(prefilling, or decoding) shares a longer prefix with it than any free slot holds takes the lowest free
+slot and copies that prefix once the other holds it: prompts that arrive together with one system
+prompt compute it once. No torch here.
 """
 
 from __future__ import annotations
@@ -17,43 +20,53 @@ from typing import Any
 import numpy as np
 
 
+def _shared(ids: list[int], other: list[int]) -> int:
+    """How many first tokens two prompts share."""
+    n = min(len(ids), len(other))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(ids[:n]) != np.asarray(other[:n]))
+    return int(diff[0]) if diff.size else n
+
+
 def admit(engine: Any, c: Any, free: list[int], holding: Iterable[Any], observer: Any) -> None:
     """Give choice c one of the `free` slots (a heap, changed in place) and set how much of its prompt is
-    there already (c.cached, c.filled), or the twin whose prefill it will copy (c._twin)."""
-    twin = next((o for o in holding if o.prompt_ids is c.prompt_ids and o._twin is None), None)
-    if twin is not None and twin.filled < len(twin.prompt_ids):  # being prefilled: copy it when done
-        c._twin, c.slot = twin, heapq.heappop(free)
-        return
-    if twin is not None:  # prefilled already: its first positions are this prompt's, all but the last
-        c.slot = heapq.heappop(free)
-        c.cached = c.filled = len(c.prompt_ids) - 1
-        if c.cached:
-            engine.copy(twin.slot, c.slot, c.cached)
-            observer.cached(c.cached)
-        return
+    there already (c.cached, c.filled), or the choice it copies that much from once it holds it (c._twin,
+    c._share): whichever gives the longer prefix, a kept cache on a tie (no copy)."""
+    ids = c.prompt_ids
     order = sorted(free)
-    held = engine.cached(order, c.prompt_ids)  # (F,)
-    c.slot = order[int(np.argmax(held))]  # the first (lowest) slot among the longest
-    free.remove(c.slot)
-    heapq.heapify(free)
-    c.cached = c.filled = engine.reuse(c.slot, c.prompt_ids)
-    if c.cached:
-        observer.cached(c.cached)
-
-
-def copy_twins(engine: Any, filling: list[Any], done: list[tuple[Any, np.ndarray]], observer: Any) -> None:
-    """Choices waiting on a twin's prefill: where the twin is among `done` (choice, its logits (1, V)), copy
-    its rows and join `done` with its logits; where the twin left (cancelled, failed), prefill alone."""
-    ready = {id(c): logits for c, logits in done}
-    for c in filling:
-        twin = c._twin
-        if twin is None:
-            continue
-        if id(twin) in ready:
-            engine.copy(twin.slot, c.slot, len(c.prompt_ids))
-            c.cached = c.filled = len(c.prompt_ids)
+    held = engine.cached(order, ids)  # (F,)
+    best = int(np.argmax(held))  # the first (lowest) slot among the longest
+    source, share = None, 0
+    for o in holding:  # the other choices of the same request first: they share the whole prompt
+        m = len(ids) if o.prompt_ids is ids else min(_shared(ids, o.prompt_ids), len(ids) - 1)
+        if m > share:
+            source, share = o, m
+    if source is None or share <= held[best]:
+        c.slot = order[best]
+        free.remove(c.slot)
+        heapq.heapify(free)
+        c.cached = c.filled = engine.reuse(c.slot, ids)
+        if c.cached:
             observer.cached(c.cached)
-            c._twin = None
-            done.append((c, ready[id(twin)]))
-        elif twin.slot < 0:
-            c._twin = None
+        return
+    c.slot = heapq.heappop(free)  # its kept cache, if any, is overwritten by the copy
+    c._twin, c._share = source, share
+
+
+def resolve(engine: Any, c: Any, observer: Any) -> bool:
+    """Copy the prefix choice c waits for once its source holds it (True), or let c prefill on its own
+    when the source has left (True); False while c must still wait."""
+    src = c._twin
+    if src.slot < 0:
+        c._twin = None
+        return True
+    if src.filled < c._share:
+        return False
+    engine.copy(src.slot, c.slot, c._share)
+    c.cached = c.filled = c._share
+    if c._share == len(c.prompt_ids):
+        c._first = src._first  # the same prompt: its first token comes from the same logits
+    observer.cached(c._share)
+    c._twin = None
+    return True

@@ -60,7 +60,9 @@ class Choice:
     t_submit: float = 0.0
     t_last: float = 0.0
     cached: int = 0  # prompt positions taken from a kept or copied cache instead of prefilled
-    _twin: Choice | None = None  # a choice of the same prompt whose prefill this one copies
+    _twin: Choice | None = None  # a choice whose first `_share` prompt positions this one copies (prefix.py)
+    _share: int = 0
+    _first: np.ndarray | None = None  # the logits (1, V) its first token came from (prefix caching)
     _rng: np.random.Generator | None = None
     _stream: TextStream | None = None
     _prompt_lp: list[TokenLogprob] = field(default_factory=list)
@@ -185,6 +187,7 @@ class Scheduler:
             del self._holding[c.slot]
             heapq.heappush(self._free, c.slot)
             c.slot = -1
+            c._first = None
 
     def _iteration(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None = None) -> None:
         with self._cond:  # cancelled choices leave, waiting ones take the free slots
@@ -206,11 +209,8 @@ class Scheduler:
             self._masking = self.masks.start([c.matcher for c in (*self._filling, *self._decoding) if c.matcher])
         if self._filling:
             t0 = time.perf_counter()
-            self._prefill(events)
+            self._prefill(events, early)
             self.observer.phase("prefill", time.perf_counter() - t0)
-            if early is not None and events and self._decoding:
-                early(events[:])
-                events.clear()
         if self._decoding:
             self._decode(events)
 
@@ -221,19 +221,26 @@ class Scheduler:
             return
         prefix.admit(self.engine, c, self._free, self._holding.values(), self.observer)
 
-    def _prefill(self, events: list[tuple[Any, Event]]) -> None:
+    def _prefill(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None = None) -> None:
         """Fill slots in admission order with up to prefill_chunk prompt tokens in all. Whole prompts
-        that fit, in empty slots next to each other, are prefilled together in one step."""
+        that fit, in empty slots next to each other, are prefilled together in one step. A choice that
+        waits on another's prompt (prefix.py) copies it once that one holds it. Each choice whose prompt
+        is complete samples its first token at once, handed to `early` before the next prefill."""
         budget = self.prefill_chunk
-        done: list[tuple[Choice, np.ndarray]] = []
         batched: set[int] = set()
         if hasattr(self.engine, "prefill_many"):
-            budget, batched = self._prefill_together(budget, done)
+            budget, batched = self._prefill_together(budget, events, early)
         for c in self._filling:
-            if id(c) in batched or c._twin is not None:
+            if id(c) in batched:
                 continue
+            if c._twin is not None:
+                if not prefix.resolve(self.engine, c, self.observer):
+                    continue
+                if c.filled == len(c.prompt_ids):  # a copy of the whole prompt: its source's first logits
+                    self._first_tokens([(c, c._first)], events, early)  # type: ignore[list-item]
+                    continue
             if budget <= 0:
-                break
+                continue  # later choices may still copy what earlier ones hold
             n = min(budget, len(c.prompt_ids) - c.filled)
             chunk = np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)
             logits = self.engine.append(c.slot, chunk, all_logits=c.prompt_logprobs)  # (n or 1, V)
@@ -243,23 +250,30 @@ class Scheduler:
             budget -= n
             self.observer.tokens(n, 0)
             if c.filled == len(c.prompt_ids):
-                done.append((c, logits[-1:]))
-        if self.prefix_cache:
-            prefix.copy_twins(self.engine, self._filling, done, self.observer)
-        if not done:
-            return
+                self._first_tokens([(c, logits[-1:])], events, early)
         self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
-        for c, _ in done:
+
+    def _first_tokens(self, done: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
+                      early: Callable[..., None] | None) -> None:
+        """Choices whose prompts are complete, with their last position's logits (1, V): sample their
+        first tokens, and hand the events over now when `early` is given."""
+        for c, logits in done:
+            if self.prefix_cache:
+                c._first = logits  # for choices of the same prompt that copy this one later
             if c.prompt_logprobs:
                 events.append((c.out, PromptLogprobs(c._prompt_lp)))
         now = time.perf_counter()
         for c, _ in done:
             self.observer.first_token(now - c.t_submit)
         self._decoding += self._sample([c for c, _ in done], np.concatenate([lg for _, lg in done]), events, now)
+        if early is not None and events:
+            early(events[:])
+            events.clear()
 
-    def _prefill_together(self, budget: int, done: list[tuple[Choice, np.ndarray]]) -> tuple[int, set[int]]:
+    def _prefill_together(self, budget: int, events: list[tuple[Any, Event]], early: Callable[..., None] | None
+                          ) -> tuple[int, set[int]]:
         """Runs of adjacent empty slots whose whole prompts fit the budget, each prefilled in one step;
-        the budget left and the choices done."""
+        the budget left and the choices done (their first tokens sampled)."""
         whole, left = [], budget
         for c in self._filling:  # admission order, as far as whole prompts fit
             if c._twin is not None or (c.filled and c.filled == c.cached):  # copies, or the rest of a kept prefix
@@ -276,6 +290,7 @@ class Scheduler:
             else:
                 runs.append([c])
         batched: set[int] = set()
+        done: list[tuple[Choice, np.ndarray]] = []
         for run in (r for r in runs if len(r) > 1):
             logits = self.engine.prefill_many(  # type: ignore[attr-defined]
                 run[0].slot, [np.asarray(c.prompt_ids, dtype=np.int64) for c in run])  # (k, V)
@@ -285,6 +300,8 @@ class Scheduler:
                 self.observer.tokens(c.filled, 0)
                 done.append((c, row[None]))
                 batched.add(id(c))
+        if done:
+            self._first_tokens(done, events, early)
         return budget, batched
 
     def _prompt_logprobs(self, c: Choice, logits: np.ndarray) -> None:
