@@ -19,6 +19,11 @@ META_CONTRACT = "gptport.contract"
 CONTRACT_VERSION = "1"
 META_CACHE = "gptport.cache"  # absent or "concat": this contract; "static": gqa_graph.py's I/O
 CACHE_CONCAT, CACHE_STATIC = "concat", "static"
+# the static-cache graph with an int8 cache (export --kv-dtype int8): its file's cache part; at run time it is
+# a static-cache graph whose cache inputs are int8 (OnnxModel.kv_dtype), scales calibrated and stored in it
+CACHE_STATIC_KV8 = "static.kv8"
+KV_DTYPES = ("float32", "int8")
+META_KV_SCALES = "gptport.kv_scales"  # an int8-cache graph's scale kind (per-tensor, per-channel) and its gate
 META_GATED = "gptport.gated"  # "true": the graph passed export's accuracy check for its precision (fp32: parity
 # and greedy decoding against torch; a variant: the gate); "false": a variant written with --no-gate
 META_GATE_TEXT = "gptport.gate_text"  # a gated variant's held-out text: data/val.bin, the --heldout file, or
@@ -57,7 +62,8 @@ def static_input_names(n_layer: int) -> list[str]:
 
 def onnx_file(precision: str, cache: str = CACHE_CONCAT) -> str:
     """model.onnx for fp32, model.{precision}.onnx for the variants; model.static.onnx and
-    model.{precision}.static.onnx for the static-cache graphs."""
+    model.{precision}.static.onnx for the static-cache graphs, model[.{precision}].static.kv8.onnx for
+    their int8-cache twins."""
     stem = "model" if precision == "fp32" else f"model.{precision}"
     return f"{stem}.onnx" if cache == CACHE_CONCAT else f"{stem}.{cache}.onnx"
 
@@ -69,5 +75,5 @@ def ort_file(precision: str) -> str:
 
 def graph_files() -> list[str]:
     """Every graph file name export may write: each precision, both cache kinds, and the .ort files."""
-    onnx = [onnx_file(p, c) for p in PRECISIONS for c in (CACHE_CONCAT, CACHE_STATIC)]
+    onnx = [onnx_file(p, c) for p in PRECISIONS for c in (CACHE_CONCAT, CACHE_STATIC, CACHE_STATIC_KV8)]
     return onnx + [ort_file(p) for p in PRECISIONS]

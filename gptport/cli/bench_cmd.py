@@ -40,6 +40,8 @@ def bench(
     precisions: Annotated[str, typer.Option(help="Comma-separated variants: fp32, int8, int4, fp16.")] = "fp32",
     kv_cache: Annotated[str, typer.Option(help="Comma-separated graphs: auto (what generate uses), static "
                                           "(preallocated cache, CPU), concat (model.onnx).")] = "auto",
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="Comma-separated cache types of the static graph: "
+                                          "float32, int8 (export --kv-dtype int8).")] = "float32",
     batch: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
     prompt_len: Annotated[str, typer.Option(help="Comma-separated prompt lengths (tokens).")] = "64",
     gen_len: Annotated[int, typer.Option(help="Tokens generated per run.")] = 128,
@@ -74,7 +76,8 @@ def bench(
         precisions=[p.strip() for p in precisions.split(",") if p.strip()],
         batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
         gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline,
-        kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()], draft=draft, draft_tokens=draft_tokens)
+        kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()], draft=draft, draft_tokens=draft_tokens,
+        kv_dtypes=[k.strip() for k in kv_dtype.split(",") if k.strip()])
     if draft_tokens is not None and (draft is None or draft_tokens < 1):
         raise UsageError(f"--draft-tokens {draft_tokens}: needs --draft, and at least 1")
     if draft is not None:
@@ -89,6 +92,10 @@ def bench(
     bad = [c for c in plan.kv_caches if c not in CACHES]
     if bad or not plan.kv_caches:
         raise UsageError(f"--kv-cache {kv_cache!r}: choose from {', '.join(CACHES)}")
+    from gptport.contract import KV_DTYPES
+
+    if not plan.kv_dtypes or any(k not in KV_DTYPES for k in plan.kv_dtypes):
+        raise UsageError(f"--kv-dtype {kv_dtype!r}: choose from {', '.join(KV_DTYPES)}")
     if gen_len < 2 or repeat < 1 or warmup < 0:
         raise UsageError("--gen-len must be >= 2, --repeat >= 1 and --warmup >= 0")
     with err.status("benchmarking") as status:

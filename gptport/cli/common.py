@@ -30,6 +30,8 @@ class EncodingErrors(str, Enum):
 
 ModelDir = Annotated[Path, typer.Argument(help="Model directory.", show_default=False)]
 Force = Annotated[bool, typer.Option("--force", help="Replace existing outputs.")]
+KvDtype = Annotated[str, typer.Option("--kv-dtype", help="float32, or int8: the static-cache graph with an int8 KV "
+                                      "cache (export --kv-dtype int8; CPU).")]
 
 
 def human_bytes(n: float) -> str:
@@ -43,16 +45,19 @@ def human_bytes(n: float) -> str:
 
 def open_engine(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
                 threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-                cache: str = "auto", fmt: str = "onnx", spin: str = "always") -> Opened:
+                cache: str = "auto", fmt: str = "onnx", spin: str = "always", kv_dtype: str = "float32") -> Opened:
     """`--engine onnx`: the graph on `provider` (gptport.runtime.loader.open_model); `--engine torch`: the
     reference torch model (gptport.training.torch_engine, which needs the train extra). The choice is made
     here, above both stages, so that the runtime never imports the torch side."""
     if engine == "onnx":
         from gptport.runtime.loader import open_model
 
-        return open_model(model_dir, provider, precision, threads, fallback, say=say, cache=cache, fmt=fmt, spin=spin)
+        return open_model(model_dir, provider, precision, threads, fallback, say=say, cache=cache, fmt=fmt, spin=spin,
+                          kv_dtype=kv_dtype)
     if engine != "torch":
         raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
+    if kv_dtype != "float32":
+        raise UsageError(f"--engine torch --kv-dtype {kv_dtype}: the torch engine's cache is float32")
     if fmt != "onnx":
         raise UsageError(f"--engine torch --graph-format {fmt}: the torch engine reads model.safetensors, no graph")
     try:

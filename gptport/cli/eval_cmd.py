@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gptport.cli.common import EncodingErrors, ModelDir, err, open_engine
+from gptport.cli.common import EncodingErrors, KvDtype, ModelDir, err, open_engine
 
 EXAMPLES = """Examples:
 
@@ -30,6 +30,7 @@ def eval_(
                                                 "(e.g. fp32,int8: one figure each).")] = "fp32",
     graph_format: Annotated[str, typer.Option("--graph-format", help="onnx, or ort: the .ort file of "
                                               "`export --ort-format` (contract graph).")] = "onnx",
+    kv_dtype: KvDtype = "float32",
     stride: Annotated[int | None, typer.Option(help="Window step in tokens (default n_ctx / 2).")] = None,
     threads: Annotated[int, typer.Option(help="CPU threads (0: the runtime's default).")] = 0,
     glob: Annotated[str, typer.Option(help="Which files to take from directories.")] = "*.txt",
@@ -45,7 +46,7 @@ def eval_(
     precisions = [p.strip() for p in precision.split(",") if p.strip()] if engine == "onnx" else ["fp32"]
     for one in precisions:
         opened = open_engine(model_dir, engine, provider, one, threads,
-                             say=lambda m: err.print(f"[yellow]warning:[/] {m}"), fmt=graph_format)
+                             say=lambda m: err.print(f"[yellow]warning:[/] {m}"), fmt=graph_format, kv_dtype=kv_dtype)
         with err.status(f"evaluating {engine} {one}") as status:
 
             def progress(done: int, total: int, label: str = one) -> None:
@@ -53,11 +54,13 @@ def eval_(
 
             result = evaluate(opened.engine, opened.tok, body, stride, progress=progress)
         payload = {**asdict(result), "engine": opened.engine_name, "provider": opened.provider,
-                   "precision": opened.precision, "stride": opened.engine.n_ctx // 2 if stride is None else stride,
+                   "precision": opened.precision, "kv_dtype": kv_dtype,
+                   "stride": opened.engine.n_ctx // 2 if stride is None else stride,
                    "sources": [s.name for s in reader.sources]}
         if as_json:
             print(json.dumps(payload))
         else:
-            print(f"{opened.engine_name} {opened.provider} {opened.precision}: perplexity {result.perplexity:.4f}  "
+            kv = f" ({kv_dtype} KV cache)" if kv_dtype != "float32" else ""
+            print(f"{opened.engine_name} {opened.provider} {opened.precision}{kv}: perplexity {result.perplexity:.4f}  "
                   f"bits/byte {result.bits_per_byte:.4f}  ({result.tokens:,} tokens, {result.bytes:,} bytes, "
                   f"{result.windows} windows)")

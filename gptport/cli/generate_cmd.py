@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gptport.cli.common import ModelDir, err, open_engine
+from gptport.cli.common import KvDtype, ModelDir, err, open_engine
 
 EXAMPLES = """Examples:
 
@@ -48,6 +48,7 @@ def generate(
     kv_cache: Annotated[str, typer.Option(help="Graph: static (KV cache preallocated and appended in place, "
                                           "CPU only), concat (model.onnx's contract) or auto (static where "
                                           "exported and on the CPU).")] = "auto",
+    kv_dtype: KvDtype = "float32",
     max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt, at most.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option(help="Sample from the k likeliest tokens (0: off).")] = 0,
@@ -94,7 +95,7 @@ def generate(
     # default) would hold the cores the other session's step needs (--draft ran at half speed)
     spin = "step" if draft is not None else "always"
     opened = open_engine(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache,
-                         fmt=graph_format, spin=spin)
+                         fmt=graph_format, spin=spin, kv_dtype=kv_dtype)
     ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn)
     streams = [TextStream(opened.tok, stop or []) for _ in ids]
     live = len(ids) == 1 and not as_json
@@ -134,7 +135,7 @@ def generate(
                               "prompt_tokens": len(res.prompt_ids), "finish_reason": res.finish_reason,
                               "prefill_ms": round(res.prefill_ms, 3), "decode_tok_s": round(res.decode_tok_s, 2),
                               "engine": opened.engine_name, "provider": opened.provider,
-                              "precision": opened.precision, "kv_cache": opened.cache,
+                              "precision": opened.precision, "kv_cache": opened.cache, "kv_dtype": kv_dtype,
                               **({} if stats is None else {"drafted": stats.drafted, "accepted": stats.accepted})},
                              ensure_ascii=False))
         elif live:
@@ -150,7 +151,8 @@ def generate(
                       "(--context-overflow slide goes on)")
     sys.stdout.flush()
     r = results[0]
-    graph = f" {opened.cache} cache" if opened.engine_name == "onnx" else ""
+    graph = f" {opened.cache} cache" + (f" ({kv_dtype})" if kv_dtype != "float32" else "") \
+        if opened.engine_name == "onnx" else ""
     err.print(f"[dim]{opened.engine_name} {opened.provider} {opened.precision}{graph}: prefill {r.prefill_ms:.1f} ms, "
               f"decode {r.decode_tok_s:,.1f} tok/s per row, batch {len(results)}[/]")
     if stats is not None:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gptport.cli.common import ModelDir, err
+from gptport.cli.common import KvDtype, ModelDir, err
 
 EXAMPLES = """Examples:
 
@@ -37,6 +37,7 @@ def serve(
     provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or openvino.")] = "cpu",
     kv_cache: Annotated[str, typer.Option(help="static (CPU), concat (model.onnx's contract, any provider) or "
                                           "auto (static where exported and on the CPU).")] = "auto",
+    kv_dtype: KvDtype = "float32",
     slots: Annotated[int, typer.Option(help="Requests decoded together: rows of the KV cache, n_ctx positions "
                                        "each.")] = 16,
     max_queue: Annotated[int, typer.Option(help="Choices that may wait for a slot; past that, 429.")] = 64,
@@ -92,7 +93,7 @@ def serve(
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
                         model_name or model_dir.resolve().name, prefill_chunk, spin=spin, body_timeout=body_timeout,
                         draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup,
-                        prefix_cache=prefix_cache)
+                        prefix_cache=prefix_cache, kv_dtype=kv_dtype)
     limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:

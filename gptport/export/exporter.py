@@ -17,7 +17,7 @@ from gptport import __version__, atomic, contract, provenance
 from gptport import tokenizer as bpe
 from gptport.config import model_config_to_dict
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.export import genai, gqa_graph, validate, variants
+from gptport.export import genai, gqa_graph, kv_quant, validate, variants
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import OrtRow, write_all
 from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
@@ -49,6 +49,7 @@ class ExportReport:
     size_ratio: float = 0.0
     genai: Path | None = None
     ort: list[OrtRow] = field(default_factory=list)  # export --ort-format: the .ort files and their checks
+    kv_gates: list[kv_quant.KvGateRow] = field(default_factory=list)  # --kv-dtype int8: every scale kind tried
 
     @property
     def precisions(self) -> list[str]:
@@ -140,6 +141,7 @@ def export(
     heldout: Path | None = None,
     sampled_text: bool = False,
     ort_level: str | None = None,
+    kv_dtype: str = "float32",
 ) -> ExportReport:
     """Export, validate and write model.onnx and the variants asked for. Nothing is written for a
     precision whose checks fail; every file is renamed into place only after it passed. With
@@ -154,13 +156,20 @@ def export(
     `sampled_text`, the model's own samples; with none of them a variant is refused before anything is
     written. Without `gate` (untrained weights cannot pass it: speed measurements) the variants are
     written unchecked with the first scheme of their ladder and record gptport.gated = false. With
-    `ort_level`, each contract graph is also written in ONNX Runtime's format (ort_format.py), checked."""
+    `ort_level`, each contract graph is also written in ONNX Runtime's format (ort_format.py), checked.
+    With `kv_dtype` int8, each static-cache graph also gets an int8-cache twin (kv_quant.py), its scales
+    calibrated on the gate's text and gated against the float32 cache (with --no-gate: calibrated on
+    the model's own samples, unchecked)."""
     _check_options(opset, gate, heldout, sampled_text)
+    if kv_dtype not in contract.KV_DTYPES:
+        raise UsageError(f"--kv-dtype {kv_dtype!r} is unknown; choose from {', '.join(contract.KV_DTYPES)}")
+    if kv_dtype == "int8" and not static:
+        raise UsageError("--kv-dtype int8 --no-static: the int8 cache is the static-cache graphs'; drop --no-static")
     if ort_level is not None and ort_level not in ORT_LEVELS:
         raise UsageError(f"--ort-level {ort_level!r} is unknown; choose from {', '.join(ORT_LEVELS)}")
     job = _open(model_dir, gate, atol, say)
-    _plan(job, precisions, static, force)
-    if gate and len(precisions) > 1:
+    _plan(job, precisions, static, force, kv_dtype)
+    if gate and (len(precisions) > 1 or kv_dtype == "int8"):
         _gate_text(job, heldout, sampled_text)
     say("exporting fp32 graph (torch.export)")
     proto = to_onnx(job.model, opset)
@@ -174,6 +183,8 @@ def export(
                 _variant(job, g, variants.LADDER.get(g.precision, ("",)))
         if any(g.cache == contract.CACHE_STATIC for g in job.graphs):
             _static_graphs(job)
+        if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
+            _kv8_graphs(job)
         _rename_into_place(job)
         if ort_level is not None:
             _ort_files(job, ort_level)
@@ -201,7 +212,7 @@ def _open(model_dir: Path, gate: bool, atol: float, say: Callable[[str], None]) 
     return _Job(model_dir, tok, model, card, sources, atol, say, ExportReport(gated=gate))
 
 
-def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool) -> None:
+def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool, kv_dtype: str = "float32") -> None:
     """The graphs to write: each precision's contract graph, then the static-cache graphs where the model
     can have them (report.static_skipped says why not); refused if one exists and not `force`."""
     report = job.report
@@ -210,6 +221,12 @@ def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool) -> No
     if static and not report.static_skipped:
         job.graphs += [Graph(p, contract.CACHE_STATIC, job.model_dir / contract.onnx_file(p, contract.CACHE_STATIC))
                        for p in precisions if p in STATIC_PRECISIONS]
+        if kv_dtype == "int8":
+            job.graphs += [Graph(g.precision, contract.CACHE_STATIC_KV8,
+                                 job.model_dir / contract.onnx_file(g.precision, contract.CACHE_STATIC_KV8))
+                           for g in list(job.graphs) if g.cache == contract.CACHE_STATIC]
+    elif kv_dtype == "int8":
+        raise UsageError(f"--kv-dtype int8: this model has no static-cache graph ({report.static_skipped})")
     existing = [str(g.path) for g in job.graphs if g.path.exists()]
     if existing and not force:
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
@@ -292,6 +309,25 @@ def _static_graphs(job: _Job) -> None:
         job.say(f"making the {g.precision} static-cache variant")
         ladder = variants.LADDER[g.precision]
         _variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=tmp)
+
+
+def _kv8_graphs(job: _Job) -> None:
+    """The int8-cache twin of each static-cache graph that passed (kv_quant.make), scales calibrated once
+    on the fp32 static graph."""
+    fp32 = job.graph("fp32", contract.CACHE_STATIC)
+    if fp32 not in job.passed:
+        return
+    windows = job.windows if job.windows is not None else validate.sampled_windows(job.model)
+    job.say("calibrating the int8 KV cache's scales")
+    amax = kv_quant.calibrate(load_cpu(job.passed[fp32]), windows)
+    for g in job.graphs:
+        twin = job.graph(g.precision, contract.CACHE_STATIC)
+        if g.cache == contract.CACHE_STATIC_KV8 and twin in job.passed:
+            job.say(f"making the {g.precision} static-cache graph's int8 KV cache")
+            made = kv_quant.make(g.label, job.passed[twin], g.path, amax, windows, bpe.token_bytes(job.tok),
+                                 gated=job.windows is not None, rows=job.report.kv_gates)
+            if made is not None:
+                job.passed[g] = made
 
 
 def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | None = None) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gptport import __version__
+from gptport import __version__, contract
 from gptport.errors import GptportError, UsageError
 from gptport.machine import describe
 from gptport.runtime.engine import Engine, positions
@@ -44,6 +44,7 @@ class BenchPlan:
     threads: int = 0
     torch_baseline: bool = True
     kv_caches: Sequence[str] = ("auto",)  # auto | static | concat (loader.graph_path)
+    kv_dtypes: Sequence[str] = ("float32",)  # float32 | int8 (the static graph's int8 cache)
     probe_mib: int = 1024  # the bandwidth probe's buffer: far larger than the caches
     draft: Path | None = None  # speculative rows (batch 1, static cache, CPU) with this draft model beside plain
     draft_tokens: int | None = None  # drafts per step (None: adaptive)
@@ -272,21 +273,24 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
 
     rows: list[Row] = []
     config: dict[str, Any] = {}
-    for provider, precision, cache in itertools.product(plan.providers, plan.precisions, plan.kv_caches):
+    for provider, precision, cache, kv in itertools.product(plan.providers, plan.precisions, plan.kv_caches,
+                                                            plan.kv_dtypes):
         _peak_rss_reset()
         t0 = time.perf_counter()
         try:
-            model = open_graph(model_dir, precision, provider, cache, threads=plan.threads, say=warn)
+            model = open_graph(model_dir, precision, provider, cache, threads=plan.threads, say=warn, kv_dtype=kv)
         except GptportError as e:
-            rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=cache, error=str(e)))
-            say(f"onnx {provider} {precision} {cache}: {e}")
+            label = cache if kv == "float32" else f"{cache} {kv}"
+            rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=label, error=str(e)))
+            say(f"onnx {provider} {precision} {label}: {e}")
             continue
+        kv_label = model.cache if kv == "float32" else contract.CACHE_STATIC_KV8
         session_s = time.perf_counter() - t0
         assert model.path is not None  # open_graph's models know their file
         wbytes = weight_bytes_per_token(model.path)
         for batch, prompt_len in _shapes(plan, model.n_ctx):
-            say(f"onnx {provider} {precision} {model.cache} batch {batch} prompt {prompt_len}")
-            row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, kv_cache=model.cache,
+            say(f"onnx {provider} {precision} {kv_label} batch {batch} prompt {prompt_len}")
+            row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, kv_cache=kv_label,
                       session_s=session_s, weight_bytes_per_token=wbytes,
                       providers_ran=model.session.get_providers())
             _fill(row, model, model.config.vocab_size, plan, probe if provider == "cpu" else None)

@@ -34,10 +34,16 @@ class Opened:
     cache: str = contract.CACHE_CONCAT  # the KV-cache layout of the graph: concat or static
 
 
-def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACHE_AUTO, fmt: str = "onnx") -> Path:
+def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACHE_AUTO, fmt: str = "onnx",
+               kv_dtype: str = "float32") -> Path:
     """The graph file of this precision and KV-cache layout. `auto` takes the static-cache graph on the
     CPU provider when it was exported, the contract graph otherwise. `fmt` ort: the contract graph's .ort
-    file (export --ort-format)."""
+    file (export --ort-format). `kv_dtype` int8: the static-cache graph with an int8 cache (export
+    --kv-dtype int8)."""
+    if kv_dtype not in contract.KV_DTYPES:
+        raise UsageError(f"--kv-dtype {kv_dtype!r} is unknown; choose from {', '.join(contract.KV_DTYPES)}")
+    if kv_dtype == "int8":
+        return _kv8_path(model_dir, precision, provider, cache, fmt)
     if precision not in contract.PRECISIONS:
         raise UsageError(f"--precision {precision!r} is unknown; choose from {', '.join(contract.PRECISIONS)}")
     if cache not in CACHES:
@@ -62,14 +68,30 @@ def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACH
     return path
 
 
+def _kv8_path(model_dir: Path, precision: str, provider: str, cache: str, fmt: str) -> Path:
+    """The int8-cache graph: a static-cache graph, on the CPU provider."""
+    if cache == contract.CACHE_CONCAT or fmt != "onnx":
+        what = "--kv-cache concat" if cache == contract.CACHE_CONCAT else f"--graph-format {fmt}"
+        raise UsageError(f"--kv-dtype int8 with {what}: the int8 cache is the static-cache graph's "
+                         "(--kv-cache static, .onnx)")
+    if provider != "cpu":
+        raise UsageError(f"--kv-dtype int8 --provider {provider}: the int8 cache runs on the CPU provider only")
+    path = model_dir / contract.onnx_file(precision, contract.CACHE_STATIC_KV8)
+    if not path.is_file():
+        hint = "" if precision == "fp32" else f" --precision fp32,{precision}"
+        raise ArtifactError(f"{path}: missing; run `gptport export {model_dir}{hint} --kv-dtype int8` first")
+    return path
+
+
 def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", cache: str = CACHE_AUTO,
                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx") -> onnx_engine.OnnxModel:
+               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx", kv_dtype: str = "float32"
+               ) -> onnx_engine.OnnxModel:
     """The graph of this precision and cache layout (graph_path) opened on `provider`, refused unless
     it was exported from the directory's model.safetensors and config.json (provenance.check; a file
     the directory lacks is not compared); `say` gets the fallbacks taken and, for a graph written with
     `export --no-gate`, a one-line warning. The one way generate, bench, eval and serve open a graph."""
-    path = graph_path(model_dir, precision, provider, cache, fmt)
+    path = graph_path(model_dir, precision, provider, cache, fmt, kv_dtype)
     model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin)
     provenance.check(model_dir, path, model.meta)
     if model.meta.get(contract.META_GATED) == "false":
@@ -96,12 +118,12 @@ def load_tokenizer(model_dir: Path) -> bpe.BPETokenizer:
 
 def open_model(model_dir: Path, provider: str = "cpu", precision: str = "fp32", threads: int = 0,
                fallback: bool = False, say: Callable[[str], None] = lambda m: None, cache: str = CACHE_AUTO,
-               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx") -> Opened:
+               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx", kv_dtype: str = "float32") -> Opened:
     """Load the tokenizer and the ONNX engine of `model_dir`, refusing a tokenizer that is not the model's.
     `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract); `fmt`
-    ort takes the contract graph's .ort file."""
+    ort takes the contract graph's .ort file; `kv_dtype` int8 the static graph with an int8 cache."""
     tok = load_tokenizer(model_dir)
-    model = open_graph(model_dir, precision, provider, cache, threads, fallback, say, spin, fmt)
+    model = open_graph(model_dir, precision, provider, cache, threads, fallback, say, spin, fmt, kv_dtype)
     path = model.path
     if model.tokenizer_sha256 != tok.sha256:
         raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "

@@ -54,6 +54,12 @@ class OnnxModel:
 
     @property
     def kv_dtype(self) -> np.dtype:
+        """The cache's element type: int8 for a static graph exported with --kv-dtype int8 (its inputs say
+        so), float16 for the fp16 graph, float32 otherwise."""
+        if self.cache == contract.CACHE_STATIC:
+            past = next(i for i in self.session.get_inputs() if i.name.startswith("past_key_values."))
+            if past.type == "tensor(int8)":
+                return np.dtype(np.int8)
         return np.dtype(np.float16) if self.precision == "fp16" else np.dtype(np.float32)
 
     @property

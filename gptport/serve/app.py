@@ -61,6 +61,7 @@ class Settings:
     draft_tokens: int | None = None  # drafts per step (None: adaptive)
     prompt_lookup: int | None = None  # speculative decoding by prompt lookup: the n-gram length
     prefix_cache: bool = True  # freed slots keep their cache for prompts that start the same way
+    kv_dtype: str = "float32"  # int8: the static graph with an int8 KV cache (export --kv-dtype int8)
     spin: str = "step"  # onnxruntime's workers spin during a step and sleep between: the HTTP side needs the cores
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
@@ -91,7 +92,7 @@ class State:
         s = self.settings
         try:
             opened = open_model(s.model_dir, s.provider, s.precision, s.threads, cache=s.kv_cache,
-                                spin=s.spin)
+                                spin=s.spin, kv_dtype=s.kv_dtype)
             slots = open_slots(opened.engine, s.slots)
             self.render, template = renderer(s.model_dir)
             vocab = opened.engine.config.vocab_size
@@ -108,13 +109,15 @@ class State:
         self.tok, self.n_ctx = opened.tok, opened.engine.n_ctx
         self.metrics.slots.set(s.slots)
         self.metrics.capacity.set(s.slots * self.n_ctx)
-        graph = f"{opened.precision} {opened.cache} cache"
         engine: Any = opened.engine  # an OnnxModel: serve opens onnx engines only
+        kv_type = "int8" if engine.kv_dtype.itemsize == 1 else str(engine.kv_dtype)
+        graph = f"{opened.precision} {opened.cache} cache" + (" (int8)" if kv_type == "int8" else "")
         threads = engine.session.get_session_options().intra_op_num_threads
         self.metrics.info.labels(s.model_name, graph, opened.provider, str(threads or "auto")).set(1)
         self.scheduler.start()
-        kv = 2 * engine.config.n_layer * engine.config.d_model * self.n_ctx * s.slots
-        kv *= engine.kv_dtype.itemsize
+        per_slot = 2 * engine.config.n_layer * engine.config.d_model * self.n_ctx * engine.kv_dtype.itemsize
+        kv = per_slot * s.slots
+        self.metrics.kv_bytes.labels(kv_type).set(per_slot)
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
                    f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
                    f"prefix cache {_prefix_cache(s, self.scheduler)} · chat template: {template}{drafts_from}")

@@ -38,6 +38,9 @@ class Metrics(Observer):
         self.slots = Gauge("gptport_slots", "Slots (rows of the KV cache)", registry=r)
         self.positions = Gauge("gptport_kv_cache_positions_used", "KV-cache positions held by busy slots",
                                registry=r)
+        self.kv_bytes = Gauge("gptport_kv_cache_bytes_per_slot", "Bytes of one slot's KV cache (n_ctx positions, "
+                              "keys and values of every layer), by the cache's element type", ["dtype"],
+                              registry=r)
         self.capacity = Gauge("gptport_kv_cache_positions", "KV-cache positions in all (slots x n_ctx)", registry=r)
         self.info = Gauge("gptport_info", "The model this server runs (labels; threads: onnxruntime's intra-op "
                           "threads, auto = one per core), value 1", ["model", "graph", "provider", "threads"],
