@@ -8,10 +8,12 @@ new tokens (64 for gpt2-124m), temperature 0.8 (and one user once more at temper
 `gptport bench` decodes), ignore_eos, usage from `stream_options.include_usage`;
 16 slots, 2 threads, `--spin step` (serve's default).
 Writes benchmarks/results/serve-<shape>.json (medians over rounds, and every round). With several
-`--spin` modes, one gptport server per mode in the same rounds (serve-spin-<shape>.json).
+`--spin` modes, one gptport server per mode in the same rounds (serve-spin-<shape>.json); with several
+`--kv-dtype`s, one per cache type (serve-kv-<shape>.json).
 
     python benchmarks/bench_serve.py [--shapes small,gpt2-124m] [--rounds 3] [--llama-server PATH]
     python benchmarks/bench_serve.py --shapes small --spin step,never,always
+    python benchmarks/bench_serve.py --kv-dtype float32,int8 --concurrency 16   # the int8 KV cache
 """
 
 from __future__ import annotations
@@ -152,6 +154,9 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--spin", default="step", help="gptport serve's --spin; several (step,never,always) compare "
                     "them in the same rounds and write serve-spin-<shape>.json")
+    ap.add_argument("--kv-dtype", default="float32", help="gptport serve's --kv-dtype; several (float32,int8) "
+                    "compare them in the same rounds and write serve-kv-<shape>.json (the model directory needs "
+                    "`gptport export --kv-dtype int8`)")
     ap.add_argument("--llama-server", type=Path, default=os.environ.get("GPTPORT_LLAMA_SERVER"),
                     help="a llama-server binary (README: building one from the llama-cpp-python sdist)")
     args = ap.parse_args()
@@ -161,10 +166,11 @@ def main() -> None:
     for shape in args.shapes.split(","):
         d = model_dir(shape, corpus, args.llama_server is not None)
         n_ctx = json.loads((d / "config.json").read_text())["model"]["n_ctx"]
-        modes = args.spin.split(",")
-        servers = {"gptport" if len(modes) == 1 else f"gptport --spin {mode}": [
+        modes, kvs = args.spin.split(","), args.kv_dtype.split(",")
+        servers = {"gptport" + (f" --spin {mode}" if len(modes) > 1 else "") + (f" --kv-dtype {kv}" if len(kvs) > 1
+                                                                                 else ""): [
             sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", "PORT", "--slots", str(args.slots),
-            "--threads", str(args.threads), "--spin", mode] for mode in modes}
+            "--threads", str(args.threads), "--spin", mode, "--kv-dtype", kv] for mode in modes for kv in kvs}
         if args.llama_server is not None:
             servers["llama.cpp"] = [str(args.llama_server), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1",
                                     "--port", "PORT", "-np", str(args.slots), "-t", str(args.threads),
@@ -185,10 +191,11 @@ def main() -> None:
                   "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,
                                "max_tokens": MAX_TOKENS[shape], "temperature": [0.8, "0 (one user)"],
                                "rounds": args.rounds,
-                               "concurrency": levels, "spin": modes},
+                               "concurrency": levels, "spin": modes, "kv_dtype": kvs},
                   "bench_decode_ms_per_token": latency, "bench_decode_ms_per_token_rounds": latencies,
                   "servers": {name: {"median": median_rows(rs), "rounds": rs} for name, rs in rounds.items()}}
-        out = HERE / "results" / (f"serve-{shape}.json" if len(modes) == 1 else f"serve-spin-{shape}.json")
+        name = "serve" if len(modes) == 1 and len(kvs) == 1 else "serve-spin" if len(kvs) == 1 else "serve-kv"
+        out = HERE / "results" / f"{name}-{shape}.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print_table(result)
 

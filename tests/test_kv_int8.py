@@ -101,3 +101,4 @@ def test_serve_runs_the_int8_cache_and_says_so(kv8_dir: Path, tmp_path: Path) ->
     assert per_slot == 2 * cfg["n_layer"] * cfg["d_model"] * cfg["n_ctx"]  # one byte a value
     line = (tmp_path / "serve.log").read_text()
     assert "static cache (int8)" in line and re.search(r"KV cache \d+ MiB", line)
+    assert "a gated int8 variant is here (model.int8.static.kv8.onnx: --precision int8)" in line  # not substituted

@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from gptport.errors import GptportError
 from gptport.page_style import styled
-from gptport.serve import openapi, protocol
+from gptport.serve import openapi, protocol, startup
 from gptport.serve.drafting import Drafting
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
@@ -120,19 +120,13 @@ class State:
         self.metrics.kv_bytes.labels(kv_type).set(per_slot)
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
                    f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
-                   f"prefix cache {_prefix_cache(s, self.scheduler)} · chat template: {template}{drafts_from}")
+                   f"prefix cache {startup.prefix_cache(s, self.scheduler)} · chat template: {template}{drafts_from}"
+                   f"{startup.int8_hint(s, opened)}")
 
     def ready(self) -> Scheduler:
         if self.scheduler is None:
             raise ApiError(503, self.error or "the model is still loading", None, "not_ready")
         return self.scheduler
-
-
-def _prefix_cache(s: Settings, scheduler: Scheduler) -> str:
-    """What the startup line says of prefix caching."""
-    if scheduler.prefix_cache:
-        return "on"
-    return "off (--no-prefix-cache)" if not s.prefix_cache else "off (static-cache graphs only)"
 
 
 def _drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
