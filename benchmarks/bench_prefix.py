@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_serve import WORK, free_port, model_dir, served_with
+from bench_serve import WORK, interleaved, llama_server, model_dir
 from bench_tokenizer import big_corpus
 
 from gptport.machine import describe
@@ -60,20 +60,10 @@ def main() -> None:
                  "--threads", str(args.threads)]
         servers = {"gptport": serve, "gptport --no-prefix-cache": [*serve, "--no-prefix-cache"]}
         if args.llama_server is not None:
-            servers["llama.cpp"] = [str(args.llama_server), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1",
-                                    "--port", "PORT", "-np", str(USERS), "-t", str(args.threads),
-                                    "-c", str(USERS * n_ctx), "--no-webui"]
-        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
-        for r in range(args.rounds):
-            for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
-                port = str(free_port())
-                print(f"== {shape} round {r + 1}/{args.rounds}: {name}", file=sys.stderr)
-                cmd = [port if a == "PORT" else a for a in servers[name]]
-                log = WORK / f"prefix-{shape}-{name.replace(' ', '')}.log"
-                with open(log, "wb"):
-                    pass
-                rounds[name].append(served_with(cmd, f"http://127.0.0.1:{port}", log,
-                                                lambda u, s=shape, r=r: load(u, s, args.requests, r)))
+            servers["llama.cpp"] = llama_server(args.llama_server, d, USERS, args.threads, n_ctx)
+        rounds = interleaved(servers, args.rounds, shape,
+                             lambda name, s=shape: WORK / f"prefix-{s}-{name.replace(' ', '')}.log",
+                             lambda url, r, s=shape: load(url, s, args.requests, r))
         medians = {name: {k: statistics.median(x[k] for x in rs) if all(x.get(k) is not None for x in rs) else None
                           for k in KEYS} for name, rs in rounds.items()}
         result = {"shape": shape, "machine": describe(),

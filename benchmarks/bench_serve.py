@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,27 @@ def served_with(cmd: list[str], url: str, log: Path, run: Any) -> Any:
         return run(url)
     finally:
         stop_server(proc)
+
+
+def llama_server(binary: Path, d: Path, slots: int, threads: int, n_ctx: int) -> list[str]:
+    """llama-server on the directory's F32 GGUF, `slots` slots of n_ctx each (PORT is filled in later)."""
+    return [str(binary), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1", "--port", "PORT", "-np", str(slots),
+            "-t", str(threads), "-c", str(slots * n_ctx), "--no-webui"]
+
+
+def interleaved(servers: dict[str, list[str]], rounds: int, shape: str, log: Callable[[str], Path],
+                run: Callable[[str, int], Any]) -> dict[str, list[Any]]:
+    """Each server started, `run(url, round)`, stopped, in rounds that alternate who goes first: each
+    server's results by round."""
+    out: dict[str, list[Any]] = {name: [] for name in servers}
+    for r in range(rounds):
+        for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
+            port = str(free_port())
+            print(f"== {shape} round {r + 1}/{rounds}: {name}", file=sys.stderr)
+            cmd = [port if a == "PORT" else a for a in servers[name]]
+            out[name].append(served_with(cmd, f"http://127.0.0.1:{port}", log(name),
+                                         lambda url, r=r: run(url, r)))  # type: ignore[misc]
+    return out
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

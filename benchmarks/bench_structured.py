@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_serve import MAX_TOKENS, WORK, free_port, model_dir, served_with
+from bench_serve import MAX_TOKENS, WORK, interleaved, llama_server, model_dir
 from bench_tokenizer import big_corpus
 
 from gptport.machine import describe
@@ -118,19 +118,9 @@ def main() -> None:
         servers = {"gptport": [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", "PORT",
                                "--slots", str(args.slots), "--threads", str(args.threads)]}
         if args.llama_server is not None:
-            servers["llama.cpp"] = [str(args.llama_server), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1",
-                                    "--port", "PORT", "-np", str(args.slots), "-t", str(args.threads),
-                                    "-c", str(args.slots * n_ctx), "--no-webui"]
-        rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in servers}
-        for r in range(args.rounds):
-            for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
-                port = str(free_port())
-                print(f"== {shape} round {r + 1}/{args.rounds}: {name}", file=sys.stderr)
-                cmd = [port if a == "PORT" else a for a in servers[name]]
-                log = WORK / f"structured-{shape}-{name}.log"
-                rounds[name].append(served_with(cmd, f"http://127.0.0.1:{port}", log,
-                                                lambda url, r=r, shape=shape: load(url, shape, levels, r, schema_path,
-                                                                              args.requests_per_user)))
+            servers["llama.cpp"] = llama_server(args.llama_server, d, args.slots, args.threads, n_ctx)
+        rounds = interleaved(servers, args.rounds, shape, lambda name, s=shape: WORK / f"structured-{s}-{name}.log",
+                             lambda url, r, s=shape: load(url, s, levels, r, schema_path, args.requests_per_user))
         result = {"shape": shape, "machine": describe(), "schema": SCHEMA,
                   "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,
                                "max_tokens": MAX_TOKENS[shape], "temperature": 0.8, "rounds": args.rounds,
