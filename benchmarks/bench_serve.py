@@ -115,10 +115,12 @@ def served_with(cmd: list[str], url: str, log: Path, run: Any) -> Any:
         stop_server(proc)
 
 
-def llama_server(binary: Path, d: Path, slots: int, threads: int, n_ctx: int) -> list[str]:
-    """llama-server on the directory's F32 GGUF, `slots` slots of n_ctx each (PORT is filled in later)."""
-    return [str(binary), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1", "--port", "PORT", "-np", str(slots),
-            "-t", str(threads), "-c", str(slots * n_ctx), "--no-webui"]
+def llama_server(binary: Path, d: Path, slots: int, threads: int, n_ctx: int, weights: str = "f32",
+                 cache: str = "f16") -> list[str]:
+    """llama-server on the directory's GGUF of `weights` (f32, q8_0), `slots` slots of n_ctx each, its
+    keys and values in `cache` (f16, its default, or q8_0); PORT is filled in later."""
+    return [str(binary), "-m", str(d / f"model.{weights}.gguf"), "--host", "127.0.0.1", "--port", "PORT",
+            "-np", str(slots), "-t", str(threads), "-c", str(slots * n_ctx), "--no-webui", "-ctk", cache, "-ctv", cache]
 
 
 def interleaved(servers: dict[str, list[str]], rounds: int, shape: str, log: Callable[[str], Path],
@@ -194,9 +196,7 @@ def main() -> None:
             sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", "PORT", "--slots", str(args.slots),
             "--threads", str(args.threads), "--spin", mode, "--kv-dtype", kv] for mode in modes for kv in kvs}
         if args.llama_server is not None:
-            servers["llama.cpp"] = [str(args.llama_server), "-m", str(d / "model.f32.gguf"), "--host", "127.0.0.1",
-                                    "--port", "PORT", "-np", str(args.slots), "-t", str(args.threads),
-                                    "-c", str(args.slots * n_ctx), "--no-webui"]
+            servers["llama.cpp"] = llama_server(args.llama_server, d, args.slots, args.threads, n_ctx)
         rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in servers}
         latencies: list[float] = []
         for r in range(args.rounds):

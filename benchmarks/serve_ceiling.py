@@ -112,9 +112,13 @@ def bound(steps: dict[str, float], max_tokens: int) -> float:
     return many / one
 
 
-def measure(shape: str, rounds: int, threads: int) -> dict[str, Any]:
-    d = model_dir(shape, big_corpus(), gguf=False)
-    opened = loader.open_model(d, threads=threads, cache="static", spin="step")
+def measure(shape: str, rounds: int, threads: int, d: Path | None = None, precision: str = "fp32",
+            kv_dtype: str = "float32") -> dict[str, Any]:
+    """The in-process ratio and step-time bound of `d` (default: bench_serve's random weights of `shape`)
+    at `precision` with a `kv_dtype` cache."""
+    d = d or model_dir(shape, big_corpus(), gguf=False)
+    opened = loader.open_model(d, precision=precision, threads=threads, cache="static", spin="step",
+                               kv_dtype=kv_dtype)
     slots = open_slots(opened.engine, SLOTS)  # one cache for every run: the scheduler frees what it used
     assert isinstance(slots, StaticSlots)
     max_tokens, n_one, n_many = MAX_TOKENS[shape], 4, 3 * SLOTS
