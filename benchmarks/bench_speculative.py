@@ -4,7 +4,8 @@ trained on tinyshakespeare for 250 steps of 8 sequences of 512 tokens (about 15 
 validation perplexity), greedy, NEW new tokens from held-out prompts, interleaved rounds.
 
 Rows per round, each over the same prompts: plain decoding (`generate`, the static-cache graph), the
-draft with adaptive K, the draft with fixed K, and prompt lookup; the text of every drafted row must be
+draft with adaptive K, the draft with fixed K, the draft's int8 variant with adaptive K (`--draft-precision
+int8`: a cheaper draft step, the same target), and prompt lookup; the text of every drafted row must be
 the plain row's, token for token. A repetitive task (a prompt that quotes a passage twice, continued:
 the model tends to go on quoting) shows prompt lookup's gain; the plain prompts show its cost when
 little matches. With --llama-dir PATH (a llama.cpp build holding llama-bench and llama-speculative),
@@ -62,6 +63,8 @@ def prepare(corpus: Path, target_steps: int, draft_steps: int) -> tuple[Path, Pa
                     "--batch-size", "8", "--set", f"n_ctx={N_CTX}", *extra)
         gptport("export", str(d), "--force")
         gptport("export-gguf", str(d), "--outtype", "f32", "--force")
+    if not (draft / "model.int8.static.onnx").exists():  # the int8 draft's row (gated on the held-out text)
+        gptport("export", str(draft), "--precision", "fp32,int8", "--force")
     return target, draft, heldout
 
 
@@ -95,10 +98,11 @@ def gptport_rows(target: Path, draft: Path, texts: list[str], new: int, threads:
     # both sessions' workers stop spinning after each step (as generate --draft opens them): two sessions
     # taking turns on 2 cores, each spinning on after its step, halved the drafted rows' speed
     tg, dr = (open_model(d, "cpu", "fp32", threads, spin="step") for d in (target, draft))
+    dr8 = open_model(draft, "cpu", "int8", threads, spin="step")  # generate --draft-precision int8
     ids = encode_prompts(tg.tok, texts, tg.engine.n_ctx)
     greedy, eot = Sampling(), -1  # no end-of-text: every row generates `new` tokens
     configs = {"plain": None, "draft adaptive": ("draft", None), f"draft k={k}": ("draft", k),
-               "lookup 3": ("lookup", None)}
+               "int8 draft adaptive": ("draft8", None), "lookup 3": ("lookup", None)}
     out: dict[str, dict[str, Any]] = {}
     plain_ids: list[list[int]] = []
     for name, how in configs.items():
@@ -109,7 +113,8 @@ def gptport_rows(target: Path, draft: Path, texts: list[str], new: int, threads:
                 row = generate(tg.engine, [p], new, greedy, eot)[0]
                 plain_ids.append(row.new_ids)
             else:
-                drafter = ModelDrafter(dr.engine) if how[0] == "draft" else LookupDrafter(3)
+                drafter = (ModelDrafter(dr.engine) if how[0] == "draft" else ModelDrafter(dr8.engine)
+                           if how[0] == "draft8" else LookupDrafter(3))
                 row = speculate(tg.engine, drafter, p, new, greedy, eot, k=how[1], stats=stats)
                 same &= row.new_ids == plain_ids[i]
             total_s += time.perf_counter() - t0
@@ -156,11 +161,12 @@ def trained(d: Path) -> dict[str, Any]:
             "parameters": json.loads((d / "config.json").read_text()).get("n_params")}
 
 
-def step_costs(target: Path, threads: int, reps: int = 15) -> dict[str, dict[str, float]]:
+def step_costs(target: Path, draft: Path, threads: int, reps: int = 15) -> dict[str, Any]:
     """Why the server drafts only for a lone row: the target's step time (ms, median) for one row taking
     n tokens at once (a verification of n - 1 drafts) and for B rows taking one token each (a plain
     batched step), every row 128 tokens into its context. A B-row verification of K drafts each is
-    B·(K + 1) rows of the matrix products, as one row of B·(K + 1) tokens is (its attention differs)."""
+    B·(K + 1) rows of the matrix products, as one row of B·(K + 1) tokens is (its attention differs); and
+    the draft's one-token step at fp32 and int8."""
     import numpy as np
 
     from gptport.runtime.loader import open_model
@@ -186,7 +192,15 @@ def step_costs(target: Path, threads: int, reps: int = 15) -> dict[str, dict[str
 
     seq, lookup = rng.permutation(tg.tok.vocab_size)[:N_CTX - 1].tolist(), LookupDrafter(3)
     scan = timed(lambda: lookup.propose(seq, 4, Sampling(), rng)) * 1e3
-    return {"one_row_n_tokens_ms": one_row, "b_rows_one_token_ms": rows, "lookup_no_match_us": scan}
+    drafts = {}
+    for precision in ("fp32", "int8"):
+        small = open_slots(open_model(draft, "cpu", precision, threads, spin="step").engine, 1)
+        small.append(0, rng.integers(1, tg.tok.vocab_size, 128))
+        tok = rng.integers(1, tg.tok.vocab_size, 1)
+        drafts[precision] = statistics.median(_time(lambda s=small, t=tok: (s.decode([0], t), s.truncate(0, 128)))
+                                              for _ in range(200)) * 1e3  # a short step: more samples
+    return {"one_row_n_tokens_ms": one_row, "b_rows_one_token_ms": rows, "lookup_no_match_us": scan,
+            "draft_step_ms": drafts}
 
 
 def _time(f: Any) -> float:
@@ -223,7 +237,7 @@ def main() -> None:
                 rows |= llama_rows(args.llama_dir, target, draft, texts, args.new, args.threads)
             got[task] = rows
         rounds.append(got)
-    costs = step_costs(target, args.threads)
+    costs = step_costs(target, draft, args.threads)
     settings = vars(args) | {"corpus": args.corpus.name, "n_ctx": N_CTX, "llama_dir": bool(args.llama_dir)}
     result = {"machine": describe(), "models": {"target": trained(target), "draft": trained(draft)},
               "step_costs": costs, "settings": settings, "median": summarize(rounds),
@@ -257,6 +271,7 @@ def print_table(result: dict[str, Any]) -> None:
     print("\nstep time (ms): one row taking n tokens | B rows taking one each")
     print("  n: " + "  ".join(f"{n}: {ms:.2f}" for n, ms in costs["one_row_n_tokens_ms"].items()))
     print("  B: " + "  ".join(f"{b}: {ms:.2f}" for b, ms in costs["b_rows_one_token_ms"].items()))
+    print("draft step: " + "  ".join(f"{p}: {ms:.2f}" for p, ms in costs["draft_step_ms"].items()))
     print(f"prompt lookup's scan where nothing matches, {result['settings']['n_ctx'] - 1} tokens: "
           f"{costs['lookup_no_match_us']:.0f} µs a step")
     for task, rows in result["median"].items():

@@ -27,7 +27,8 @@ from tests.test_cli import _assert_one_line_error, gptport
 ROW_KEYS = {"engine", "provider", "precision", "batch", "prompt_len", "gen_len", "prefill_tok_s", "decode_tok_s",
             "ttft_ms", "latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "speedup_vs_torch",
             "bandwidth_fraction", "peak_rss_mb", "samples", "kv_cache"}
-DRAFT_KEYS = ["draft", "acceptance", "tokens_per_step", "speedup_vs_plain"]  # only a --draft plan fills these
+# only a --draft plan fills these
+DRAFT_KEYS = ["draft", "draft_precision", "acceptance", "tokens_per_step", "speedup_vs_plain"]
 
 
 def fp32_bytes_per_step(model_dir: Path) -> int:

@@ -29,12 +29,13 @@ from tests.test_slots import Run
 
 @pytest.fixture(scope="module")
 def draft_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
-    """A weaker model with the same tokenizer: one layer, 20 steps."""
+    """A weaker model with the same tokenizer: one layer, 20 steps; fp32, and int8 (ungated: 20 steps leave
+    near-ties that int8 flips) for --draft-precision."""
     from gptport.export import exporter
 
     out = build_model_dir(tmp_path_factory.mktemp("draft") / "d", tokenizer_dir, corpus_file, steps=20, n_ctx=96,
                           d_model=32, n_layer=1, n_head=2)
-    exporter.export(out, ["fp32"])
+    exporter.export(out, ["fp32", "int8"], gate=False)
     return out
 
 
@@ -161,13 +162,15 @@ def test_cli_draft_and_lookup_give_the_plain_text(trained_dir: Path, draft_dir: 
     base = ["generate", str(trained_dir), "ka to ri ka to ri", "--max-new-tokens", "40", "--json"]
     plain = json.loads(cli(*base).stdout)
     for extra in (["--draft", str(draft_dir)], ["--draft", str(draft_dir), "--draft-tokens", "3"],
-                  ["--prompt-lookup", "3"]):
+                  ["--draft", str(draft_dir), "--draft-precision", "int8"], ["--prompt-lookup", "3"]):
         run = cli(*base, *extra)
         assert run.returncode == 0, run.stderr
         got = json.loads(run.stdout)
         assert got["token_ids"] == plain["token_ids"], extra
         assert got["drafted"] >= got["accepted"] >= 0
         assert "tokens per step" in run.stderr
+        if "--draft-precision" in extra:  # the int8 draft drafts, and the line says which ran
+            assert got["drafted"] > 0 and "draft model, int8" in run.stderr, run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +200,7 @@ def test_cli_refusals(trained_dir: Path, draft_dir: Path, other_tokenizer_dir: P
         (["--draft", str(other_tokenizer_dir)], [ours, theirs, "--tokenizer-from"]),
         (["--draft", str(draft_dir), "--prompt-lookup", "3"], ["one way of drafting"]),
         (["--draft-tokens", "3"], ["--draft-tokens needs --draft"]),
+        (["--draft-precision", "int8"], ["--draft-precision needs --draft"]),
         (["--draft", str(draft_dir), "--draft-tokens", "0"], ["--draft-tokens must be at least 1"]),
         (["--prompt-lookup", "1"], ["--prompt-lookup must be at least 2"]),
         (["--draft", str(draft_dir), "--regex", "[a-z]+"], ["output constraint"]),
@@ -242,6 +246,7 @@ def test_bench_draft_rows(tmp_path: Path, trained_dir: Path, draft_dir: Path, ot
     assert len(drafted) == 1 and len(plain) == 1
     row = drafted[0]
     assert row["acceptance"] == 1.0  # the target drafting for itself
+    assert row["draft_precision"] == row["precision"] == "fp32"  # the draft follows the row's precision
     assert row["tokens_per_step"] > 1.5 and row["decode_tok_s"] > 0 and row["speedup_vs_plain"] > 0
     assert "tokens per step" in run.stderr
     run = cli("bench", str(trained_dir), "--draft", str(other_tokenizer_dir), "--no-torch-baseline")
@@ -304,7 +309,8 @@ def test_serve_draft_gives_the_plain_text(tmp_path: Path, trained_dir: Path, dra
     bad drafting options are refused in one line."""
     plain = json.loads(cli("generate", str(trained_dir), "ka to ri ka to ri", "--max-new-tokens", "40",
                            "--json").stdout)
-    for extra in (["--draft", str(draft_dir)], ["--prompt-lookup", "3", "--draft-tokens", "2"]):
+    for extra in (["--draft", str(draft_dir), "--draft-precision", "int8"],
+                  ["--prompt-lookup", "3", "--draft-tokens", "2"]):
         with serve(trained_dir, tmp_path / "serve.log", "--slots", "2", *extra) as server:
             status, body = server.post("/v1/completions", {"prompt": "ka to ri ka to ri", "max_tokens": 40,
                                                            "temperature": 0})
@@ -314,8 +320,13 @@ def test_serve_draft_gives_the_plain_text(tmp_path: Path, trained_dir: Path, dra
             assert server.metric("gptport_draft_tokens_total") >= server.metric("gptport_draft_accepted_tokens_total")
             if extra[0] == "--draft":  # a model always drafts; a lookup drafts only where an n-gram recurs
                 assert server.metric("gptport_draft_tokens_total") > 0
-        assert "drafts " in (tmp_path / "serve.log").read_text()
+        log = (tmp_path / "serve.log").read_text()
+        assert "drafts " in log
+        if extra[0] == "--draft":  # the startup line names the draft's variant
+            assert f"drafts from {draft_dir} (int8, k adaptive)" in log, log
     for extra, code, words in ((["--draft-tokens", "3"], 2, "needs --draft"),
+                               (["--draft-precision", "int8"], 2, "--draft-precision needs --draft"),
+                               (["--draft", str(trained_dir), "--draft-precision", "int4"], 1, "model.int4.onnx"),
                                (["--draft", str(draft_dir), "--prompt-lookup", "3"], 2, "one way of drafting"),
                                (["--prompt-lookup", "1"], 2, "--prompt-lookup must be at least"),
                                (["--draft", str(other_tokenizer_dir)], 1, "--tokenizer-from")):

@@ -58,6 +58,8 @@ def bench(
                                                "tok/s beside plain.")] = None,
     draft_tokens: Annotated[int | None, typer.Option("--draft-tokens", help="Drafts per step with --draft "
                                                      "(default: adaptive).")] = None,
+    draft_precision: Annotated[str | None, typer.Option("--draft-precision", help="The draft's exported variant "
+                                                        "(default: each row's precision).")] = None,
 ) -> None:
     """Measure prefill and decode tokens/s, latency percentiles, memory, and the share of the memory
     bandwidth decoding uses."""
@@ -77,9 +79,11 @@ def bench(
         batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
         gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline,
         kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()], draft=draft, draft_tokens=draft_tokens,
-        kv_dtypes=[k.strip() for k in kv_dtype.split(",") if k.strip()])
+        draft_precision=draft_precision, kv_dtypes=[k.strip() for k in kv_dtype.split(",") if k.strip()])
     if draft_tokens is not None and (draft is None or draft_tokens < 1):
         raise UsageError(f"--draft-tokens {draft_tokens}: needs --draft, and at least 1")
+    if draft_precision is not None and draft is None:
+        raise UsageError("--draft-precision needs --draft")
     if draft is not None:
         from gptport import tokenizer as bpe
         from gptport.runtime.speculative import check_tokenizers
@@ -145,7 +149,8 @@ def print_table(result: dict) -> None:
     err.print(table)
     for r in result["rows"]:
         if r.get("draft") and not r["error"]:
-            err.print(f"drafts from {r['draft']} ({r['precision']}, prompt {r['prompt_len']}): acceptance "
+            err.print(f"drafts from {r['draft']} ({r['draft_precision']} for {r['precision']}, prompt "
+                      f"{r['prompt_len']}): acceptance "
                       f"{r['acceptance']:.0%}, {r['tokens_per_step']:.2f} tokens per step, decode "
                       f"{_fmt(r['speedup_vs_plain'], '.2f')}x plain")
     for r in result["rows"]:

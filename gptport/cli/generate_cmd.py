@@ -78,6 +78,10 @@ def generate(
     prompt_lookup: Annotated[int | None, typer.Option("--prompt-lookup", help="Speculative decoding without a "
                                                       "draft model: copy drafts from the latest earlier match of "
                                                       "the last N tokens (N-grams down to 2).")] = None,
+    draft_precision: Annotated[str | None, typer.Option("--draft-precision", help="The draft model's exported "
+                                                        "variant: fp32, int8, int4 or fp16 (default: --precision's). "
+                                                        "It speeds drafting only; the output is the model's either "
+                                                        "way.")] = None,
 ) -> None:
     """Generate text: one prefill, then one token per step through the KV cache."""
     from gptport.errors import UsageError
@@ -109,7 +113,8 @@ def generate(
 
     matchers = None
     spec = constraint_spec(json_schema, regex, grammar)
-    drafter = open_drafter(opened, model_dir, draft, draft_tokens, prompt_lookup, spec is not None, threads)
+    drafter = open_drafter(opened, model_dir, draft, draft_tokens, prompt_lookup, spec is not None, threads,
+                           draft_precision)
     if spec is not None:
         from gptport.runtime.constraint import Grammars
 
@@ -156,18 +161,22 @@ def generate(
     err.print(f"[dim]{opened.engine_name} {opened.provider} {opened.precision}{graph}: prefill {r.prefill_ms:.1f} ms, "
               f"decode {r.decode_tok_s:,.1f} tok/s per row, batch {len(results)}[/]")
     if stats is not None:
-        err.print(f"[dim]drafts: {stats.drafted} drafted, {stats.accepted} accepted ({stats.acceptance:.0%}), "
-                  f"{stats.tokens_per_step:.2f} tokens per step[/]")
+        source = f"draft model, {draft_precision or opened.precision}" if draft is not None else "prompt lookup"
+        err.print(f"[dim]drafts ({source}): {stats.drafted} drafted, {stats.accepted} accepted "
+                  f"({stats.acceptance:.0%}), {stats.tokens_per_step:.2f} tokens per step[/]")
 
 
 def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens: int | None,
-                 prompt_lookup: int | None, constrained: bool, threads: int) -> Any:
+                 prompt_lookup: int | None, constrained: bool, threads: int, draft_precision: str | None = None
+                 ) -> Any:
     """A function making a fresh drafter per prompt (--draft or --prompt-lookup), or None."""
     from gptport.errors import UsageError
     from gptport.runtime import speculative
 
     if draft is not None and prompt_lookup is not None:
         raise UsageError("--draft and --prompt-lookup: one way of drafting at a time")
+    if draft_precision is not None and draft is None:
+        raise UsageError("--draft-precision needs --draft")
     if draft is None and prompt_lookup is None:
         if draft_tokens is not None:
             raise UsageError("--draft-tokens needs --draft or --prompt-lookup")
@@ -186,7 +195,7 @@ def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens:
     from gptport.runtime.loader import open_model
 
     assert draft is not None
-    small = open_model(draft, opened.provider, opened.precision, threads, spin="step")
+    small = open_model(draft, opened.provider, draft_precision or opened.precision, threads, spin="step")
     speculative.check_tokenizers(model_dir, opened.tok.sha256, draft, small.tok.sha256)
     return lambda: speculative.ModelDrafter(small.engine)
 

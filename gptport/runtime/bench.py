@@ -48,6 +48,7 @@ class BenchPlan:
     probe_mib: int = 1024  # the bandwidth probe's buffer: far larger than the caches
     draft: Path | None = None  # speculative rows (batch 1, static cache, CPU) with this draft model beside plain
     draft_tokens: int | None = None  # drafts per step (None: adaptive)
+    draft_precision: str | None = None  # the draft's variant (None: each row's precision)
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Row:
     samples: int = 0
     error: str | None = None
     draft: str | None = None  # speculative rows: the draft model's directory name
+    draft_precision: str | None = None  # and the draft's variant
     acceptance: float | None = None  # drafts the target kept
     tokens_per_step: float | None = None  # tokens per target step
     speedup_vs_plain: float | None = None  # decode tok/s over the plain row of the same graph and shape
@@ -224,10 +226,11 @@ def _draft_row(plain: Row, model: Any, plan: BenchPlan) -> Row:
 
     assert plan.draft is not None
     row = Row("onnx", plain.provider, plain.precision, 1, plain.prompt_len, plain.gen_len, kv_cache="static",
-              draft=plan.draft.name, providers_ran=plain.providers_ran)
+              draft=plan.draft.name, draft_precision=plan.draft_precision or plain.precision,
+              providers_ran=plain.providers_ran)
     try:
         # its workers stop spinning after each step: the target's session needs the cores next
-        draft = open_graph(plan.draft, plain.precision, plain.provider, "static", threads=plan.threads, spin="step")
+        draft = open_graph(plan.draft, row.draft_precision, plain.provider, "static", threads=plan.threads, spin="step")
     except GptportError as e:
         row.error = f"--draft {plan.draft}: {e}"
         return row

@@ -55,8 +55,10 @@ def check_drafting(settings: Settings) -> None:
     if settings.prompt_lookup is not None and settings.prompt_lookup < LOOKUP_MIN:
         raise UsageError(f"--prompt-lookup must be at least {LOOKUP_MIN} (tokens matched), not "
                          f"{settings.prompt_lookup}")
-    if settings.draft is not None:
-        loader.graph_path(settings.draft, settings.precision, settings.provider)  # exported, at this precision
+    if settings.draft_precision is not None and settings.draft is None:
+        raise UsageError("--draft-precision needs --draft")
+    if settings.draft is not None:  # exported, at this precision
+        loader.graph_path(settings.draft, settings.draft_precision or settings.precision, settings.provider)
         bpe.load(settings.draft)
 
 
