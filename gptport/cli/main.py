@@ -13,6 +13,7 @@ from gptport.cli import (
     bench_cmd,
     bench_serve_cmd,
     demo_cmd,
+    distill_cmd,
     eval_cmd,
     export_cmd,
     generate_cmd,
@@ -66,6 +67,7 @@ app.command("export-hf", epilog=hf_cmd.EXPORT_EXAMPLES)(hf_cmd.export_hf)
 app.command("import-hf", epilog=hf_cmd.IMPORT_EXAMPLES)(hf_cmd.import_hf)
 app.command("export-gguf", epilog=gguf_cmd.EXAMPLES)(gguf_cmd.export_gguf)
 app.command("export-web", epilog=web_cmd.EXAMPLES)(web_cmd.export_web)
+app.command("distill-corpus", epilog=distill_cmd.EXAMPLES)(distill_cmd.distill_corpus)
 
 
 def main(argv: list[str] | None = None) -> None:
