@@ -89,6 +89,8 @@ def test_tensorrt_options_cache_in_the_model_dir_keyed_by_the_model(tmp_path: Pa
     assert second["trt_engine_cache_path"] != first["trt_engine_cache_path"]
     assert provider_options("tensorrt", CONFIG, model, "fp32")["trt_fp16_enable"] is False
     assert provider_options("cuda", CONFIG, model, "fp32")["device_id"] == 0
+    # full float32 products on CUDA: onnxruntime's TF32 default put fp32 logits 2e-3 from torch's on an H100
+    assert provider_options("cuda", CONFIG, model, "fp32")["use_tf32"] == 0
     assert provider_options("cpu", CONFIG, model, "fp32") == {}
 
 
@@ -160,6 +162,22 @@ def test_an_unavailable_provider_is_an_error_unless_fallback(trained_dir: Path) 
     model = load(path, "tensorrt", fallback=True, say=notes.append)
     assert model.provider in ("cuda", "cpu") and model.session.get_providers()[0] != "TensorrtExecutionProvider"
     assert notes and "tensorrt" in notes[0]
+
+
+def test_parity_reads_caches_left_on_the_device(trained_dir: Path) -> None:
+    """On CUDA the bound step returns the present caches as OrtValues (they stay on the GPU): parity copies
+    them down to compare. Shown here with CPU OrtValues standing in for device ones."""
+    import onnxruntime as ort
+
+    torch_model, _ = load_model(trained_dir, bpe.load(trained_dir))
+    step = load(trained_dir / "model.onnx").step()
+
+    def on_device(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: list) -> tuple:
+        logits, present = step(ids, mask, pos, past)
+        return logits, [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(p)) for p in present]
+
+    rows = parity(torch_model, on_device, atol=1e-3)
+    assert rows and all(r.ok for r in rows), rows
 
 
 def _results_dir(tmp_path: Path) -> Path:

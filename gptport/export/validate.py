@@ -86,7 +86,9 @@ def parity(model: GPT, step: StepFn, atol: float, seed: int = 0) -> list[ParityR
         want_logits, want_present = ref(ids, mask, pos, past)
         got_logits, got_present = step(ids, mask, pos, [p.astype(np.float32) for p in past])
         d_logits = float(np.abs(got_logits.astype(np.float32) - want_logits).max())
-        d_present = max(float(np.abs(g.astype(np.float32) - w).max()) for g, w in zip(got_present, want_present,
+        # on CUDA and TensorRT the present caches stay on the GPU (OrtValues): copy them down to compare
+        host = [g.numpy() if hasattr(g, "numpy") else g for g in got_present]
+        d_present = max(float(np.abs(g.astype(np.float32) - w).max()) for g, w in zip(host, want_present,
                                                                                       strict=True))
         real = mask[:, -ids.shape[1]:].astype(bool)  # (B, T): positions that are not padding
         top1 = float((got_logits.argmax(-1) == want_logits.argmax(-1))[real].mean())
