@@ -1,19 +1,22 @@
-"""Speculative decoding at batch 1: a `small` target and a `tiny` draft with the same tokenizer, both
-trained on tinyshakespeare for 250 steps of 8 sequences of 512 tokens (about 15 and 4 minutes on a quiet
-2-core CPU; once, cached under benchmarks/work/speculative; the results record each model's steps and
-validation perplexity), greedy, NEW new tokens from held-out prompts, interleaved rounds.
+"""Speculative decoding at batch 1: a `small` target and two `tiny` drafts with the same tokenizer. The
+target and the first draft are trained on tinyshakespeare (600 steps of 8 sequences of 512 tokens by
+default); the second, "distilled", the same way on the target's own greedy continuations of 3,000
+prompts drawn from that text (`gptport distill-corpus`), so that it learns what the target predicts.
+All are built once and cached under benchmarks/work/speculative; the results record each model's steps
+and validation perplexity. Greedy, NEW new tokens from held-out prompts, interleaved rounds.
 
 Rows per round, each over the same prompts: plain decoding (`generate`, the static-cache graph), the
-draft with adaptive K, the draft with fixed K, the draft's int8 variant with adaptive K (`--draft-precision
-int8`: a cheaper draft step, the same target), and prompt lookup; the text of every drafted row must be
-the plain row's, token for token. A repetitive task (a prompt that quotes a passage twice, continued:
-the model tends to go on quoting) shows prompt lookup's gain; the plain prompts show its cost when
-little matches. With --llama-dir PATH (a llama.cpp build holding llama-bench and llama-speculative),
-the same pair as F32 GGUFs runs in llama.cpp's speculative example and llama-bench's plain decode,
-in the same rounds. Tokens/s count new tokens over the whole generation (the prompt's prefill
-included, a short prompt), for every engine alike. The models use n_ctx 512 (`--set n_ctx=512`) so
-that prompt and NEW new tokens fit without sliding the window (llama.cpp's examples cannot slide a
-learned-position model). Writes benchmarks/results/speculative-<cpu>.json naming the CPU.
+draft with adaptive K, the draft with fixed K, each draft's fp32 and int8 variants with adaptive K
+(`--draft-precision int8`: a cheaper draft step, the same target), and prompt lookup; the text of
+every drafted row must be the plain row's, token for token. A repetitive task (a prompt that quotes a
+passage twice, continued: the model tends to go on quoting) shows prompt lookup's gain; the plain
+prompts show its cost when little matches. With --llama-dir PATH (a llama.cpp build holding
+llama-bench and llama-speculative), the same pairs as F32 GGUFs run in llama.cpp's speculative
+example and llama-bench's plain decode, in the same rounds. Tokens/s count new tokens over the whole
+generation (the prompt's prefill included, a short prompt), for every engine alike. The models use
+n_ctx 512 (`--set n_ctx=512`) so that prompt and NEW new tokens fit without sliding the window
+(llama.cpp's examples cannot slide a learned-position model). Writes
+benchmarks/results/speculative-<cpu>.json naming the CPU.
 
     python benchmarks/bench_speculative.py [--rounds 3] [--new 256] [--threads 2] [--llama-dir PATH]
 """
@@ -36,14 +39,15 @@ HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "speculative"
 SHAKESPEARE = HERE.parent.parent / "shared" / "corpora" / "tinyshakespeare.txt"
 N_CTX = 512
+DISTILL_PROMPTS = 3000  # x 192 tokens: ~0.58M tokens of the target's greedy continuations
 
 
 def gptport(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
 
 
-def prepare(corpus: Path, target_steps: int, draft_steps: int) -> tuple[Path, Path, str]:
-    """The target and draft directories (trained and exported once), and the held-out text."""
+def prepare(corpus: Path, target_steps: int, draft_steps: int) -> tuple[Path, dict[str, Path], str]:
+    """The target and the drafts' directories (trained and exported once), and the held-out text."""
     WORK.mkdir(parents=True, exist_ok=True)
     text = corpus.read_text(encoding="utf-8")
     cut = int(len(text) * 0.95)
@@ -63,9 +67,21 @@ def prepare(corpus: Path, target_steps: int, draft_steps: int) -> tuple[Path, Pa
                     "--batch-size", "8", "--set", f"n_ctx={N_CTX}", *extra)
         gptport("export", str(d), "--force")
         gptport("export-gguf", str(d), "--outtype", "f32", "--force")
-    if not (draft / "model.int8.static.onnx").exists():  # the int8 draft's row (gated on the held-out text)
-        gptport("export", str(draft), "--precision", "fp32,int8", "--force")
-    return target, draft, heldout
+    distilled = WORK / "distilled"  # the same preset and steps, trained on the target's own continuations
+    if not (distilled / "model.f32.gguf").exists():
+        text_of_target = WORK / "distilled.txt"
+        if not text_of_target.exists():
+            gptport("distill-corpus", str(target), str(train), "--out", str(text_of_target), "--prompts",
+                    str(DISTILL_PROMPTS), "--new-tokens", "192")
+        if not (distilled / "config.json").exists():
+            gptport("train", str(text_of_target), "--model-dir", str(distilled), "--preset", "tiny", "--steps",
+                    str(draft_steps), "--batch-size", "8", "--set", f"n_ctx={N_CTX}", "--tokenizer-from", str(target))
+        gptport("export", str(distilled), "--precision", "fp32,int8", "--force")
+        gptport("export-gguf", str(distilled), "--outtype", "f32", "--force")
+    for d in (draft, distilled):  # the int8 rows (gated on each one's held-out text)
+        if not (d / "model.int8.static.onnx").exists():
+            gptport("export", str(d), "--precision", "fp32,int8", "--force")
+    return target, {"draft": draft, "distilled": distilled}, heldout
 
 
 def prompts(heldout: str, count: int) -> list[str]:
@@ -86,7 +102,7 @@ def repetitive(heldout: str, count: int) -> list[str]:
     return out
 
 
-def gptport_rows(target: Path, draft: Path, texts: list[str], new: int, threads: int, k: int
+def gptport_rows(target: Path, drafts: dict[str, Path], texts: list[str], new: int, threads: int, k: int
                  ) -> dict[str, dict[str, Any]]:
     """Each configuration's tokens/s (new tokens over the wall time), acceptance and tokens per step,
     and whether every text equals plain decoding's."""
@@ -97,12 +113,16 @@ def gptport_rows(target: Path, draft: Path, texts: list[str], new: int, threads:
 
     # both sessions' workers stop spinning after each step (as generate --draft opens them): two sessions
     # taking turns on 2 cores, each spinning on after its step, halved the drafted rows' speed
-    tg, dr = (open_model(d, "cpu", "fp32", threads, spin="step") for d in (target, draft))
-    dr8 = open_model(draft, "cpu", "int8", threads, spin="step")  # generate --draft-precision int8
+    tg = open_model(target, "cpu", "fp32", threads, spin="step")
+    # each draft at fp32 and at int8 (generate --draft-precision int8)
+    models = {(name, p): open_model(d, "cpu", p, threads, spin="step")
+              for name, d in drafts.items() for p in ("fp32", "int8")}
     ids = encode_prompts(tg.tok, texts, tg.engine.n_ctx)
     greedy, eot = Sampling(), -1  # no end-of-text: every row generates `new` tokens
-    configs = {"plain": None, "draft adaptive": ("draft", None), f"draft k={k}": ("draft", k),
-               "int8 draft adaptive": ("draft8", None), "lookup 3": ("lookup", None)}
+    configs: dict[str, tuple[str, str, int | None] | None] = {
+        "plain": None, "draft adaptive": ("draft", "fp32", None), f"draft k={k}": ("draft", "fp32", k),
+        "int8 draft adaptive": ("draft", "int8", None), "distilled draft adaptive": ("distilled", "fp32", None),
+        "distilled int8 draft adaptive": ("distilled", "int8", None), "lookup 3": ("lookup", "", None)}
     out: dict[str, dict[str, Any]] = {}
     plain_ids: list[list[int]] = []
     for name, how in configs.items():
@@ -113,9 +133,8 @@ def gptport_rows(target: Path, draft: Path, texts: list[str], new: int, threads:
                 row = generate(tg.engine, [p], new, greedy, eot)[0]
                 plain_ids.append(row.new_ids)
             else:
-                drafter = (ModelDrafter(dr.engine) if how[0] == "draft" else ModelDrafter(dr8.engine)
-                           if how[0] == "draft8" else LookupDrafter(3))
-                row = speculate(tg.engine, drafter, p, new, greedy, eot, k=how[1], stats=stats)
+                drafter = LookupDrafter(3) if how[0] == "lookup" else ModelDrafter(models[how[:2]].engine)
+                row = speculate(tg.engine, drafter, p, new, greedy, eot, k=how[2], stats=stats)
                 same &= row.new_ids == plain_ids[i]
             total_s += time.perf_counter() - t0
             tokens += len(row.new_ids)
@@ -124,10 +143,20 @@ def gptport_rows(target: Path, draft: Path, texts: list[str], new: int, threads:
     return out
 
 
-def llama_rows(llama: Path, target: Path, draft: Path, texts: list[str], new: int, threads: int
+def llama_rows(llama: Path, target: Path, drafts: dict[str, Path], texts: list[str], new: int, threads: int
                ) -> dict[str, dict[str, Any]]:
-    """llama.cpp on the same pair: llama-speculative's decode tokens/s over the prompts, and
-    llama-bench's plain decode of the target (tg NEW)."""
+    """llama.cpp on the same pairs: llama-speculative's decode tokens/s over the prompts with each draft,
+    and llama-bench's plain decode of the target (tg NEW)."""
+    rows = {("llama.cpp speculative" if name == "draft" else f"llama.cpp speculative, {name} draft"):
+            _llama_speculative(llama, target, d, texts, new, threads) for name, d in drafts.items()}
+    bench = subprocess.run([str(llama / "llama-bench"), "-m", str(target / "model.f32.gguf"), "-p", "0", "-n",
+                            str(new), "-t", str(threads), "-r", "3", "-o", "json"],
+                           capture_output=True, text=True, check=True)
+    return rows | {"llama.cpp plain (llama-bench)": {"tok_s": json.loads(bench.stdout)[0]["avg_ts"]}}
+
+
+def _llama_speculative(llama: Path, target: Path, draft: Path, texts: list[str], new: int, threads: int
+                       ) -> dict[str, Any]:
     speeds, accepts = [], []
     for text in texts:
         run = subprocess.run([str(llama / "llama-speculative"), "-m", str(target / "model.f32.gguf"), "-md",
@@ -143,13 +172,8 @@ def llama_rows(llama: Path, target: Path, draft: Path, texts: list[str], new: in
         speeds.append(float(speed.group(2)))
         if counts is not None:  # drafted and accepted tokens, summed over the prompts
             accepts.append((int(counts.group(1)), int(counts.group(2))))
-    bench = subprocess.run([str(llama / "llama-bench"), "-m", str(target / "model.f32.gguf"), "-p", "0", "-n",
-                            str(new), "-t", str(threads), "-r", "3", "-o", "json"],
-                           capture_output=True, text=True, check=True)
-    plain = json.loads(bench.stdout)[0]["avg_ts"]
     acceptance = sum(a for _, a in accepts) / max(1, sum(d for d, _ in accepts))
-    return {"llama.cpp speculative": {"tok_s": statistics.mean(speeds), "acceptance": acceptance},
-            "llama.cpp plain (llama-bench)": {"tok_s": plain}}
+    return {"tok_s": statistics.mean(speeds), "acceptance": acceptance}
 
 
 def trained(d: Path) -> dict[str, Any]:
@@ -222,7 +246,7 @@ def main() -> None:
     ap.add_argument("--llama-dir", type=Path, help="a llama.cpp build's bin directory (llama-speculative, "
                     "llama-bench)")
     args = ap.parse_args()
-    target, draft, heldout = prepare(args.corpus, args.target_steps, args.draft_steps)
+    target, drafts, heldout = prepare(args.corpus, args.target_steps, args.draft_steps)
     tasks = {"held-out prompts": prompts(heldout, args.prompts), "repetitive": repetitive(heldout, args.prompts)}
     rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
     for r in range(args.rounds):
@@ -231,15 +255,15 @@ def main() -> None:
             print(f"== round {r + 1}/{args.rounds}: {task}", file=sys.stderr)
             rows = {}
             if args.llama_dir is not None and r % 2 == 1 and task == "held-out prompts":
-                rows |= llama_rows(args.llama_dir, target, draft, texts, args.new, args.threads)
-            rows |= gptport_rows(target, draft, texts, args.new, args.threads, args.k)
+                rows |= llama_rows(args.llama_dir, target, drafts, texts, args.new, args.threads)
+            rows |= gptport_rows(target, drafts, texts, args.new, args.threads, args.k)
             if args.llama_dir is not None and r % 2 == 0 and task == "held-out prompts":
-                rows |= llama_rows(args.llama_dir, target, draft, texts, args.new, args.threads)
+                rows |= llama_rows(args.llama_dir, target, drafts, texts, args.new, args.threads)
             got[task] = rows
         rounds.append(got)
-    costs = step_costs(target, draft, args.threads)
+    costs = step_costs(target, drafts["draft"], args.threads)
     settings = vars(args) | {"corpus": args.corpus.name, "n_ctx": N_CTX, "llama_dir": bool(args.llama_dir)}
-    result = {"machine": describe(), "models": {"target": trained(target), "draft": trained(draft)},
+    result = {"machine": describe(), "models": {"target": trained(target)} | {k: trained(d) for k, d in drafts.items()},
               "step_costs": costs, "settings": settings, "median": summarize(rounds),
               "rounds": rounds}
     out = HERE / "results" / f"speculative-{slug(result['machine']['cpu'])}.json"
