@@ -196,8 +196,11 @@ def one_flood(url: str, pid: int | None, payload: dict[str, Any], mode: str, p99
             "after": after, "goals": goals}
 
 
-def measure(url: str, pid: int | None, args: argparse.Namespace) -> dict[str, Any]:
-    """Every phase against the server at `url` (its process `pid`, for RSS, when this script started it)."""
+def measure(url: str, pid: int | None, args: argparse.Namespace, nice: int = 0) -> dict[str, Any]:
+    """Every phase against the server at `url` (its process `pid`, for RSS, when this script started it), from
+    a client `nice` steps below the server's CPU priority (the server, started before, keeps its own)."""
+    if nice:
+        os.nice(nice)
     payload = body(args.max_tokens)
     asyncio.run(sequential(url, payload, 5))  # warm up
     rss_before = rss_mib(pid)
@@ -291,11 +294,13 @@ def main() -> None:
     ap.add_argument("--slow", type=int, default=50)
     ap.add_argument("--idle-seconds", type=float, default=40.0)
     ap.add_argument("--serve-args", default="", help="more `gptport serve` options, space-separated")
+    ap.add_argument("--client-nice", type=int, default=0, help="lower this script's CPU priority by N once the server "
+                    "runs (19: the load yields the cores to the server, as clients on other machines would)")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
     if args.url:
         url, server = args.url.rstrip("/"), None
-        results = measure(url, None, args)
+        results = measure(url, None, args, args.client_nice)
     else:
         d = model_dir(args.preset, big_corpus(), False)
         port = free_port()
@@ -303,12 +308,12 @@ def main() -> None:
                   str(args.slots), "--max-queue", str(args.max_queue), "--threads", str(args.threads),
                   *args.serve_args.split()]
         results = served(server, f"http://127.0.0.1:{port}", HERE / "work" / "serve" / f"flood-{args.preset}.log",
-                         lambda u, pid: measure(u, pid, args))
+                         lambda u, pid: measure(u, pid, args, args.client_nice))
     result = {"preset": args.preset, "date": time.strftime("%Y-%m-%d"), "machine": describe(),
               "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},  # others' work on the machine
               "settings": {"slots": args.slots, "max_queue": args.max_queue, "threads": args.threads,
                            "clients": args.factor * (args.slots + args.max_queue), "seconds": args.seconds,
-                           "max_tokens": args.max_tokens,
+                           "max_tokens": args.max_tokens, "client_nice": args.client_nice,
                            "serve_options": server[5:] if server else None, "url": args.url},
               "results": results}
     out = HERE / "results" / f"flood-{args.preset}-{time.strftime('%Y%m%d')}.json"
