@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from bench_serve import free_port, stop_server, wait_healthy
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "gpu"
@@ -129,39 +129,24 @@ def bench_rows(d: Path, providers: list[str], precisions: str, shape: str) -> li
     return json.loads(path.read_text())["rows"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serving(d: Path, provider: str) -> dict[str, Any]:
     """`gptport serve --provider` under `gptport bench-serve` at 1 and 8 users, then stopped."""
-    port = free_port()
-    log = open(WORK / f"serve-{provider}.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--provider", provider,
-                               "--port", str(port), "--slots", "8"], stdout=log, stderr=subprocess.STDOUT)
+    port, log = free_port(), WORK / f"serve-{provider}.log"
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--provider", provider,
+                                   "--port", str(port), "--slots", "8"], stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if server.poll() is not None:
-                tail = (WORK / f"serve-{provider}.log").read_text()[-1500:]
-                raise RuntimeError(f"serve exited {server.returncode}: {tail}")
-            try:  # 200 once the model is loaded (503 while it loads, refused before the port is bound)
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
+        try:
+            wait_healthy(url, server)  # /health answers 200 once the model is loaded
+        except SystemExit as e:  # a stage's failure is recorded, not the end of the run
+            raise RuntimeError(f"{e}: {log.read_text()[-1500:]}") from None
         path = WORK / f"serve-{provider}.json"
-        gptport("bench-serve", f"http://127.0.0.1:{port}", "--concurrency", "1,8", "--num-prompts", "32",
-                "--max-tokens", "128", "--json", str(path), timeout=900)
+        gptport("bench-serve", url, "--concurrency", "1,8", "--num-prompts", "32", "--max-tokens", "128",
+                "--json", str(path), timeout=900)
         return json.loads(path.read_text())
     finally:
-        server.terminate()
-        server.wait(timeout=60)
-        log.close()
+        stop_server(server)
 
 
 def main() -> None:
