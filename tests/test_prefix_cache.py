@@ -175,7 +175,7 @@ def test_prefix_cache_off_reuses_nothing(opened: Any) -> None:
 def test_prompts_arriving_together_compute_their_shared_prefix_once(opened: Any) -> None:
     """Three prompts with one 40-token head, submitted together: the first prefills it, the others copy it
     from the first's slot (it is still prefilling when they are admitted) and prefill only their own
-    tokens; each gets the tokens it gets alone."""
+    tokens (the one-token rest as a row of the decode step); each gets the tokens it gets alone."""
     rng = np.random.default_rng(5)
     head = rng.integers(1, opened.tok.vocab_size, 40).tolist()
     prompts = [head + rng.integers(1, opened.tok.vocab_size, n).tolist() for n in (3, 9, 1)]
@@ -184,9 +184,14 @@ def test_prompts_arriving_together_compute_their_shared_prefix_once(opened: Any)
     inner = run.s.engine.append
     run.s.engine.append = lambda slot, ids, all_logits=False: prefilled.append(len(ids)) or inner(slot, ids,  # type: ignore[method-assign]
                                                                                                        all_logits)
+    steps: list[list[int]] = []  # each decode step's tokens
+    inner_decode = run.s.engine.decode
+    run.s.engine.decode = lambda slots, tokens: steps.append(tokens.tolist()) or inner_decode(slots, tokens)  # type: ignore[method-assign]
     choices = [Choice(p, 6, Sampling(), ignore_eos=True, out=i) for i, p in enumerate(prompts)]
     run.waves([[(0, c) for c in choices]])
     assert [c.cached for c in choices] == [0, 40, 40]
-    assert sorted(prefilled) == [1, 9, 43]
+    assert sorted(prefilled) == [9, 43]
+    # the third prompt's one own token joins the first decode step, after the two rows decoding
+    assert steps[0] == [choices[0].new_ids[0], choices[1].new_ids[0], prompts[2][-1]]
     for c in choices:
         assert c.new_ids == generate(opened.engine, [c.prompt_ids], 6, Sampling(), -1)[0].new_ids

@@ -22,50 +22,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from gptport.runtime.constraint import Masks, Matcher
+from gptport.runtime.constraint import Masks
 from gptport.runtime.detok import TextStream
-from gptport.runtime.sampling import Sampling, choose_rows, logprob_entries
+from gptport.runtime.sampling import choose_rows, logprob_entries
 from gptport.runtime.slots import SlotEngine
 from gptport.serve import prefix
+from gptport.serve.choice import Choice
 from gptport.serve.drafting import Drafting
-from gptport.serve.events import Event, Failure, Finish, Observer, Piece, PromptLogprobs, TokenLogprob
+from gptport.serve.events import Event, Failure, Finish, Observer, Piece, PromptLogprobs
 from gptport.tokenizer import BPETokenizer
 
 log = logging.getLogger("gptport.serve")
-@dataclass(eq=False)
-class Choice:
-    """One sequence to generate: a prompt and how to continue it. `out` is the caller's handle for its
-    events; setting `cancelled` (from any thread) frees its slot at the next iteration."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    sampling: Sampling = field(default_factory=Sampling)
-    stops: Sequence[str] = ()
-    logprobs: int | None = None  # top alternatives per token (0-5); None: no log-probabilities
-    prompt_logprobs: bool = False
-    ignore_eos: bool = False
-    matcher: Matcher | None = None  # a constraint on the output (runtime/constraint.py)
-    logit_bias: dict[int, float] | None = None  # added to these tokens' logits before sampling
-    out: Any = None
-    cancelled: bool = False
-    # the scheduler's state
-    slot: int = -1
-    filled: int = 0
-    new_ids: list[int] = field(default_factory=list)
-    t_submit: float = 0.0
-    t_last: float = 0.0
-    cached: int = 0  # prompt positions taken from a kept or copied cache instead of prefilled
-    _twin: Choice | None = None  # a choice whose first `_share` prompt positions this one copies (prefix.py)
-    _share: int = 0
-    _first: np.ndarray | None = None  # the logits (1, V) its first token came from (prefix caching)
-    _rng: np.random.Generator | None = None
-    _stream: TextStream | None = None
-    _prompt_lp: list[TokenLogprob] = field(default_factory=list)
 
 
 class Scheduler:
@@ -85,6 +56,7 @@ class Scheduler:
         self._waiting: deque[Choice] = deque()
         self._filling: list[Choice] = []
         self._decoding: list[Choice] = []
+        self._joining: list[Choice] = []  # prompts one token short: that token rides this iteration's decode step
         self._holding: dict[int, Choice] = {}  # slot -> the choice in it, from admission to release
         self._cond = threading.Condition()
         self._stop = False
@@ -179,7 +151,7 @@ class Scheduler:
         for c in list(self._holding.values()):
             self._release(c)
         self._waiting.clear()
-        self._filling, self._decoding = [], []
+        self._filling, self._decoding, self._joining = [], [], []
 
     def _release(self, c: Choice) -> None:
         if c.slot >= 0:
@@ -211,7 +183,7 @@ class Scheduler:
             t0 = time.perf_counter()
             self._prefill(events, early)
             self.observer.phase("prefill", time.perf_counter() - t0)
-        if self._decoding:
+        if self._decoding or self._joining:
             self._decode(events)
 
     def _admit(self, c: Choice) -> None:
@@ -228,6 +200,7 @@ class Scheduler:
         is complete samples its first token at once, handed to `early` before the next prefill."""
         budget = self.prefill_chunk
         batched: set[int] = set()
+        self._joining = []
         if hasattr(self.engine, "prefill_many"):
             budget, batched = self._prefill_together(budget, events, early)
         for c in self._filling:
@@ -242,6 +215,10 @@ class Scheduler:
             if budget <= 0:
                 continue  # later choices may still copy what earlier ones hold
             n = min(budget, len(c.prompt_ids) - c.filled)
+            if n == 1 and c.filled + 1 == len(c.prompt_ids) and self._can_join(c):
+                self._joining.append(c)  # its last token is a decode row of this iteration's step
+                budget -= 1
+                continue
             chunk = np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)
             logits = self.engine.append(c.slot, chunk, all_logits=c.prompt_logprobs)  # (n or 1, V)
             if c.prompt_logprobs:
@@ -252,6 +229,11 @@ class Scheduler:
             if c.filled == len(c.prompt_ids):
                 self._first_tokens([(c, logits[-1:])], events, early)
         self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
+
+    def _can_join(self, c: Choice) -> bool:
+        """Whether c's last prompt token can be one row of the decode step: a static cache (its decode step
+        takes any rows that hold positions), something cached before it, no prompt logprobs to compute."""
+        return c.filled > 0 and not c.prompt_logprobs and hasattr(self.engine, "prefill_many")
 
     def _first_tokens(self, done: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
                       early: Callable[..., None] | None) -> None:
@@ -312,16 +294,29 @@ class Scheduler:
         c._prompt_lp += logprob_entries(logits[:len(nxt)], nxt, c.logprobs or 0)
 
     def _decode(self, events: list[tuple[Any, Event]]) -> None:
-        rows = self._decoding
-        if (self.drafting is not None and len(rows) == 1 and not self._filling and not self._waiting
-                and self.drafting.eligible(rows[0])):
+        """One step over every decoding row and every joining one (a prompt's last token: a prompt whose
+        rest after its cached prefix is one token costs no step of its own, so a wave of arrivals that
+        reuse a prefix costs one step, not one each); the decoding rows sampled, the joining ones' first
+        tokens."""
+        rows, joining = self._decoding, self._joining
+        self._joining = []
+        if (self.drafting is not None and len(rows) == 1 and not joining and not self._filling
+                and not self._waiting and self.drafting.eligible(rows[0])):
             self._speculate(rows[0], events)
             return
         t0 = time.perf_counter()
-        logits = self.engine.decode([c.slot for c in rows], np.array([c.new_ids[-1] for c in rows], dtype=np.int64))
+        tokens = [c.new_ids[-1] for c in rows] + [c.prompt_ids[-1] for c in joining]
+        logits = self.engine.decode([c.slot for c in (*rows, *joining)], np.array(tokens, dtype=np.int64))  # (k, V)
         t1 = time.perf_counter()
         self.observer.phase("decode", t1 - t0)
-        self._decoding = self._sample(rows, logits, events, t1)
+        self._decoding = self._sample(rows, logits[:len(rows)], events, t1)
+        if joining:
+            for c in joining:
+                c.filled += 1
+            self.observer.tokens(len(joining), 0)
+            self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
+            self._first_tokens([(c, logits[len(rows) + i:len(rows) + i + 1]) for i, c in enumerate(joining)],
+                               events, None)
 
     def _speculate(self, c: Choice, events: list[tuple[Any, Event]]) -> None:
         """One row alone: the drafts that stood and the model's own token emitted in turn (drafting.py)."""

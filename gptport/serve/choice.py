@@ -1,0 +1,46 @@
+"""One sequence for the scheduler to generate (scheduler.py): its prompt, how to continue it, and the
+scheduler's state of it. No torch here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gptport.runtime.constraint import Matcher
+from gptport.runtime.detok import TextStream
+from gptport.runtime.sampling import Sampling
+from gptport.serve.events import TokenLogprob
+
+
+@dataclass(eq=False)
+class Choice:
+    """One sequence to generate: a prompt and how to continue it. `out` is the caller's handle for its
+    events; setting `cancelled` (from any thread) frees its slot at the next iteration."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: Sampling = field(default_factory=Sampling)
+    stops: Sequence[str] = ()
+    logprobs: int | None = None  # top alternatives per token (0-5); None: no log-probabilities
+    prompt_logprobs: bool = False
+    ignore_eos: bool = False
+    matcher: Matcher | None = None  # a constraint on the output (runtime/constraint.py)
+    logit_bias: dict[int, float] | None = None  # added to these tokens' logits before sampling
+    out: Any = None
+    cancelled: bool = False
+    # the scheduler's state
+    slot: int = -1
+    filled: int = 0
+    new_ids: list[int] = field(default_factory=list)
+    t_submit: float = 0.0
+    t_last: float = 0.0
+    cached: int = 0  # prompt positions taken from a kept or copied cache instead of prefilled
+    _twin: Choice | None = None  # a choice whose first `_share` prompt positions this one copies (prefix.py)
+    _share: int = 0
+    _first: np.ndarray | None = None  # the logits (1, V) its first token came from (prefix caching)
+    _rng: np.random.Generator | None = None
+    _stream: TextStream | None = None
+    _prompt_lp: list[TokenLogprob] = field(default_factory=list)
