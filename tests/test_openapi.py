@@ -46,7 +46,7 @@ def test_document_is_valid_openapi_and_lists_every_route() -> None:
     schemathesis.openapi.from_dict(doc).validate()  # against the OpenAPI 3.1 meta-schema
     for schema in doc["components"]["schemas"].values():
         Draft202012Validator.check_schema(schema)
-    app = client.app.app  # type: ignore[attr-defined]  # _Guard around the Starlette app
+    app = client.app.app  # type: ignore[attr-defined]  # Guard around the Starlette app
     routes = openapi.route_methods(app.routes)
     documented = {(path, method) for path, item in doc["paths"].items() for method in item}
     assert routes == documented == set(openapi.OPERATIONS), (routes ^ documented, routes ^ set(openapi.OPERATIONS))

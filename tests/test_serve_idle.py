@@ -178,6 +178,34 @@ def test_flood_surplus_is_429_with_retry_after(server: Served) -> None:
     assert status == 200
 
 
+def test_a_connection_back_before_retry_after_waits_for_its_429(server: Served) -> None:
+    """A client that asks again at once on the connection that just got a 429 gets its next 429 only when the
+    first one's Retry-After has passed (the server's defence against clients that ignore it)."""
+    url = server.url + "/v1/completions"
+    hold = {"prompt": "ka", "max_tokens": 90, "ignore_eos": True, "n": SLOTS, "stream": True}
+    short = {"prompt": "ka", "max_tokens": 1}
+    for _ in range(30):  # the tiny model is fast: until a retry lands while every slot and queue place is taken
+        with httpx.Client(timeout=30) as busy, httpx.Client(timeout=30) as queued, httpx.Client(timeout=30) as http:
+            with busy.stream("POST", url, json=hold) as held, queued.stream("POST", url, json=hold) as waiting:
+                first = http.post(url, json=short)
+                if first.status_code != 429:
+                    continue
+                t0 = time.monotonic()
+                again = http.post(url, json=short)
+                waited = time.monotonic() - t0
+                held.read()
+                waiting.read()
+            if again.status_code != 429:
+                continue
+            told = float(first.headers["retry-after"])
+            assert again.headers["retry-after"] == first.headers["retry-after"]
+            assert json.loads(again.content)["error"]["code"] == "queue_full"
+            assert 0.8 * told <= waited < told + NOT_BLOCKED, (waited, told)
+            wait_idle(server, 5.0)
+            return
+    pytest.fail("no retry met a full server in 30 tries")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--header-timeout", "0"], "--header-timeout must be > 0 and <= 3600 seconds, not 0"),
     (["--body-timeout", "nan"], "--body-timeout must be > 0 and <= 3600 seconds, not nan"),

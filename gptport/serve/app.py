@@ -32,6 +32,7 @@ from gptport.errors import GptportError
 from gptport.page_style import styled
 from gptport.serve import openapi, protocol, startup
 from gptport.serve.drafting import Drafting
+from gptport.serve.guard import Guard
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
 from gptport.serve.responses import Collector, stream_chunks
@@ -333,7 +334,7 @@ def create_app(settings: Settings) -> Starlette:
                     exception_handlers={ApiError: api_error, HTTPException: http_error})
     app.state.gptport = state
     replica = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
-    return _Guard(app, settings.api_key, state.metrics, replica)  # type: ignore[return-value]
+    return Guard(app, settings.api_key, state.metrics, replica, queue_full(), PUBLIC)  # type: ignore[return-value]
 
 
 def _matchers(grammars: Any, job: Job, count: int) -> list[Any]:
@@ -363,46 +364,3 @@ async def _collect(collector: Collector, queue: asyncio.Queue[tuple[int, Any]], 
 
 def _model_card(name: str, created: int) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": created, "owned_by": "gptport"}
-
-
-class _Guard:
-    """ASGI middleware: the API key on every route but PUBLIC, requests counted by route and status, and the
-    replica's name on every response (x-gptport-replica)."""
-
-    def __init__(self, app: Starlette, api_key: str | None, metrics: Metrics, replica: str) -> None:
-        self.app, self.api_key, self.metrics, self.replica = app, api_key, metrics, replica
-        self.header = (b"x-gptport-replica", replica.encode("latin-1", "replace"))
-        self.state = app.state
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        route = path if path in ("/", "/health", "/metrics", "/v1/models", "/v1/completions",
-                                 "/v1/chat/completions", "/tokenize", "/detokenize") else "other"
-        status = [500]
-
-        async def counted(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                message = {**message, "headers": [*message.get("headers", ()), self.header]}
-            await send(message)
-
-        try:
-            if self.api_key and path not in PUBLIC and not self._authorized(scope):
-                err = ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'", None,
-                               "invalid_api_key")
-                await JSONResponse(err.body(), status_code=401)(scope, receive, counted)
-                return
-            await self.app(scope, receive, counted)
-        finally:
-            self.metrics.requests.labels(route, str(status[0]), self.replica).inc()
-
-    def _authorized(self, scope: Any) -> bool:
-        import hmac
-
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                return hmac.compare_digest(value.decode("latin-1"), f"Bearer {self.api_key}")
-        return False
