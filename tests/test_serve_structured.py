@@ -167,6 +167,12 @@ def test_tool_history_reaches_the_template(server: Served, model: str, structure
     status, out = server.post("/v1/chat/completions", {"model": model, "messages": history, "tools": TOOLS,
                                                        "max_tokens": 5})
     assert status == 200, out
+    for bad_call in ({"type": None, "function": {"name": "add"}}, {"type": "custom", "function": {"name": "add"}},
+                     {"id": 7, "function": {"name": "add"}}, {"function": {"arguments": "{}"}}):
+        wrong = [{"role": "assistant", "content": None, "tool_calls": [bad_call]}]
+        for route, extra in (("/tokenize", {}), ("/v1/chat/completions", {"max_tokens": 2})):
+            err = assert_error(*server.post(route, {"model": model, "messages": wrong, **extra}), 400, "messages")
+            assert "item 0: a tool call" in err["message"], err
 
 
 def test_tokenize_and_detokenize(server: Served, model: str, structured_dir: Path) -> None:
@@ -189,6 +195,8 @@ def test_bad_constraints_are_400s_naming_the_field(server: Served, model: str) -
              ({"grammar": "start: foo"}, "grammar", "foo"),
              ({"response_format": schema_format({"type": "strin"})}, "response_format.json_schema.schema", "strin"),
              ({"response_format": {"type": "xml"}}, "response_format.type", "xml"),
+             ({"response_format": {"type": "text", "json_schema": {"name": 5}}}, "response_format.json_schema",
+              "goes with type json_schema"),
              ({"regex": "a", "choice": ["b"]}, "choice", "one output constraint"),
              ({"choice": []}, "choice", "non-empty"),
              ({"regex": "a+", "ignore_eos": True}, "ignore_eos", "cannot be combined")]

@@ -80,11 +80,12 @@ TOOL_CHOICE = {"anyOf": [{"enum": ["none", "auto", "required"]},
 NON_EMPTY = {"type": "string", "minLength": 1}
 CHOICE = {"type": "array", "items": NON_EMPTY, "minItems": 1}
 JSON_SCHEMA = {"anyOf": [{"type": "object"}, STRING], "description": "a JSON schema (an object, or its JSON text)"}
-RESPONSE_FORMAT = obj({
+RESPONSE_FORMAT = {**obj({
     "type": {"enum": ["text", "json_object", "json_schema"]},
     "json_schema": obj({"name": STRING, "schema": {"type": "object"}, "strict": nullable(BOOLEAN),
                         "description": {}}, ("name",)),
-}, ("type",))
+}, ("type",)), "if": {"properties": {"type": {"const": "json_schema"}}},
+    "then": {"required": ["json_schema"]}, "else": {"not": {"required": ["json_schema"]}}}
 CONSTRAINT = "an output constraint: at most one per request, and not beside ignore_eos"
 
 

@@ -55,6 +55,8 @@ def _response_format(value: Any) -> Spec | None:
     if unknown:
         raise bad("response_format", f"unknown key {unknown[0]!r}", "invalid_value")
     kind = value["type"]
+    if kind in ("text", "json_object") and "json_schema" in value:
+        raise bad("response_format.json_schema", f"goes with type json_schema, not {kind}", "invalid_value")
     if kind == "text":
         return None
     if kind == "json_object":

@@ -171,6 +171,10 @@ def plain_block(tools: Tools) -> str:
 def call_text(call: dict[str, Any]) -> str:
     """An assistant message's tool call as the plain template writes it back into the prompt."""
     fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(call, dict) and "type" in call and call["type"] != "function":
+        raise ValueError(f"a tool call's type is 'function', not {json.dumps(call['type'])}")
+    if isinstance(call, dict) and "id" in call and not isinstance(call["id"], str):
+        raise ValueError("a tool call's id must be a string")
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise ValueError("a tool call needs function.name")
     args = fn.get("arguments", "{}")
