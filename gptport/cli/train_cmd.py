@@ -115,7 +115,7 @@ def train(
             raise
         raise GptportError(f"rank {rank} of {world}: a collective failed, another rank has gone "
                            f"({text.splitlines()[0]})") from e
-    distributed.shutdown(ctx)  # a run that failed leaves its process group to the exit (and torchrun)
+    distributed.leave(ctx)  # a run that failed leaves its process group to the exit (and torchrun)
 
 
 def copy_tokenizer(source: Path, model_dir: Path) -> None:

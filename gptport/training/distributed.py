@@ -7,6 +7,7 @@ The ranks are torchrun's and the rendezvous is torchrun's; gptport has no launch
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -117,6 +118,19 @@ def shutdown(ctx: Dist) -> None:
     if ctx.enabled and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def leave(ctx: Dist) -> None:
+    """A rank's end after a run that ended well (every file written): `shutdown`, then the process ends
+    without the interpreter's finalization, where Gloo's worker threads could still hold tensors whose
+    destruction aborted a finished rank now and then (SIGABRT, "terminate called without an active
+    exception", seen in tests under load; pytorch/pytorch#179291 describes the mechanism)."""
+    shutdown(ctx)
+    if ctx.enabled:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 class LossModule(nn.Module):
