@@ -20,7 +20,7 @@ import onnxruntime as ort
 from gptport import contract, provenance
 from gptport.config import ModelConfig, model_config_from_dict
 from gptport.errors import ArtifactError, ProviderError, UsageError
-from gptport.runtime import openvino, ort_file, providers, static_cache
+from gptport.runtime import hugepages, openvino, ort_file, providers, static_cache
 from gptport.runtime.engine import Past, StepFn
 
 _ORT = ort.capi.onnxruntime_pybind11_state
@@ -235,6 +235,8 @@ def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tu
             raise ArtifactError(f"{path}: {who} ({str(e).splitlines()[0]})") from e
     if session.get_providers()[0] != ort_name:
         return None, providers.reason_from_log(provider, log)
+    if provider == "cpu":  # its weights, prepacked by now, on 2 MiB pages (hugepages.py)
+        hugepages.back_weights()
     meta = _metadata(session, path)
     cache = meta.get(contract.META_CACHE, contract.CACHE_CONCAT)
     if cache == contract.CACHE_STATIC and provider != "cpu":

@@ -1,0 +1,84 @@
+"""The weights onnxruntime holds, backed by 2 MiB pages once a CPU session is made (Linux).
+
+A decode step streams every weight from memory. With 4 KiB pages that stream crosses a page every 4 KiB:
+a TLB miss each time, and the hardware prefetchers stop at page boundaries. Linux backs anonymous memory
+with transparent huge pages only where a program asks (`/sys/kernel/mm/transparent_hugepage/enabled` is
+`madvise` on most distributions), and neither onnxruntime nor glibc's malloc asks by default (numpy does,
+for its own large arrays: which is why a numpy bandwidth probe read faster than a decode step). So after a
+session is made, the process's large anonymous mappings that are mostly resident (the initializers and
+the MatMul kernels' prepacked weights) are marked MADV_HUGEPAGE and collapsed in place (MADV_COLLAPSE,
+Linux 6.1+). Nothing changes but the page size; where the kernel refuses (older kernels, THP `never`),
+the memory stays as it was. GPTPORT_HUGEPAGES=0 turns it off. No torch here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+
+HUGE = 2 << 20  # bytes in a huge page on x86-64 and arm64 (4 KiB base pages)
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
+MIN_BYTES = 16 << 20  # smaller mappings are not the weights
+MIN_RESIDENT = 0.75  # of a mapping's size: a sparse reservation is not filled out
+
+
+@dataclass
+class Backed:
+    """What `back_weights` did: bytes collapsed into huge pages, mappings tried, how many of them the kernel
+    refused, and why (or why nothing was tried)."""
+
+    collapsed: int = 0
+    mappings: int = 0
+    refused: int = 0
+    why: str = ""
+
+
+def enabled() -> bool:
+    return sys.platform == "linux" and os.environ.get("GPTPORT_HUGEPAGES", "1") != "0"
+
+
+def _mappings(path: str = "/proc/self/smaps") -> list[tuple[int, int, int]]:
+    """(start, end, resident bytes) of each anonymous read-write private mapping: no file behind it, the
+    brk heap included (glibc's malloc serves blocks up to 32 MiB from it: most weight matrices), not a stack."""
+    out: list[tuple[int, int, int]] = []
+    current: list[int] | None = None
+    with open(path, encoding="ascii", errors="replace") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else ""
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                anonymous = name in ("", "[heap]")
+                current = [start, end, 0] if head[1].startswith("rw") and head[1][3] == "p" and anonymous else None
+                if current is not None:
+                    out.append(current)  # type: ignore[arg-type]
+            elif current is not None and head and head[0] == "Rss:":
+                current[2] = int(head[1]) * 1024
+    return [tuple(m) for m in out]  # type: ignore[misc]
+
+
+def back_weights() -> Backed:
+    """Mark and collapse the large, mostly resident anonymous mappings into huge pages (see the module)."""
+    if not enabled():
+        return Backed(why="off (GPTPORT_HUGEPAGES=0, or not Linux)")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        maps = _mappings()
+    except (OSError, AttributeError, ValueError) as e:
+        return Backed(why=f"cannot read or advise the mappings ({e})")
+    done = Backed()
+    for start, end, resident in maps:
+        lo, hi = -(-start // HUGE) * HUGE, end // HUGE * HUGE  # the huge-page-aligned part
+        if hi - lo < MIN_BYTES or resident < MIN_RESIDENT * (end - start):
+            continue
+        done.mappings += 1
+        if madvise(lo, hi - lo, MADV_HUGEPAGE) == 0 and madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
+            done.collapsed += hi - lo
+        else:
+            done.refused += 1
+            done.why = done.why or f"the kernel refused ({os.strerror(ctypes.get_errno())})"
+    return done
