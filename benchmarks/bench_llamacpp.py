@@ -11,7 +11,7 @@ avg_ts, bench's mean); the table gives the median over rounds and the ratio of t
 each round's ratio in the JSON). Decode rows also give each engine's weight bytes per token (gptport's
 graph, llama.cpp's GGUF tensors) and the share of the memory bandwidth probed around gptport's row
 that its tokens/s read: where both sit at the same wall, that is the figure that shows it. Writes
-benchmarks/results/vs-llamacpp-<cpu>.json naming the CPU and its vector extensions.
+benchmarks/results/vs-llamacpp-<cpu>-<avx2|avx512|amx>.json naming the CPU and its vector extensions.
 
     python benchmarks/bench_llamacpp.py --llama-bench PATH [--shapes small,gpt2-124m] [--rounds 3]
         [--repeat 3] [--gen-len 128] [--threads 2]
@@ -31,7 +31,7 @@ from typing import Any
 from bench_decode import random_weights
 from bench_tokenizer import big_corpus
 
-from gptport.machine import describe, slug
+from gptport.machine import describe, slug, vector_class
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "llamacpp"
@@ -155,7 +155,7 @@ def main() -> None:
                            "gptport_variants": "export --no-gate (int8: MatMulNBits 8-bit block 128)"},
               "shapes": {shape: {"rows": summarize(rounds[shape], dirs[shape]), "rounds": rounds[shape]}
                          for shape in shapes}}
-    out = HERE / "results" / f"vs-llamacpp-{slug(machine['cpu'])}.json"
+    out = HERE / "results" / f"vs-llamacpp-{slug(machine['cpu'])}-{vector_class(machine['isa'])}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{machine['cpu']}, {machine['cores']} cores, {' '.join(machine['isa'])}; {args.threads} threads, batch 1, "
           f"prompt {PROMPT}, {args.gen_len} new tokens, {args.rounds} rounds x {args.repeat} runs (medians)")

@@ -31,6 +31,15 @@ def describe(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+def vector_class(isa: list[str]) -> str:
+    """The widest vector extension among describe()'s isa flags, the part of a machine class a CPU's model
+    name does not tell (one "AMD EPYC" name covers AVX2-only and AVX-512 machines): amx, avx512 or avx2."""
+    for tag in ("amx", "avx512", "avx2"):
+        if any(f.startswith(tag) for f in isa):
+            return tag
+    return "novec"
+
+
 def slug(cpu: str) -> str:
     """The CPU's name as a file-name part: "AMD EPYC" -> "amd-epyc" (results files are per machine class)."""
     return re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-") or "unknown-cpu"

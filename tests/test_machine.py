@@ -7,7 +7,7 @@ import os
 import platform
 from pathlib import Path
 
-from gptport.machine import describe, slug
+from gptport.machine import describe, slug, vector_class
 
 CPUINFO = """processor\t: 0
 model name\t: AMD EPYC 7B13
@@ -37,3 +37,10 @@ def test_slug_names_a_results_file_per_machine_class() -> None:
     assert slug("AMD EPYC") == "amd-epyc"
     assert slug("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz") == "intel-r-xeon-r-platinum-8481c-cpu-2-70ghz"
     assert slug("  ") == "unknown-cpu"
+
+
+def test_vector_class_tells_apart_machines_of_one_name() -> None:
+    assert vector_class(["avx2", "f16c", "fma"]) == "avx2"
+    assert vector_class(["avx2", "avx512_vnni", "avx512f", "fma"]) == "avx512"
+    assert vector_class(["amx_bf16", "amx_tile", "avx2", "avx512f"]) == "amx"
+    assert vector_class([]) == "novec"
