@@ -250,3 +250,27 @@ def test_generate_cli_takes_a_schema_a_regex_or_a_grammar(structured_dir: Path, 
                            "--json-schema", "none.json")
     _assert_one_line_error(gptport("generate", d, "ri", "--regex", "a", "--grammar", str(tmp_path / "g.gbnf")), 2,
                            "one output constraint")
+
+
+def test_matchers_of_one_grammar_are_copies_that_walk_alone(grammars: Grammars, opened: Any) -> None:
+    """A grammar asked for again is served from a kept fresh matcher (copied, not rebuilt): the copy starts
+    at the grammar's start, gives the masks a matcher built afresh gives along the same walk, and advancing
+    one matcher leaves the others where they were."""
+    grammar = grammars.compile(Spec("regex", "(yes|no) [0-9]{2}", "'regex'"))
+    masks = Masks(opened.engine.config.vocab_size)
+    first = grammars.matcher(grammar)
+    assert (grammar, False) in grammars._templates
+    copy = grammars.matcher(grammar)  # from the template
+    built = constraint.Matcher(constraint.llg.LLMatcher(grammars.tokenizer, grammar, log_level=0))
+    walk = opened.tok.encode("yes 42")
+    for tok in walk:
+        masks.fill([copy, built])
+        assert copy.mask is not None and built.mask is not None
+        assert np.array_equal(copy.mask, built.mask)
+        assert copy.consume(tok) and built.consume(tok)
+    assert copy.finished and built.finished and not first.finished
+    masks.fill([first])
+    fresh = grammars.matcher(grammar)
+    masks.fill([fresh])
+    assert np.array_equal(first.mask, fresh.mask)  # the template was never advanced
+    assert grammars.compile(Spec("regex", "(yes|no) [0-9]{2}", "'other'")) is grammar  # compiled once

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ Kind = Literal["json_schema", "json_object", "regex", "grammar", "lark", "choice
 KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "grammar", "lark", "choice")
 # JSON as compact as a small model can write it: ", " and ": " between items, no other whitespace
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+TEMPLATES = 64  # grammars whose fresh matcher is kept to copy (a request's matcher: 0.55 ms to build, 4 µs to copy)
 
 
 class ConstraintError(UsageError):
@@ -54,10 +56,20 @@ class Grammars:
         # JSON's own partition of the vocabulary for the mask search: 16 rows of a 6-field schema at a
         # 4,096-token vocabulary take 0.27 ms instead of 0.40 ms with the general slices
         self.json_tokenizer = self.tokenizer.with_slices(llg.LLTokenizer.json_slices())
+        self._templates: OrderedDict[tuple[str, bool], Any] = OrderedDict()  # never advanced: copied
+        self._compiled: dict[tuple[str, str] | None, str] = {}  # (kind, source as JSON) -> grammar, oldest first
+        self._lock = threading.Lock()
 
     def compile(self, spec: Spec) -> str:
         """The llguidance grammar of `spec`, checked: a ConstraintError naming spec.origin and the
-        parser's message when it does not compile."""
+        parser's message when it does not compile. A constraint compiled before is not checked again."""
+        try:
+            key = (spec.kind, json.dumps(spec.source, sort_keys=True))
+        except (TypeError, ValueError):
+            key = None  # not JSON (the request parser never gives such a source): compiled every time
+        with self._lock:
+            if key in self._compiled:
+                return self._compiled[key]
         try:
             grammar = _grammar(spec)
         except (ValueError, TypeError) as e:
@@ -65,14 +77,30 @@ class Grammars:
         failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if failed:
             raise ConstraintError(f"{spec.origin}: {_first_line(messages[0] if messages else 'does not compile')}")
+        if key is not None:
+            with self._lock:
+                self._compiled[key] = grammar
+                if len(self._compiled) > TEMPLATES:
+                    del self._compiled[next(iter(self._compiled))]
         return grammar
 
     def matcher(self, grammar: str, json: bool = False) -> Matcher:
         """A fresh matcher at the grammar's start (the grammar from `compile`); `json`: the grammar is
-        mostly JSON (a schema, or a tool call), whose mask search has slices of its own."""
+        mostly JSON (a schema, or a tool call), whose mask search has slices of its own. Requests that
+        repeat a grammar (a server's usual load) copy a kept fresh matcher instead of building one."""
+        key = (grammar, json)
+        with self._lock:
+            template = self._templates.get(key)
+            if template is not None:
+                self._templates.move_to_end(key)
+                return Matcher(template.deep_copy())
         m = llg.LLMatcher(self.json_tokenizer if json else self.tokenizer, grammar, log_level=0)
         if m.is_error():
             raise ConstraintError(_first_line(m.get_error()))
+        with self._lock:
+            self._templates[key] = m.deep_copy()
+            if len(self._templates) > TEMPLATES:
+                self._templates.popitem(last=False)
         return Matcher(m)
 
 
