@@ -30,9 +30,8 @@ from starlette.routing import Route
 
 from gptport.errors import GptportError
 from gptport.page_style import styled
-from gptport.serve import openapi, protocol, startup
+from gptport.serve import guard, openapi, protocol, startup
 from gptport.serve.drafting import Drafting
-from gptport.serve.guard import Guard
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
 from gptport.serve.responses import Collector, stream_chunks
@@ -307,7 +306,8 @@ def create_app(settings: Settings) -> Starlette:
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        headers = {"Retry-After": "1"} if exc.status == 429 else {"Connection": "close"} if exc.status == 408 else None
+        headers = ({"Retry-After": str(guard.RETRY_AFTER)} if exc.status == 429 else {"Connection": "close"}
+                   if exc.status == 408 else None)
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -334,7 +334,7 @@ def create_app(settings: Settings) -> Starlette:
                     exception_handlers={ApiError: api_error, HTTPException: http_error})
     app.state.gptport = state
     replica = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
-    return Guard(app, settings.api_key, state.metrics, replica, queue_full(), PUBLIC)  # type: ignore[return-value]
+    return guard.Guard(app, settings.api_key, state.metrics, replica, queue_full(), PUBLIC)  # type: ignore[return-value]
 
 
 def _matchers(grammars: Any, job: Job, count: int) -> list[Any]:

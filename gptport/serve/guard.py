@@ -68,6 +68,9 @@ class Guard:
     async def _refuse(self, scope: Any, receive: Any, send: Any) -> None:
         """429 with Retry-After; to a connection back before its last one said, once that time has come."""
         client, now = scope.get("client"), time.monotonic()
+        if client is None:  # no address to tell connections apart (a Unix socket): none is held
+            await self.full(scope, receive, send)
+            return
         early = self._told.get(client, now) - now
         if early > 0:
             await asyncio.sleep(early)
