@@ -36,6 +36,7 @@ class Backed:
 
 
 def enabled() -> bool:
+    """Linux, and not turned off by GPTPORT_HUGEPAGES=0."""
     return sys.platform == "linux" and os.environ.get("GPTPORT_HUGEPAGES", "1") != "0"
 
 
