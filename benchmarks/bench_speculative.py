@@ -1,7 +1,8 @@
 """Speculative decoding at batch 1: a `small` target and two `tiny` drafts with the same tokenizer. The
 target and the first draft are trained on tinyshakespeare (600 steps of 8 sequences of 512 tokens by
-default); the second, "distilled", the same way on the target's own greedy continuations of 3,000
-prompts drawn from that text (`gptport distill-corpus`), so that it learns what the target predicts.
+default); the second, "distilled", has 2 layers and is trained (1,500 steps) on the target's own greedy
+continuations of 9,000 prompts drawn from that text (`gptport distill-corpus`), so that it learns what
+the target predicts. Drafts run on one thread, as `generate --draft` runs them (--draft-threads).
 All are built once and cached under benchmarks/work/speculative; the results record each model's steps
 and validation perplexity. Greedy, NEW new tokens from held-out prompts, interleaved rounds.
 
@@ -39,14 +40,18 @@ HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "speculative"
 SHAKESPEARE = HERE.parent.parent / "shared" / "corpora" / "tinyshakespeare.txt"
 N_CTX = 512
-DISTILL_PROMPTS = 3000  # x 192 tokens: ~0.58M tokens of the target's greedy continuations
+# the distilled draft's text: the target's greedy continuations (192 tokens) of prompts drawn with two
+# seeds, ~2M tokens (the first 3,000 alone, ~0.6M, taught a 600-step draft 64% acceptance)
+DISTILL = (("distilled.txt", 0, 3000), ("distilled-b.txt", 1, 6000))
+DISTILLED_LAYERS = 2  # a 2-layer draft agrees as often as a 4-layer one and steps 1.5x faster
 
 
 def gptport(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
 
 
-def prepare(corpus: Path, target_steps: int, draft_steps: int) -> tuple[Path, dict[str, Path], str]:
+def prepare(corpus: Path, target_steps: int, draft_steps: int, distill_steps: int
+            ) -> tuple[Path, dict[str, Path], str]:
     """The target and the drafts' directories (trained and exported once), and the held-out text."""
     WORK.mkdir(parents=True, exist_ok=True)
     text = corpus.read_text(encoding="utf-8")
@@ -67,15 +72,18 @@ def prepare(corpus: Path, target_steps: int, draft_steps: int) -> tuple[Path, di
                     "--batch-size", "8", "--set", f"n_ctx={N_CTX}", *extra)
         gptport("export", str(d), "--force")
         gptport("export-gguf", str(d), "--outtype", "f32", "--force")
-    distilled = WORK / "distilled"  # the same preset and steps, trained on the target's own continuations
+    distilled = WORK / "distilled"  # 2 layers of `tiny`, trained on the target's own continuations
     if not (distilled / "model.f32.gguf").exists():
-        text_of_target = WORK / "distilled.txt"
-        if not text_of_target.exists():
-            gptport("distill-corpus", str(target), str(train), "--out", str(text_of_target), "--prompts",
-                    str(DISTILL_PROMPTS), "--new-tokens", "192")
+        texts = []
+        for name, seed, count in DISTILL:
+            texts.append(WORK / name)
+            if not texts[-1].exists():
+                gptport("distill-corpus", str(target), str(train), "--out", str(texts[-1]), "--prompts", str(count),
+                        "--new-tokens", "192", "--seed", str(seed))
         if not (distilled / "config.json").exists():
-            gptport("train", str(text_of_target), "--model-dir", str(distilled), "--preset", "tiny", "--steps",
-                    str(draft_steps), "--batch-size", "8", "--set", f"n_ctx={N_CTX}", "--tokenizer-from", str(target))
+            gptport("train", *map(str, texts), "--model-dir", str(distilled), "--preset", "tiny", "--steps",
+                    str(distill_steps), "--batch-size", "8", "--set", f"n_ctx={N_CTX}", "--set",
+                    f"n_layer={DISTILLED_LAYERS}", "--tokenizer-from", str(target))
         gptport("export", str(distilled), "--precision", "fp32,int8", "--force")
         gptport("export-gguf", str(distilled), "--outtype", "f32", "--force")
     for d in (draft, distilled):  # the int8 rows (gated on each one's held-out text)
@@ -109,13 +117,13 @@ def gptport_rows(target: Path, drafts: dict[str, Path], texts: list[str], new: i
     from gptport.runtime.generate import generate
     from gptport.runtime.loader import encode_prompts, open_model
     from gptport.runtime.sampling import Sampling
-    from gptport.runtime.speculative import LookupDrafter, ModelDrafter, SpecStats, speculate
+    from gptport.runtime.speculative import DRAFT_THREADS, LookupDrafter, ModelDrafter, SpecStats, speculate
 
-    # both sessions' workers stop spinning after each step (as generate --draft opens them): two sessions
+    # the target's workers stop spinning after each step (as generate --draft opens it): two sessions
     # taking turns on 2 cores, each spinning on after its step, halved the drafted rows' speed
     tg = open_model(target, "cpu", "fp32", threads, spin="step")
-    # each draft at fp32 and at int8 (generate --draft-precision int8)
-    models = {(name, p): open_model(d, "cpu", p, threads, spin="step")
+    # each draft at fp32 and at int8 (generate --draft-precision int8), on generate --draft's one thread
+    models = {(name, p): open_model(d, "cpu", p, DRAFT_THREADS, spin="step")
               for name, d in drafts.items() for p in ("fp32", "int8")}
     ids = encode_prompts(tg.tok, texts, tg.engine.n_ctx)
     greedy, eot = Sampling(), -1  # no end-of-text: every row generates `new` tokens
@@ -190,11 +198,12 @@ def step_costs(target: Path, draft: Path, threads: int, reps: int = 15) -> dict[
     n tokens at once (a verification of n - 1 drafts) and for B rows taking one token each (a plain
     batched step), every row 128 tokens into its context. A B-row verification of K drafts each is
     B·(K + 1) rows of the matrix products, as one row of B·(K + 1) tokens is (its attention differs); and
-    the draft's one-token step at fp32 and int8."""
+    the draft's one-token step at fp32 and int8 (on DRAFT_THREADS)."""
     import numpy as np
 
     from gptport.runtime.loader import open_model
     from gptport.runtime.slots import open_slots
+    from gptport.runtime.speculative import DRAFT_THREADS
 
     tg = open_model(target, "cpu", "fp32", threads)
     slots = open_slots(tg.engine, 16)
@@ -218,7 +227,7 @@ def step_costs(target: Path, draft: Path, threads: int, reps: int = 15) -> dict[
     scan = timed(lambda: lookup.propose(seq, 4, Sampling(), rng)) * 1e3
     drafts = {}
     for precision in ("fp32", "int8"):
-        small = open_slots(open_model(draft, "cpu", precision, threads, spin="step").engine, 1)
+        small = open_slots(open_model(draft, "cpu", precision, DRAFT_THREADS, spin="step").engine, 1)
         small.append(0, rng.integers(1, tg.tok.vocab_size, 128))
         tok = rng.integers(1, tg.tok.vocab_size, 1)
         drafts[precision] = statistics.median(_time(lambda s=small, t=tok: (s.decode([0], t), s.truncate(0, 128)))
@@ -243,10 +252,11 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="the fixed draft length's row")
     ap.add_argument("--target-steps", type=int, default=600, help="training steps of the target (batch 8)")
     ap.add_argument("--draft-steps", type=int, default=600, help="training steps of the draft (batch 8)")
+    ap.add_argument("--distill-steps", type=int, default=1500, help="training steps of the distilled draft")
     ap.add_argument("--llama-dir", type=Path, help="a llama.cpp build's bin directory (llama-speculative, "
                     "llama-bench)")
     args = ap.parse_args()
-    target, drafts, heldout = prepare(args.corpus, args.target_steps, args.draft_steps)
+    target, drafts, heldout = prepare(args.corpus, args.target_steps, args.draft_steps, args.distill_steps)
     tasks = {"held-out prompts": prompts(heldout, args.prompts), "repetitive": repetitive(heldout, args.prompts)}
     rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
     for r in range(args.rounds):

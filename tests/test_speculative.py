@@ -201,6 +201,8 @@ def test_cli_refusals(trained_dir: Path, draft_dir: Path, other_tokenizer_dir: P
         (["--draft", str(draft_dir), "--prompt-lookup", "3"], ["one way of drafting"]),
         (["--draft-tokens", "3"], ["--draft-tokens needs --draft"]),
         (["--draft-precision", "int8"], ["--draft-precision needs --draft"]),
+        (["--draft-threads", "1"], ["--draft-threads needs --draft"]),
+        (["--draft", str(draft_dir), "--draft-threads", "-1"], ["--draft-threads must be 0"]),
         (["--draft", str(draft_dir), "--draft-tokens", "0"], ["--draft-tokens must be at least 1"]),
         (["--prompt-lookup", "1"], ["--prompt-lookup must be at least 2"]),
         (["--draft", str(draft_dir), "--regex", "[a-z]+"], ["output constraint"]),
@@ -323,9 +325,10 @@ def test_serve_draft_gives_the_plain_text(tmp_path: Path, trained_dir: Path, dra
         log = (tmp_path / "serve.log").read_text()
         assert "drafts " in log
         if extra[0] == "--draft":  # the startup line names the draft's variant
-            assert f"drafts from {draft_dir} (int8, k adaptive)" in log, log
+            assert f"drafts from {draft_dir} (int8, k adaptive, 1 thread)" in log, log
     for extra, code, words in ((["--draft-tokens", "3"], 2, "needs --draft"),
                                (["--draft-precision", "int8"], 2, "--draft-precision needs --draft"),
+                               (["--draft-threads", "2"], 2, "--draft-threads needs --draft"),
                                (["--draft", str(trained_dir), "--draft-precision", "int4"], 1, "model.int4.onnx"),
                                (["--draft", str(draft_dir), "--prompt-lookup", "3"], 2, "one way of drafting"),
                                (["--prompt-lookup", "1"], 2, "--prompt-lookup must be at least"),

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gptport.cli.common import ModelDir, err, open_engine
+from gptport.cli.common import DRAFT_THREADS_HELP, ModelDir, err, open_engine
 
 if TYPE_CHECKING:
     from gptport.runtime.loader import Opened
@@ -60,6 +60,7 @@ def bench(
                                                      "(default: adaptive).")] = None,
     draft_precision: Annotated[str | None, typer.Option("--draft-precision", help="The draft's exported variant "
                                                         "(default: each row's precision).")] = None,
+    draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
 ) -> None:
     """Measure prefill and decode tokens/s, latency percentiles, memory, and the share of the memory
     bandwidth decoding uses."""
@@ -79,11 +80,15 @@ def bench(
         batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
         gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline,
         kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()], draft=draft, draft_tokens=draft_tokens,
-        draft_precision=draft_precision, kv_dtypes=[k.strip() for k in kv_dtype.split(",") if k.strip()])
+        draft_precision=draft_precision, draft_threads=draft_threads,
+        kv_dtypes=[k.strip() for k in kv_dtype.split(",") if k.strip()])
     if draft_tokens is not None and (draft is None or draft_tokens < 1):
         raise UsageError(f"--draft-tokens {draft_tokens}: needs --draft, and at least 1")
     if draft_precision is not None and draft is None:
         raise UsageError("--draft-precision needs --draft")
+    from gptport.runtime.speculative import check_draft_threads
+
+    check_draft_threads(draft_threads, draft)
     if draft is not None:
         from gptport import tokenizer as bpe
         from gptport.runtime.speculative import check_tokenizers

@@ -14,6 +14,9 @@ from rich.console import Console
 
 from gptport.errors import UsageError
 
+DRAFT_THREADS_HELP = ("The draft model's CPU threads (0: onnxruntime's default; default 1: a small draft's steps "
+                      "are too short to share between threads).")
+
 if TYPE_CHECKING:
     from gptport.runtime.loader import Opened
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gptport.cli.common import KvDtype, ModelDir, err, open_engine
+from gptport.cli.common import DRAFT_THREADS_HELP, KvDtype, ModelDir, err, open_engine
 
 EXAMPLES = """Examples:
 
@@ -82,6 +82,7 @@ def generate(
                                                         "variant: fp32, int8, int4 or fp16 (default: --precision's). "
                                                         "It speeds drafting only; the output is the model's either "
                                                         "way.")] = None,
+    draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
 ) -> None:
     """Generate text: one prefill, then one token per step through the KV cache."""
     from gptport.errors import UsageError
@@ -113,8 +114,8 @@ def generate(
 
     matchers = None
     spec = constraint_spec(json_schema, regex, grammar)
-    drafter = open_drafter(opened, model_dir, draft, draft_tokens, prompt_lookup, spec is not None, threads,
-                           draft_precision)
+    drafter = open_drafter(opened, model_dir, draft, draft_tokens, prompt_lookup, spec is not None,
+                           draft_threads, draft_precision)
     if spec is not None:
         from gptport.runtime.constraint import Grammars
 
@@ -167,7 +168,8 @@ def generate(
 
 
 def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens: int | None,
-                 prompt_lookup: int | None, constrained: bool, threads: int, draft_precision: str | None = None
+                 prompt_lookup: int | None, constrained: bool, draft_threads: int | None,
+                 draft_precision: str | None = None
                  ) -> Any:
     """A function making a fresh drafter per prompt (--draft or --prompt-lookup), or None."""
     from gptport.errors import UsageError
@@ -177,6 +179,7 @@ def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens:
         raise UsageError("--draft and --prompt-lookup: one way of drafting at a time")
     if draft_precision is not None and draft is None:
         raise UsageError("--draft-precision needs --draft")
+    speculative.check_draft_threads(draft_threads, draft)
     if draft is None and prompt_lookup is None:
         if draft_tokens is not None:
             raise UsageError("--draft-tokens needs --draft or --prompt-lookup")
@@ -195,7 +198,8 @@ def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens:
     from gptport.runtime.loader import open_model
 
     assert draft is not None
-    small = open_model(draft, opened.provider, draft_precision or opened.precision, threads, spin="step")
+    small = open_model(draft, opened.provider, draft_precision or opened.precision,
+                       speculative.draft_threads(draft_threads), spin="step")
     speculative.check_tokenizers(model_dir, opened.tok.sha256, draft, small.tok.sha256)
     return lambda: speculative.ModelDrafter(small.engine)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gptport.cli.common import KvDtype, ModelDir, err
+from gptport.cli.common import DRAFT_THREADS_HELP, KvDtype, ModelDir, err
 
 EXAMPLES = """Examples:
 
@@ -77,6 +77,7 @@ def serve(
                                                         "variant: fp32, int8, int4 or fp16 (default: --precision's). "
                                                         "It speeds drafting only; replies are the model's either "
                                                         "way.")] = None,
+    draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
                                              "load).")] = False,
     ray: Annotated[bool, typer.Option("--ray", help="Serve on Ray Serve (pip install 'gptport[ray]'): replicas, "
@@ -97,13 +98,14 @@ def serve(
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
                         model_name or model_dir.resolve().name, prefill_chunk, spin=spin, body_timeout=body_timeout,
                         draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup,
-                        draft_precision=draft_precision, prefix_cache=prefix_cache, kv_dtype=kv_dtype)
+                        draft_precision=draft_precision, draft_threads=draft_threads, prefix_cache=prefix_cache,
+                        kv_dtype=kv_dtype)
     limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:
-        if draft is not None or prompt_lookup is not None or draft_precision is not None:
-            raise UsageError("--draft, --draft-precision and --prompt-lookup serve from gptport's own server, not "
-                             "Ray Serve's replicas")
+        if any(v is not None for v in (draft, prompt_lookup, draft_precision, draft_threads)):
+            raise UsageError("--draft, --draft-precision, --draft-threads and --prompt-lookup serve from gptport's "
+                             "own server, not Ray Serve's replicas")
         if limits != Limits():
             raise UsageError("--max-connections, --header-timeout and --keep-alive bound gptport's own HTTP server, "
                              "not Ray's proxy")

@@ -49,6 +49,7 @@ class BenchPlan:
     draft: Path | None = None  # speculative rows (batch 1, static cache, CPU) with this draft model beside plain
     draft_tokens: int | None = None  # drafts per step (None: adaptive)
     draft_precision: str | None = None  # the draft's variant (None: each row's precision)
+    draft_threads: int | None = None  # the draft session's threads (None: speculative.DRAFT_THREADS)
 
 
 @dataclass
@@ -222,15 +223,16 @@ def _draft_row(plain: Row, model: Any, plan: BenchPlan) -> Row:
     the tokens per target step."""
     from gptport.runtime.loader import open_graph
     from gptport.runtime.sampling import Sampling
-    from gptport.runtime.speculative import ModelDrafter, SpecStats, speculate
+    from gptport.runtime.speculative import ModelDrafter, SpecStats, draft_threads, speculate
 
     assert plan.draft is not None
     row = Row("onnx", plain.provider, plain.precision, 1, plain.prompt_len, plain.gen_len, kv_cache="static",
               draft=plan.draft.name, draft_precision=plan.draft_precision or plain.precision,
               providers_ran=plain.providers_ran)
     try:
-        # its workers stop spinning after each step: the target's session needs the cores next
-        draft = open_graph(plan.draft, row.draft_precision, plain.provider, "static", threads=plan.threads, spin="step")
+        # its workers (if any) stop spinning after each step: the target's session needs the cores next
+        draft = open_graph(plan.draft, row.draft_precision, plain.provider, "static",
+                           threads=draft_threads(plan.draft_threads), spin="step")
     except GptportError as e:
         row.error = f"--draft {plan.draft}: {e}"
         return row

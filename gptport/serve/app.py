@@ -60,6 +60,7 @@ class Settings:
     draft: Path | None = None  # speculative decoding of a lone row: the draft model's directory
     draft_tokens: int | None = None  # drafts per step (None: adaptive)
     draft_precision: str | None = None  # the draft's exported variant (None: the model's precision)
+    draft_threads: int | None = None  # the draft session's threads (None: speculative.DRAFT_THREADS)
     prompt_lookup: int | None = None  # speculative decoding by prompt lookup: the n-gram length
     prefix_cache: bool = True  # freed slots keep their cache for prompts that start the same way
     kv_dtype: str = "float32"  # int8: the static graph with an int8 KV cache (export --kv-dtype int8)
@@ -145,10 +146,13 @@ def _drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
     from gptport.runtime.loader import open_model
 
     assert s.draft is not None
-    small = open_model(s.draft, opened.provider, s.draft_precision or opened.precision, s.threads, spin=s.spin)
+    small = open_model(s.draft, opened.provider, s.draft_precision or opened.precision,
+                       speculative.draft_threads(s.draft_threads), spin=s.spin)
     speculative.check_tokenizers(s.model_dir, opened.tok.sha256, s.draft, small.tok.sha256)
+    n = speculative.draft_threads(s.draft_threads)
+    threads = "default threads" if n == 0 else f"{n} thread" + ("s" if n > 1 else "")
     return (Drafting(speculative.ModelDrafter(small.engine), s.draft_tokens),
-            f" · drafts from {s.draft} ({small.precision}, k {k})")
+            f" · drafts from {s.draft} ({small.precision}, k {k}, {threads})")
 
 
 def _dispatch(events: list[tuple[Any, Any]]) -> None:

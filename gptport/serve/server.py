@@ -43,8 +43,8 @@ def check(settings: Settings, limits: Limits | None = None) -> None:
 
 
 def check_drafting(settings: Settings) -> None:
-    """--draft, --draft-tokens and --prompt-lookup, before anything loads."""
-    from gptport.runtime.speculative import LOOKUP_MIN
+    """--draft, --draft-tokens, --draft-threads and --prompt-lookup, before anything loads."""
+    from gptport.runtime.speculative import LOOKUP_MIN, check_draft_threads
 
     if settings.draft is not None and settings.prompt_lookup is not None:
         raise UsageError("--draft and --prompt-lookup: one way of drafting at a time")
@@ -57,6 +57,7 @@ def check_drafting(settings: Settings) -> None:
                          f"{settings.prompt_lookup}")
     if settings.draft_precision is not None and settings.draft is None:
         raise UsageError("--draft-precision needs --draft")
+    check_draft_threads(settings.draft_threads, settings.draft)
     if settings.draft is not None:  # exported, at this precision
         loader.graph_path(settings.draft, settings.draft_precision or settings.precision, settings.provider)
         bpe.load(settings.draft)
