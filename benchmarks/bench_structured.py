@@ -14,7 +14,9 @@ load's requests end and arrive together and are prefilled in one batch — the c
 that rather than the masks. Random weights (bench_serve.py's), so the JSON's strings are noise bounded by
 the schema. Rounds alternate which server goes first. Each user sends --requests-per-user requests per
 load: with few, the run's last requests (the drain, when fewer than 16 users are left) weigh more.
-Writes benchmarks/results/structured-<shape>.json naming the CPU.
+For gptport, each row also carries the server's own scheduler seconds by phase spent on that load
+(`/metrics`: prefill, decode, mask, sample, emit), and the medians per output token: where a
+constrained token's extra time goes. Writes benchmarks/results/structured-<shape>.json naming the CPU.
 
     python benchmarks/bench_structured.py [--shapes small,gpt2-124m] [--rounds 2] [--llama-server PATH]
 """
@@ -24,11 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -79,18 +83,37 @@ def mask_cost_us(d: Path, rows: int, steps: int = 200, seed: int = 0) -> dict[st
             "p90_us_per_row": float(np.percentile(times, 90) * 1e6)}
 
 
+PHASE = re.compile(r'^gptport_scheduler_seconds_total\{phase="(\w+)"\} (\S+)$', re.M)
+
+
+def phases(url: str) -> dict[str, float]:
+    """The server's scheduler seconds by phase so far (gptport's /metrics; {} for another server)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    return {m.group(1): float(m.group(2)) for m in PHASE.finditer(text)}
+
+
 def load(url: str, shape: str, levels: list[int], seed: int, schema_path: Path, per_user: int
          ) -> list[dict[str, Any]]:
+    """Each load at each concurrency level: bench-serve's row, with the server's scheduler seconds by phase
+    spent on it (`phase_seconds`: prefill, decode, mask, sample, emit) where the server reports them."""
     rows = []
     for kind in ("free", "json"):
         for c in levels:
+            before = phases(url)
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 extra = ["--json-schema", str(schema_path)] if kind == "json" else []
                 subprocess.run([sys.executable, "-m", "gptport.cli.main", "bench-serve", url, "--concurrency", str(c),
                                 "--num-prompts", str(max(8, per_user * c)), "--prompt-len", "64", "--max-tokens",
                                 str(MAX_TOKENS[shape]), "--temperature", "0.8", "--seed", str(seed), *extra,
                                 "--json", f.name], check=True)
-                rows += [{**r, "load": kind, "mean_output_tokens": r["total_output_tokens"] / max(r["completed"], 1)}
+                after = phases(url)
+                spent = {k: round(v - before.get(k, 0.0), 4) for k, v in after.items()}
+                rows += [{**r, "load": kind, "mean_output_tokens": r["total_output_tokens"] / max(r["completed"], 1),
+                          **({"phase_seconds": spent} if spent else {})}
                          for r in json.loads(Path(f.name).read_text())["results"]]
     return rows
 
@@ -141,6 +164,12 @@ def median(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                     "failed"):
             values = [x[key] for x in level if x.get(key) is not None]
             row[key] = statistics.median(values) if values else None
+        per_token = [{k: v / x["total_output_tokens"] * 1e6 for k, v in x["phase_seconds"].items()}
+                     for x in level if x.get("phase_seconds") and x.get("total_output_tokens")]
+        if per_token:  # µs of the scheduler's time per generated token, by phase
+            keys = sorted({k for p in per_token for k in p})  # a phase not yet met is absent from /metrics
+            row["phase_us_per_token"] = {k: round(statistics.median(p.get(k, 0.0) for p in per_token), 1)
+                                         for k in keys}
         out.append(row)
     return out
 
@@ -154,6 +183,11 @@ def print_table(result: dict[str, Any]) -> None:
         for row in data["median"]:
             print(f"{name:<10} {row['load']:<5} {row['concurrency']:>4} {row['output_throughput']:>10.1f} "
                   f"{row['median_tpot_ms']:>9.2f} {row['median_ttft_ms']:>9.1f} {row['mean_output_tokens']:>8.1f}")
+    for name, data in result["servers"].items():
+        for row in data["median"]:
+            if row.get("phase_us_per_token"):
+                print(f"{name} {row['load']} at {row['concurrency']}: scheduler µs per output token "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["phase_us_per_token"].items())))
     for name, data in result["servers"].items():
         by = {(r["load"], r["concurrency"]): r for r in data["median"]}
         for c in result["settings"]["concurrency"]:
