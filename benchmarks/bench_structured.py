@@ -26,18 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from bench_serve import MAX_TOKENS, WORK, interleaved, llama_server, model_dir
 from bench_tokenizer import big_corpus
+from profile_serve import phases as scheduler_phases
 
 from gptport.machine import describe
 
@@ -83,17 +82,12 @@ def mask_cost_us(d: Path, rows: int, steps: int = 200, seed: int = 0) -> dict[st
             "p90_us_per_row": float(np.percentile(times, 90) * 1e6)}
 
 
-PHASE = re.compile(r'^gptport_scheduler_seconds_total\{phase="(\w+)"\} (\S+)$', re.M)
-
-
 def phases(url: str) -> dict[str, float]:
-    """The server's scheduler seconds by phase so far (gptport's /metrics; {} for another server)."""
+    """profile_serve.py's scheduler seconds by phase so far, or {} for a server without them (llama-server)."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
+        return scheduler_phases(url)
     except OSError:
         return {}
-    return {m.group(1): float(m.group(2)) for m in PHASE.finditer(text)}
 
 
 def load(url: str, shape: str, levels: list[int], seed: int, schema_path: Path, per_user: int
