@@ -7,7 +7,6 @@ finishes the sequence. llguidance reads the model directory's tokenizer.json its
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -134,13 +133,14 @@ class Matcher:
 
 
 class Masks:
-    """Computes matchers' next-token masks on llguidance's thread pool, in the background: `start`
-    before the model's step (onnxruntime and llguidance both release the GIL), `apply` after it."""
+    """Computes matchers' next-token masks on one thread of its own, in the background: `start` before
+    the model's step (onnxruntime and llguidance both release the GIL), `apply` after it. One thread,
+    one mask after another: llguidance's parallel executor (a rayon pool) competed with onnxruntime's
+    threads for the cores and slowed the step more than its masks cost (ARCHITECTURE.md)."""
 
-    def __init__(self, vocab_size: int, threads: int = 0) -> None:
+    def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.words = llg_np.get_bitmask_shape(1, vocab_size)[1]
-        self.executor = llg.LLExecutor(threads or max(1, min(4, (os.cpu_count() or 1))))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gptport-masks")
         self._lock = threading.Lock()
 
@@ -160,7 +160,8 @@ class Masks:
     def _fill(self, todo: Sequence[Matcher]) -> None:
         out = np.full((len(todo), self.words), -1, dtype=np.int32)  # (k, W)
         with self._lock:
-            llg_np.fill_next_token_bitmask_par(self.executor, [(m.inner, i) for i, m in enumerate(todo)], out)
+            for i, m in enumerate(todo):
+                llg_np.fill_next_token_bitmask(m.inner, out, i)
         for m, row in zip(todo, out, strict=True):
             m.mask = row
 
