@@ -6,7 +6,10 @@ caching on, its default), gptport serve --no-prefix-cache, and llama.cpp's llama
 cache on, as by default; F32 GGUF, -np 16). 16 slots, 2 threads each.
 
 Goals (issue 25): median TTFT with reuse <= 1/4 of --no-prefix-cache's, output throughput >= 1.3x, and
->= 1.5x llama-server's. Writes benchmarks/results/prefix-<shape>.json naming the CPU.
+>= 1.5x llama-server's. For gptport, also the server's own mean time to first token and its parts over
+each load (from /metrics: the queue, arrival to slot; the prefill phase per request), beside the
+client's mean: the difference is HTTP and the load generator. Writes
+benchmarks/results/prefix-<shape>.json naming the CPU.
 
     python benchmarks/bench_prefix.py [--shapes small,gpt2-124m] [--rounds 2] [--llama-server PATH]
 """
@@ -20,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +35,45 @@ from gptport.machine import describe
 HERE = Path(__file__).resolve().parent
 PREFIX = {"small": 150, "gpt2-124m": 600}
 OWN, NEW, USERS = 24, 64, 16
-KEYS = ("completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
-        "mean_prompt_tokens", "cached_prompt_tokens")
+KEYS = ("completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
+        "median_tpot_ms", "mean_prompt_tokens", "cached_prompt_tokens", "server_mean_ttft_ms",
+        "server_mean_queue_ms", "server_prefill_ms_per_request")
+# gptport's /metrics: sums and counts whose differences over a load give the server's own means
+SERVER = ("gptport_time_to_first_token_seconds_sum", "gptport_time_to_first_token_seconds_count",
+          "gptport_queue_time_seconds_sum", 'gptport_scheduler_seconds_total{phase="prefill"}')
+
+
+def server_totals(url: str) -> dict[str, float]:
+    """SERVER's values from gptport's /metrics now; {} from a server without them (llama-server)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    got = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+           if line and not line.startswith("#")}
+    return {k: got[k] for k in SERVER if k in got}
 
 
 def load(url: str, shape: str, requests: int, seed: int) -> dict[str, Any]:
-    """One bench-serve run: `requests` chat-like completions at USERS in flight."""
+    """One bench-serve run: `requests` chat-like completions at USERS in flight; for gptport, the server's
+    own mean time to first token, its queue part, and prefill ms per request over the same load (the client's
+    figures include HTTP and the load generator, which share the machine's cores)."""
+    before = server_totals(url)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([sys.executable, "-m", "gptport.cli.main", "bench-serve", url, "--concurrency", str(USERS),
                         "--num-prompts", str(requests), "--shared-prefix", str(PREFIX[shape]), "--prompt-len",
                         str(OWN), "--max-tokens", str(NEW), "--temperature", "0.8", "--seed", str(seed),
                         "--json", f.name], check=True)
-        return json.loads(Path(f.name).read_text())["results"][0]
+        row: dict[str, Any] = json.loads(Path(f.name).read_text())["results"][0]
+    after = server_totals(url)
+    if len(after) == len(SERVER):  # a fresh server has no phase counter before its first prefill: 0
+        grew = {k: after[k] - before.get(k, 0.0) for k in SERVER}
+        n = grew["gptport_time_to_first_token_seconds_count"]
+        row["server_mean_ttft_ms"] = 1e3 * grew["gptport_time_to_first_token_seconds_sum"] / n
+        row["server_mean_queue_ms"] = 1e3 * grew["gptport_queue_time_seconds_sum"] / n
+        row["server_prefill_ms_per_request"] = 1e3 * grew['gptport_scheduler_seconds_total{phase="prefill"}'] / n
+    return row
 
 
 def main() -> None:
@@ -89,14 +120,16 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"\n{result['shape']} on {result['machine']['cpu']}, {result['machine']['cores']} cores; "
           f"{s['users']} users, shared prefix ~{s['shared_prefix']} tokens + ~{s['own_words']} own, "
           f"{s['max_tokens']} new")
-    print(f"{'server':<26} {'ok/fail':>8} {'out tok/s':>10} {'TTFT med':>9} {'TTFT p99':>9} {'TPOT med':>9} "
-          f"{'prompt':>7} {'cached':>8}")
+    print(f"{'server':<26} {'ok/fail':>8} {'out tok/s':>10} {'TTFT med':>9} {'TTFT p99':>9} {'TTFT mean':>9} "
+          f"{'server: TTFT / queue / prefill mean':>36} {'TPOT med':>9} {'prompt':>7} {'cached':>8}")
     for name, data in result["servers"].items():
         m = data["median"]
         cached = "-" if m["cached_prompt_tokens"] is None else f"{m['cached_prompt_tokens']:.0f}"
+        own = ("-" if m["server_mean_ttft_ms"] is None else f"{m['server_mean_ttft_ms']:.1f} / "
+               f"{m['server_mean_queue_ms']:.1f} / {m['server_prefill_ms_per_request']:.1f}")
         print(f"{name:<26} {m['completed']:>5.0f}/{m['failed']:<2.0f} {m['output_throughput']:>10.1f} "
-              f"{m['median_ttft_ms']:>9.1f} {m['p99_ttft_ms']:>9.1f} {m['median_tpot_ms']:>9.2f} "
-              f"{m['mean_prompt_tokens'] or 0:>7.1f} {cached:>8}")
+              f"{m['median_ttft_ms']:>9.1f} {m['p99_ttft_ms']:>9.1f} {m['mean_ttft_ms']:>9.1f} {own:>36} "
+              f"{m['median_tpot_ms']:>9.2f} {m['mean_prompt_tokens'] or 0:>7.1f} {cached:>8}")
     print("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items() if v is not None))
 
 

@@ -21,6 +21,7 @@ from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling, probs
 from gptport.runtime.speculative import Drafts, LookupDrafter, ModelDrafter, SpecStats, speculate
 from gptport.serve.drafting import Drafting
+from gptport.serve.events import Observer
 from gptport.serve.scheduler import Choice
 from tests.conftest import SYLLABLES, build_model_dir, make_text
 from tests.serving import free_port, serve
@@ -255,19 +256,11 @@ def test_bench_draft_rows(tmp_path: Path, trained_dir: Path, draft_dir: Path, ot
     assert run.returncode == 2 and "--tokenizer-from" in run.stderr and "Traceback" not in run.stderr
 
 
-class Counting:
+class Counting(Observer):
     """An observer that counts the scheduler's drafts."""
 
     def __init__(self) -> None:
         self.drafted = self.accepted = 0
-
-    def first_token(self, seconds: float) -> None: ...
-
-    def next_token(self, seconds: float) -> None: ...
-
-    def tokens(self, prompt: int, generated: int) -> None: ...
-
-    def phase(self, name: str, seconds: float) -> None: ...
 
     def drafts(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted

@@ -42,6 +42,9 @@ Event = Piece | PromptLogprobs | Finish | Failure
 class Observer:
     """What the scheduler reports as it goes; the server's metrics override these."""
 
+    def admitted(self, seconds: float) -> None:
+        """A choice took a slot, `seconds` after it arrived."""
+
     def first_token(self, seconds: float) -> None: ...
 
     def next_token(self, seconds: float) -> None: ...

@@ -24,6 +24,8 @@ class Metrics(Observer):
         self.cached_tokens = Counter("gptport_prompt_tokens_cached", "Prompt tokens taken from a kept cache "
                                      "(prefix caching) instead of prefilled", registry=r)
         self.generated_tokens = Counter("gptport_generation_tokens", "Tokens generated", registry=r)
+        self.queue_time = Histogram("gptport_queue_time_seconds", "From a choice's arrival to the slot it takes "
+                                    "(the wait part of the time to first token)", buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("gptport_time_to_first_token_seconds", "From a choice's arrival to its first token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("gptport_time_per_output_token_seconds", "Between a choice's consecutive tokens",
@@ -45,6 +47,9 @@ class Metrics(Observer):
         self.info = Gauge("gptport_info", "The model this server runs (labels; threads: onnxruntime's intra-op "
                           "threads, auto = one per core), value 1", ["model", "graph", "provider", "threads"],
                           registry=r)
+
+    def admitted(self, seconds: float) -> None:
+        self.queue_time.observe(seconds)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

@@ -170,8 +170,10 @@ class Scheduler:
                         self._release(c)
             self._filling = [c for c in self._filling if not c.cancelled]
             self._decoding = [c for c in self._decoding if not c.cancelled]
+            now = time.perf_counter()
             while self._free and self._waiting:
                 c = self._waiting.popleft()
+                self.observer.admitted(now - c.t_submit)
                 self._admit(c)
                 self._holding[c.slot] = c
                 c._rng = np.random.default_rng(c.sampling.seed)
