@@ -54,8 +54,7 @@ def measure(d: Path, rows: int, rounds: int, steps: int, seed: int = 0) -> dict[
     def pooled(ms: list[Matcher]) -> None:
         out = np.full((len(ms), masks.words), -1, dtype=np.int32)  # (R, W)
         llg_np.fill_next_token_bitmask_par(executor, [(m.inner, i) for i, m in enumerate(ms)], out)
-        for m, row in zip(ms, out, strict=True):
-            m.mask = row
+        masks.set_masks(ms, out)
 
     def run(mode: str) -> float:
         for s in range(rows):

@@ -116,10 +116,11 @@ class Matcher:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.mask: np.ndarray | None = None  # (W,) int32 bits: allowed tokens of the current state
+        self.bias: np.ndarray | None = None  # (V,) float32: 0 where allowed, -inf elsewhere (set with mask)
 
     def consume(self, token: int) -> bool:
         """Advance by the sampled token; False if the grammar refuses it (the mask was not applied)."""
-        self.mask = None
+        self.mask = self.bias = None
         return bool(self.inner.consume_token(token))
 
     @property
@@ -162,21 +163,27 @@ class Masks:
         with self._lock:
             for i, m in enumerate(todo):
                 llg_np.fill_next_token_bitmask(m.inner, out, i)
-        for m, row in zip(todo, out, strict=True):
-            m.mask = row
+        self.set_masks(todo, out)
+
+    def set_masks(self, todo: Sequence[Matcher], out: np.ndarray) -> None:
+        """Give todo[i] the mask out[i] (bits, (k, W) int32) and its additive row."""
+        # the mask as an additive row, made here (in the background) so that applying it is one add:
+        # np.putmask of -inf cost 32 µs for 16 rows at a 4,096-token vocabulary, the add 4.5
+        allowed = np.unpackbits(out.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size].view(bool)
+        bias = np.where(allowed, np.float32(0), np.float32(-np.inf))  # (k, V)
+        for m, row, add in zip(todo, out, bias, strict=True):
+            m.bias, m.mask = add, row
 
     def apply(self, logits: np.ndarray, rows: Sequence[int], matchers: Sequence[Matcher]) -> None:
         """Set the disallowed tokens of logits[rows[i]] to -inf, by matchers[i]'s mask (logits (k, V), in
         place; `rows` ascending)."""
         if not rows:
             return
-        bits = np.invert(np.stack([m.mask for m in matchers]))  # (k, W) int32: the forbidden tokens' bits
-        forbid = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :logits.shape[-1]].view(bool)
-        if len(rows) == logits.shape[0]:  # every row: in place, no copy
-            np.putmask(logits, forbid, np.float32(-np.inf))
+        if len(rows) == logits.shape[0]:  # every row: one add, in place
+            np.add(logits, np.stack([m.bias for m in matchers]), out=logits)  # type: ignore[misc]
             return
-        for j, i in enumerate(rows):
-            np.putmask(logits[i], forbid[j], np.float32(-np.inf))
+        for i, m in zip(rows, matchers, strict=True):
+            logits[i] += m.bias
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
