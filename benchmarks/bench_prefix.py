@@ -40,7 +40,8 @@ KEYS = ("completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_
         "server_mean_queue_ms", "server_prefill_ms_per_request")
 # gptport's /metrics: sums and counts whose differences over a load give the server's own means
 SERVER = ("gptport_time_to_first_token_seconds_sum", "gptport_time_to_first_token_seconds_count",
-          "gptport_queue_time_seconds_sum", 'gptport_scheduler_seconds_total{phase="prefill"}')
+          "gptport_queue_time_seconds_sum", "gptport_queue_time_seconds_count",
+          'gptport_scheduler_seconds_total{phase="prefill"}')
 
 
 def server_totals(url: str) -> dict[str, float]:
@@ -70,9 +71,11 @@ def load(url: str, shape: str, requests: int, seed: int) -> dict[str, Any]:
     if len(after) == len(SERVER):  # a fresh server has no phase counter before its first prefill: 0
         grew = {k: after[k] - before.get(k, 0.0) for k in SERVER}
         n = grew["gptport_time_to_first_token_seconds_count"]
-        row["server_mean_ttft_ms"] = 1e3 * grew["gptport_time_to_first_token_seconds_sum"] / n
-        row["server_mean_queue_ms"] = 1e3 * grew["gptport_queue_time_seconds_sum"] / n
-        row["server_prefill_ms_per_request"] = 1e3 * grew['gptport_scheduler_seconds_total{phase="prefill"}'] / n
+        admitted = grew["gptport_queue_time_seconds_count"]
+        if n and admitted:
+            row["server_mean_ttft_ms"] = 1e3 * grew["gptport_time_to_first_token_seconds_sum"] / n
+            row["server_mean_queue_ms"] = 1e3 * grew["gptport_queue_time_seconds_sum"] / admitted
+            row["server_prefill_ms_per_request"] = 1e3 * grew['gptport_scheduler_seconds_total{phase="prefill"}'] / n
     return row
 
 

@@ -17,6 +17,7 @@ from gptport.runtime.loader import open_model
 from gptport.runtime.providers import probe
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import open_slots
+from gptport.serve.events import Failure
 from gptport.serve.scheduler import Choice, Finish, Scheduler
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -49,6 +50,8 @@ def decode_all(model_dir: Path, provider: str) -> tuple[list[list[int]], list[st
         events += sched.iterate()
     else:
         raise AssertionError(f"the scheduler on {provider} did not finish its work")
+    failed = [(o, e.message) for o, e in events if isinstance(e, Failure)]
+    assert not failed, f"choices failed on {provider}: {failed}"
     reasons = {o: e.reason for o, e in events if isinstance(e, Finish)}
     texts = [opened.tok.decode([t for t in c.new_ids if t != opened.tok.eot_id]) for c in choices]
     return [c.new_ids for c in choices], texts, [reasons[i] for i in range(len(JOBS))]

@@ -139,8 +139,7 @@ def test_metrics(server: Served) -> None:
     assert grew("gptport_prompt_tokens_cached_total") == cached
     assert grew("gptport_generation_tokens_total") == u["completion_tokens"] == 10
     assert grew("gptport_time_to_first_token_seconds_count") == 1
-    assert grew("gptport_queue_time_seconds_count") == 1  # the choice waited for a slot once, less than it took in all
-    assert 0 <= grew("gptport_queue_time_seconds_sum") <= grew("gptport_time_to_first_token_seconds_sum")
+    assert grew("gptport_queue_time_seconds_count") == 1  # the one choice was admitted once
     assert grew("gptport_time_per_output_token_seconds_count") == u["completion_tokens"] - 1
     assert sample(after, "gptport_requests_total", route="/v1/completions", status="200") == ok + 1
     assert sample(after, "gptport_requests_total", route="/v1/completions", status="400") == refused + 1

@@ -274,3 +274,28 @@ def test_matchers_of_one_grammar_are_copies_that_walk_alone(grammars: Grammars, 
     masks.fill([fresh])
     assert np.array_equal(first.mask, fresh.mask)  # the template was never advanced
     assert grammars.compile(Spec("regex", "(yes|no) [0-9]{2}", "'other'")) is grammar  # compiled once
+
+
+def test_applied_masks_forbid_even_non_finite_logits(grammars: Grammars, opened: Any) -> None:
+    """Applying masks leaves an allowed token's finite logit exactly as it was and makes every forbidden
+    token -inf, also where the model's logit there is +inf or NaN (which an add of -inf would turn into
+    NaN, a value sampling could take); only the rows asked for are touched."""
+    vocab = opened.engine.config.vocab_size
+    grammar = grammars.compile(Spec("regex", "(yes|no) [0-9]{2}", "'regex'"))
+    masks = Masks(vocab)
+    ms = [grammars.matcher(grammar), grammars.matcher(grammar)]
+    assert ms[1].consume(opened.tok.encode("yes")[0])
+    masks.fill(ms)
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((3, vocab)).astype(np.float32)  # (3, V): rows 0 and 2 constrained
+    logits[:, ::7] = np.inf
+    logits[:, 3::11] = np.nan
+    before = logits.copy()
+    masks.apply(logits, [0, 2], ms)
+    for row, m in ((0, ms[0]), (2, ms[1])):
+        allowed = np.zeros(vocab, dtype=bool)
+        allowed[constraint.allowed_ids(m, vocab)] = True
+        assert np.all(logits[row, ~allowed] == -np.inf)
+        finite = allowed & np.isfinite(before[row])
+        assert np.array_equal(logits[row, finite], before[row, finite])
+    np.testing.assert_array_equal(logits[1], before[1])  # NaNs compare equal here

@@ -116,7 +116,7 @@ class Matcher:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.mask: np.ndarray | None = None  # (W,) int32 bits: allowed tokens of the current state
-        self.bias: np.ndarray | None = None  # (V,) float32: 0 where allowed, -inf elsewhere (set with mask)
+        self.bias: np.ndarray | None = None  # (V,) float32: +inf where allowed, -inf elsewhere (set with mask)
 
     def consume(self, token: int) -> bool:
         """Advance by the sampled token; False if the grammar refuses it (the mask was not applied)."""
@@ -166,24 +166,20 @@ class Masks:
         self.set_masks(todo, out)
 
     def set_masks(self, todo: Sequence[Matcher], out: np.ndarray) -> None:
-        """Give todo[i] the mask out[i] (bits, (k, W) int32) and its additive row."""
-        # the mask as an additive row, made here (in the background) so that applying it is one add:
-        # np.putmask of -inf cost 32 µs for 16 rows at a 4,096-token vocabulary, the add 4.5
+        """Give todo[i] the mask out[i] (bits, (k, W) int32) and its row of bounds."""
+        # the mask as a row of bounds, made here (in the background) so that applying it is one np.fmin
+        # per row: np.putmask of -inf cost 32 µs for 16 rows at a 4,096-token vocabulary, fmin ~13.
+        # fmin(x, +inf) is x, fmin(anything, -inf) is -inf, a NaN or +inf logit included.
         allowed = np.unpackbits(out.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size].view(bool)
-        bias = np.where(allowed, np.float32(0), np.float32(-np.inf))  # (k, V)
-        for m, row, add in zip(todo, out, bias, strict=True):
-            m.bias, m.mask = add, row
+        for m, row, ok in zip(todo, out, allowed, strict=True):
+            m.bias = np.where(ok, np.float32(np.inf), np.float32(-np.inf))  # (V,), its own memory
+            m.mask = row
 
     def apply(self, logits: np.ndarray, rows: Sequence[int], matchers: Sequence[Matcher]) -> None:
         """Set the disallowed tokens of logits[rows[i]] to -inf, by matchers[i]'s mask (logits (k, V), in
         place; `rows` ascending)."""
-        if not rows:
-            return
-        if len(rows) == logits.shape[0]:  # every row: one add, in place
-            np.add(logits, np.stack([m.bias for m in matchers]), out=logits)  # type: ignore[misc]
-            return
         for i, m in zip(rows, matchers, strict=True):
-            logits[i] += m.bias
+            np.fmin(logits[i], m.bias, out=logits[i])  # type: ignore[arg-type]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -25,7 +25,8 @@ class Metrics(Observer):
                                      "(prefix caching) instead of prefilled", registry=r)
         self.generated_tokens = Counter("gptport_generation_tokens", "Tokens generated", registry=r)
         self.queue_time = Histogram("gptport_queue_time_seconds", "From a choice's arrival to the slot it takes "
-                                    "(the wait part of the time to first token)", buckets=LATENCY_BUCKETS, registry=r)
+                                    "(the wait part of the time to first token; observed at admission, so a choice "
+                                    "cancelled while waiting is not counted)", buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("gptport_time_to_first_token_seconds", "From a choice's arrival to its first token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("gptport_time_per_output_token_seconds", "Between a choice's consecutive tokens",
