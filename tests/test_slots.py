@@ -239,6 +239,24 @@ def test_a_failing_model_fails_every_choice_and_frees_the_slots(opened: Any) -> 
     assert len(choices[0].new_ids) == 1  # its first token came from the prefill, before the failure
 
 
+def test_a_failing_admission_fails_the_choice_and_keeps_its_slot(trained_dir: Path) -> None:
+    """A choice whose admission fails after it took a free slot (a kept cache that cannot be read, say)
+    gets a Failure like every other choice, and the slot is free again: nothing is lost silently."""
+    run = Run(open_model(trained_dir, cache="static"), 2)
+    assert run.s.prefix_cache
+
+    def broken(*args: Any, **kw: Any) -> int:
+        raise RuntimeError("boom")
+
+    run.s.engine.reuse = broken  # type: ignore[attr-defined]
+    choices = [Choice([i + 1, 2], 10, Sampling(), ignore_eos=True, out=i) for i in range(3)]
+    run.s.submit(choices)
+    run.step()
+    assert [type(run.of(i)[-1]) for i in range(3)] == [Failure, Failure, Failure]
+    assert "boom" in run.of(0)[-1].message
+    assert run.s.busy == 0 and run.s.waiting == 0 and sorted(run.s._free) == [0, 1]
+
+
 def test_prompts_prefilled_together_equal_one_by_one(trained_dir: Path) -> None:
     """StaticSlots.prefill_many (adjacent empty slots in one step) gives each prompt's logits and cache
     exactly as filling the slots one by one does; the scheduler uses it for prompts that arrive together."""

@@ -174,7 +174,14 @@ class Scheduler:
             while self._free and self._waiting:
                 c = self._waiting.popleft()
                 self.observer.admitted(now - c.t_submit)
-                self._admit(c)
+                try:
+                    self._admit(c)
+                except Exception:  # back in the queue, its slot free again: the failure reaches it
+                    if c.slot >= 0 and c.slot not in self._free:
+                        heapq.heappush(self._free, c.slot)
+                    c.slot, c._twin = -1, None
+                    self._waiting.appendleft(c)
+                    raise
                 self._holding[c.slot] = c
                 c._rng = np.random.default_rng(c.sampling.seed)
                 c._stream = TextStream(self.tok, c.stops)
