@@ -56,10 +56,13 @@ def measure(d: Path, rows: int, rounds: int, steps: int, seed: int = 0) -> dict[
         llg_np.fill_next_token_bitmask_par(executor, [(m.inner, i) for i, m in enumerate(ms)], out)
         masks.set_masks(ms, out)
 
-    def run(mode: str) -> float:
+    def refill() -> None:
         for s in range(rows):
             slots.free(s)
             slots.append(s, prompt)
+
+    def run(mode: str) -> float:
+        refill()
         ms = [grammars.matcher(grammar, json=True) for _ in range(rows)]
         tokens, times = np.ones(rows, dtype=np.int64), []
         background: dict[str, Callable[[list[Matcher]], Any]] = {
@@ -83,9 +86,7 @@ def measure(d: Path, rows: int, rounds: int, steps: int, seed: int = 0) -> dict[
                         continue
                     m.consume(int(rng.choice(ids)))
             if slots.length(0) > opened.engine.n_ctx - 8:
-                for s in range(rows):
-                    slots.free(s)
-                    slots.append(s, prompt)
+                refill()
         return statistics.median(times) * 1e3
 
     got: dict[str, list[float]] = {m: [] for m in MODES}

@@ -23,12 +23,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from bench_serve import WORK, interleaved, llama_server, model_dir
 from bench_tokenizer import big_corpus
+from profile_serve import metrics
 
 from gptport.machine import describe
 
@@ -47,12 +47,9 @@ SERVER = ("gptport_time_to_first_token_seconds_sum", "gptport_time_to_first_toke
 def server_totals(url: str) -> dict[str, float]:
     """SERVER's values from gptport's /metrics now; {} from a server without them (llama-server)."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
+        got = metrics(url)
     except OSError:
         return {}
-    got = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-           if line and not line.startswith("#")}
     return {k: got[k] for k in SERVER if k in got}
 
 

@@ -36,16 +36,18 @@ HERE = Path(__file__).resolve().parent
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def phases(url: str) -> dict[str, float]:
-    """The scheduler's seconds per phase, from /metrics."""
+def metrics(url: str) -> dict[str, float]:
+    """Every sample of the server's /metrics now, by its name with labels (`name{label="value"}`)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("gptport_scheduler_seconds_total{"):
-            name = line.split('phase="', 1)[1].split('"', 1)[0]
-            out[name] = float(line.rsplit(" ", 1)[1])
-    return out
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def phases(url: str) -> dict[str, float]:
+    """The scheduler's seconds per phase, from /metrics."""
+    prefix = 'gptport_scheduler_seconds_total{phase="'
+    return {k[len(prefix):-2]: v for k, v in metrics(url).items() if k.startswith(prefix)}
 
 
 def cpu_seconds(pid: int) -> float:
