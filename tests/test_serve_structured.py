@@ -83,6 +83,24 @@ def test_response_format_json_schema_on_both_endpoints(client: Any, model: str) 
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
 
 
+def test_text_format_is_unconstrained_and_json_object_holds_on_both_endpoints(server: Served, model: str) -> None:
+    for path, body in (("/v1/completions", {"prompt": "ka to ri"}), ("/v1/chat/completions", {"messages": MESSAGES})):
+        base = {"model": model, "max_tokens": 24, "temperature": 0.8, "seed": 5, **body}
+        replies = [server.post(path, {**base, **extra}) for extra in ({}, {"response_format": {"type": "text"}})]
+        assert [status for status, _ in replies] == [200, 200], replies
+        free, text = (out["choices"][0] for _, out in replies)
+        assert free == text  # "text" asks for what no response_format gives: the same seeded tokens
+        status, out = server.post(path, {**base, "max_tokens": 120, "response_format": {"type": "json_object"}})
+        assert status == 200, out
+        choice = out["choices"][0]
+        reply = choice["text"] if "text" in choice else choice["message"]["content"]
+        assert reply.startswith("{"), reply  # a JSON object from its first character
+        if choice["finish_reason"] == "stop":
+            assert isinstance(json.loads(reply), dict)
+        else:
+            assert choice["finish_reason"] == "length"
+
+
 def test_streamed_constrained_reply_equals_the_whole_one(server: Served, client: Any, model: str) -> None:
     body = {"model": model, "messages": MESSAGES, "max_tokens": 170, "temperature": 0, "response_format":
             schema_format(PERSON)}

@@ -105,12 +105,13 @@ schemas = obj(st.one_of(leaf(), array, obj(leaf())))
 
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(schema=schemas, temperature=st.sampled_from([0.0, 0.8]), seed=st.integers(0, 2**31))
+@given(schema=schemas, temperature=st.sampled_from([0.0, 0.8]), seed=st.integers(0, 2**31),
+       prompts=st.lists(st.text("abcdefghiklmnoprstu ,.?!'\n", min_size=1, max_size=40), min_size=2, max_size=2))
 def test_every_stopped_completion_validates_against_its_schema(opened: Any, grammars: Grammars,
                                                                 schema: dict[str, Any], temperature: float,
-                                                                seed: int) -> None:
+                                                                seed: int, prompts: list[str]) -> None:
     spec = Spec("json_schema", schema, "schema")
-    jobs = [(p, spec, Sampling(temperature=temperature, seed=seed + i)) for i, p in enumerate(PROMPTS[:2])]
+    jobs = [(p, spec, Sampling(temperature=temperature, seed=seed + i)) for i, p in enumerate(prompts)]
     run, choices = run_specs(opened, grammars, jobs)
     stopped = 0
     for c in choices:

@@ -257,17 +257,11 @@ def create_app(settings: Settings) -> Starlette:
         return await run(request, job)
 
     async def chat(request: Request) -> Response:
-        from jinja2 import TemplateError
-
         admit()
         body = await _body(request, settings.max_body)
         check_model(body)
         state.ready()
-        try:
-            job = protocol.chat_job(body, state.tok, state.n_ctx, settings.slots, state.render)
-        except TemplateError as e:
-            raise ApiError(400, f"'messages': the chat template refused them ({e})", "messages",
-                           "template_error") from e
+        job = protocol.chat_job(body, state.tok, state.n_ctx, settings.slots, state.render)  # template: chat.py
         job.model = settings.model_name
         return await run(request, job)
 

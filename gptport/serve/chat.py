@@ -18,7 +18,8 @@ the system messages offers them:
 
 an assistant's earlier calls are written back in that form after its content, and a tool's result
 is a "Tool: {content}" block. A Jinja template receives `tools` (the request's list) and the
-messages with their `tool_calls` and `tool_call_id`. No torch here.
+messages with their `tool_calls` and `tool_call_id`, and `raise_exception(message)` as transformers
+gives it; a template that refuses the messages is a 400 naming `messages`. No torch here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gptport.errors import ArtifactError
+from gptport.serve.api_error import ApiError
 from gptport.serve.tools import Tools, plain_block
 from gptport.tokenizer import EOT, HF_CONFIG_FILE
 
@@ -67,9 +69,18 @@ def renderer(model_dir: Path) -> tuple[Renderer, str]:
         raise ArtifactError(f"{path}: chat_template does not compile ({e})") from e
     bos, eos = config.get("bos_token") or EOT, config.get("eos_token") or EOT
 
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
     def render(messages: Messages, tools: Tools | None = None) -> tuple[str, list[str]]:
         given = [{k: v for k, v in m.items() if k != "tool_calls_text"} for m in messages]
-        return template.render(messages=given, tools=tools.raw if tools is not None else None,
-                               add_generation_prompt=True, bos_token=bos, eos_token=eos), []
+        try:
+            text = template.render(messages=given, tools=tools.raw if tools is not None else None,
+                                   add_generation_prompt=True, bos_token=bos, eos_token=eos,
+                                   raise_exception=raise_exception)
+        except TemplateError as e:
+            raise ApiError(400, f"'messages': the chat template refused them ({e})", "messages",
+                           "template_error") from e
+        return text, []
 
     return render, f"{HF_CONFIG_FILE} chat_template"
