@@ -328,3 +328,26 @@ def test_serve_draft_gives_the_plain_text(tmp_path: Path, trained_dir: Path, dra
                                (["--draft", str(other_tokenizer_dir)], 1, "--tokenizer-from")):
         run = cli("serve", str(trained_dir), "--port", str(free_port()), *extra)
         assert run.returncode == code and words in run.stderr and "Traceback" not in run.stderr, (extra, run.stderr)
+
+
+def lookup_reference(seq: list[int], n: int, k: int) -> list[int]:
+    """Prompt lookup written plainly: for n-gram sizes n..2, the latest earlier occurrence of the last
+    `size` tokens, and the k tokens after it."""
+    L = len(seq)
+    for size in range(min(n, L - 1), 1, -1):
+        tail = seq[L - size:]
+        for j in range(L - 2, size - 2, -1):
+            if seq[j - size + 1:j + 1] == tail:
+                return seq[j + 1:j + 1 + k]
+    return []
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(seq=st.one_of(st.lists(st.integers(0, 3), min_size=1, max_size=80),  # repeats: > LOOKUP_SCAN occurrences
+                     st.lists(st.integers(0, 40), min_size=1, max_size=80)),
+       n=st.integers(2, 5), k=st.integers(1, 8))
+def test_lookup_drafts_the_latest_longest_match(seq: list[int], n: int, k: int) -> None:
+    for given_as in (seq, tuple(seq), np.array(seq, dtype=np.int64)):
+        drafts, dists = LookupDrafter(n).propose(given_as, k, Sampling(), np.random.default_rng(0))  # type: ignore[arg-type]
+        assert drafts == lookup_reference(seq, n, k) and dists == [None] * len(drafts)
+        assert all(type(t) is int for t in drafts)

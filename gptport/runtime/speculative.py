@@ -36,6 +36,7 @@ K_START, K_MAX = 4, 16  # the adaptive draft length: where it starts and its bou
 # (a 2-layer draft's step: 0.136 ms on one thread, 0.32 ms on two, AMD EPYC, 2 cores)
 DRAFT_THREADS = 1
 LOOKUP_MIN = 2  # prompt lookup matches n-grams of LOOKUP_MIN..N tokens (one token matches too often to pay)
+LOOKUP_SCAN = 16  # earlier occurrences of the last token compared one by one; more: with numpy
 
 Drafts = tuple[list[int], list[np.ndarray | None]]  # the drafted tokens, and each one's draft distribution
 
@@ -157,9 +158,29 @@ class LookupDrafter:
         self.n = n
 
     def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
-        arr = np.asarray(seq, dtype=np.int64)
-        L = len(arr)
-        ends = np.flatnonzero(arr[:-1] == arr[-1])  # (m,) earlier positions of the last token: few, in text
+        seq = seq if isinstance(seq, list) else seq.tolist() if isinstance(seq, np.ndarray) else list(seq)
+        L, last, found = len(seq), seq[-1], []
+        # earlier positions of the last token, by list.index (a C loop): where it never occurred, the
+        # usual case when nothing matches, that is all a step pays (~2 µs at 500 tokens instead of the
+        # ~20 µs of converting the sequence to an array first)
+        j = -1
+        while len(found) <= LOOKUP_SCAN:
+            try:
+                j = seq.index(last, j + 1, L - 1)
+            except ValueError:
+                break
+            found.append(j)
+        if not found:
+            return [], []
+        if len(found) <= LOOKUP_SCAN:
+            for size in range(min(self.n, L - 1), LOOKUP_MIN - 1, -1):
+                for j in reversed(found):  # the latest occurrence first; its continuation starts after it
+                    if j >= size - 1 and all(seq[j - i] == seq[L - 1 - i] for i in range(1, size)):
+                        drafts = seq[j + 1:j + 1 + k]
+                        return drafts, [None] * len(drafts)
+            return [], []
+        arr = np.asarray(seq, dtype=np.int64)  # a token seen often: the candidates compared at once
+        ends = np.flatnonzero(arr[:-1] == arr[-1])  # (m,) earlier positions of the last token
         for size in range(min(self.n, L - 1), LOOKUP_MIN - 1, -1):
             cand = ends[ends >= size - 1]  # an n-gram ending at j: arr[j - size + 1 .. j] == the last `size`
             ok = np.ones(len(cand), dtype=bool)
