@@ -9,7 +9,9 @@ new tokens (64 for gpt2-124m), temperature 0.8 (and one user once more at temper
 16 slots, 2 threads, `--spin step` (serve's default).
 Writes benchmarks/results/serve-<shape>.json (medians over rounds, and every round). With several
 `--spin` modes, one gptport server per mode in the same rounds (serve-spin-<shape>.json); with several
-`--kv-dtype`s, one per cache type (serve-kv-<shape>.json).
+`--kv-dtype`s, one per cache type (serve-kv-<shape>.json). Each engine's fastest configuration side by
+side (gptport with int8 weights and the int8 cache, llama-server with Q8_0 weights and its cache types)
+is bench_best.py, which runs these servers with these helpers; the shared-prefix load is bench_prefix.py.
 
     python benchmarks/bench_serve.py [--shapes small,gpt2-124m] [--rounds 3] [--llama-server PATH]
     python benchmarks/bench_serve.py --shapes small --spin step,never,always
