@@ -28,6 +28,7 @@ import numpy as np
 from bench_serve import model_dir
 from bench_tokenizer import big_corpus
 
+from gptport.atomic import write_text
 from gptport.machine import describe, slug, vector_class
 from gptport.runtime.loader import open_model
 from gptport.runtime.slots import StaticSlots
@@ -113,9 +114,7 @@ def main() -> None:
               f"break-even {saved / per_free_row:.0f} steps (a request lives {args.new})" if per_free_row > 0 else
               f"  a free row in the span: no measurable cost; a reused prefix saves {saved:.1f} ms")
     out = HERE / "results" / f"decode-span-{slug(machine['cpu'])}-{vector_class(machine['isa'])}.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
+    write_text(out, json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from bench_serve import model_dir
 from bench_tokenizer import big_corpus
 
+from gptport.atomic import write_text
 from gptport.machine import describe, slug, vector_class
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
@@ -102,9 +103,7 @@ def main() -> None:
     print(f"prompt lookup / plain: {result['lookup_over_plain']:.3f} (rounds {', '.join(map(str, ratios))}); "
           f"{result['drafted']} tokens drafted over {result['new_tokens']} new tokens")
     out = HERE / "results" / f"lookup-nomatch-{slug(cpu)}-{vector_class(result['machine']['isa'])}.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
+    write_text(out, json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
 
