@@ -38,7 +38,7 @@ from tests.serving import (
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray Serve is not installed: pip install -e '.[ray]'")
-N_CTX = 1024  # long enough that a stream runs for a while on one thread
+N_CTX = 2048  # long enough that a stream outlasts a kill on a busy 2-core runner (1024 ran out: "too late")
 LONG = {"max_tokens": 10_000, "ignore_eos": True, "temperature": 0}
 # A driver of its own connects to the cluster, looks up the actors of the replicas named on its first stdin line,
 # and kills the one named on the second line when it comes (the kill is then one call: it lands while the load runs).
