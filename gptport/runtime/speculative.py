@@ -161,8 +161,8 @@ class LookupDrafter:
         seq = seq if isinstance(seq, list) else seq.tolist() if isinstance(seq, np.ndarray) else list(seq)
         L, last, found = len(seq), seq[-1], []
         # earlier positions of the last token, by list.index (a C loop): where it never occurred, the
-        # usual case when nothing matches, that is all a step pays (~2 µs at 500 tokens instead of the
-        # ~20 µs of converting the sequence to an array first)
+        # usual case when nothing matches, that is all a step pays (~4 µs at 511 tokens instead of the
+        # ~21 µs of converting the sequence to an array first)
         j = -1
         while len(found) <= LOOKUP_SCAN:
             try:
