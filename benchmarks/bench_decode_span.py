@@ -72,7 +72,6 @@ def one_round(engine: Any, cached: int, prefix: int, rest: int, repeat: int, rng
             slots.lengths[r] = slots.kept[r] = cached
     ids = rng.integers(1, vocab, prefix + rest)
     slots.free(0)
-    slots.lengths[0] = 0
     whole = median_ms(lambda: (slots.append(0, ids), slots.truncate(0, 0)), repeat)
     slots.append(0, ids[:prefix])
     out["append_rest_ms"] = median_ms(lambda: (slots.append(0, ids[prefix:]), slots.truncate(0, prefix)), repeat)

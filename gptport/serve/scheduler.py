@@ -173,7 +173,6 @@ class Scheduler:
             now = time.perf_counter()
             while self._free and self._waiting:
                 c = self._waiting.popleft()
-                self.observer.admitted(now - c.t_submit)
                 try:
                     self._admit(c)
                 except Exception:  # back in the queue, its slot free again: the failure reaches it
@@ -182,6 +181,7 @@ class Scheduler:
                     c.slot, c._twin = -1, None
                     self._waiting.appendleft(c)
                     raise
+                self.observer.admitted(now - c.t_submit)  # once, when it holds a slot (not per failed try)
                 self._holding[c.slot] = c
                 c._rng = np.random.default_rng(c.sampling.seed)
                 c._stream = TextStream(self.tok, c.stops)
