@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -21,11 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from gptport.load import server_proc
+from gptport.load.server_proc import free_port
 
 
 class Served:
@@ -69,27 +65,9 @@ def serve(model_dir: Path, log: Path, *args: str, env: dict[str, str] | None = N
           ) -> Iterator[Served]:
     """`gptport serve MODEL_DIR --port <free> ARGS` until /health says ok; SIGTERM (then SIGKILL) after."""
     port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gptport.cli.main", "serve", str(model_dir), "--port",
-                                 str(port), *args], stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})
-    served = Served(proc, f"http://127.0.0.1:{port}", log)
-    try:
-        deadline = time.monotonic() + wait
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gptport serve exited with {proc.returncode}: {log.read_text()}")
-            try:
-                if served.get("/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gptport serve did not come up in {wait} s: {log.read_text()}")
-            time.sleep(0.1)
-        yield served
-    finally:
-        stop(proc, signal.SIGTERM, 40, proc.kill)
+    cmd = [sys.executable, "-m", "gptport.cli.main", "serve", str(model_dir), "--port", str(port), *args]
+    with server_proc.running(cmd, server_proc.url_of(port), log, limit=wait, env=env, stop_timeout=40) as proc:
+        yield Served(proc, server_proc.url_of(port), log)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int, timeout: float, kill: Callable[[], None]) -> None:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,8 @@ from gptport import provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.export.gguf_export import export_gguf
+from gptport.load import server_proc
+from gptport.load.server_proc import free_port
 from tests.conftest import build_model_dir
 from tests.test_cli import _assert_one_line_error, gptport
 
@@ -291,12 +291,6 @@ def gptport_greedy(model_dir: Path, n: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in r.stdout.splitlines()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -304,30 +298,11 @@ def post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
-def wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            pytest.fail(f"llama-server exited {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"llama-server did not come up in {seconds:.0f} s")
-        time.sleep(0.2)
-
-
 def llama_server_greedy(binary: Path, gguf_path: Path, n: int) -> list[dict[str, Any]]:
     """Greedy completions from llama-server's /completion (token ids returned), its log beside the model."""
     port, log = free_port(), gguf_path.with_suffix(".server.log")
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen([str(binary), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", str(port),
-                                 "-np", "1", "-t", "2"], stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(proc, port, log)
+    cmd = [str(binary), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-t", "2"]
+    with server_proc.running(cmd, server_proc.url_of(port), log, limit=60, stop_timeout=10):
         out = []
         for prompt in PROMPTS:
             r = post(port, "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0, "top_k": 1,
@@ -335,13 +310,6 @@ def llama_server_greedy(binary: Path, gguf_path: Path, n: int) -> list[dict[str,
             prompt_ids = post(port, "/tokenize", {"content": prompt})["tokens"]
             out.append({"token_ids": r["tokens"], "text": r["content"], "prompt_ids": prompt_ids})
         return out
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def llama_simple_greedy(binary: Path, gguf_path: Path, n: int) -> list[dict[str, Any]]:
