@@ -10,16 +10,22 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gptport"
 
-# The layers from the bottom up. A module imports its own layer and the layers below it, never one
-# above or beside it: serve and training both sit on runtime and do not see each other; export checks
-# the torch side against the runtime, so it sits above both; the CLI picks between them.
+# The layers from the bottom up, one per folder of the package (a subfolder is a layer of its own; the
+# top-level modules are base). A module imports its own layer and the layers below it, never one above
+# or beside it: serve and training both sit on runtime and do not see each other; serve/engine, the
+# batching engine, sees nothing of serve's HTTP surface above it; serve/ray runs that surface on Ray
+# Serve; load, the client side, knows the server only by its HTTP API; export checks the torch side
+# against the runtime, so it sits above both; the CLI picks between them.
 BELOW: dict[str, frozenset[str]] = {
     "base": frozenset(),
     "runtime": frozenset({"base"}),
-    "serve": frozenset({"base", "runtime"}),
+    "serve/engine": frozenset({"base", "runtime"}),
+    "serve": frozenset({"base", "runtime", "serve/engine"}),
+    "serve/ray": frozenset({"base", "runtime", "serve/engine", "serve"}),
+    "load": frozenset({"base"}),
     "training": frozenset({"base", "runtime"}),
     "export": frozenset({"base", "runtime", "training"}),
-    "cli": frozenset({"base", "runtime", "serve", "training", "export"}),
+    "cli": frozenset({"base", "runtime", "serve/engine", "serve", "serve/ray", "load", "training", "export"}),
 }
 TORCH_SIDE = frozenset({"training", "export"})  # every other layer is torch-free
 
@@ -43,15 +49,19 @@ def modules() -> list[str]:
 
 
 def layer(module: str) -> str:
-    """The layer of a dotted gptport module name: its subpackage, or base for the top-level modules."""
-    parts = module.split(".")
+    """The layer of a dotted gptport module name: the folder that holds it under gptport/ ("serve/engine"),
+    or base for the top-level modules."""
     if module == "gptport.__main__":  # `python -m gptport` and torchrun's `-m gptport`: the CLI's entry
         return "cli"
-    if len(parts) >= 2 and (PACKAGE / parts[1]).is_dir():
-        if parts[1] not in BELOW:
-            raise AssertionError(f"gptport/{parts[1]}/ is a folder that tests/layout.py gives no layer")
-        return parts[1]
-    return "base"
+    folders: list[str] = []
+    for part in module.split(".")[1:]:
+        if not PACKAGE.joinpath(*folders, part).is_dir():
+            break
+        folders.append(part)
+    name = "/".join(folders) or "base"
+    if name not in BELOW:
+        raise AssertionError(f"gptport/{name}/ is a folder that tests/layout.py gives no layer")
+    return name
 
 
 def source(module: str) -> Path:
@@ -74,7 +84,12 @@ def imports(module: str) -> list[Import]:
     return out
 
 
+def crosses(i: Import) -> bool:
+    """Whether an import reaches a layer above or beside its module's own."""
+    own, target = layer(i.module), layer(i.target)
+    return target != own and target not in BELOW[own]
+
+
 def upward(module: str) -> list[Import]:
     """The imports of `module` that reach a layer above or beside its own."""
-    own = layer(module)
-    return [i for i in imports(module) if layer(i.target) != own and layer(i.target) not in BELOW[own]]
+    return [i for i in imports(module) if crosses(i)]

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from gptport.errors import UsageError
-from gptport.serve import loadgen, loadstats
-from gptport.serve.loadstats import RequestRecord
+from gptport.load import loadgen, loadstats
+from gptport.load.loadstats import RequestRecord
 
 # ---- the metric functions ---------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from gptport.runtime.loader import open_model
 from gptport.runtime.providers import probe
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import open_slots
-from gptport.serve.events import Failure
-from gptport.serve.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.events import Failure
+from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 99},

@@ -35,7 +35,7 @@ def loaded_after_import(modules: list[str]) -> dict[str, list[str]]:
 def torch_free_modules() -> list[str]:
     # ray_app needs the ray extra (tested below where Ray is installed); importing __main__ runs the CLI
     # (its one import, gptport.cli.main, is probed)
-    skip = {"gptport.serve.ray_app", "gptport.__main__"}
+    skip = {"gptport.serve.ray.ray_app", "gptport.__main__"}
     return [m for m in layout.modules() if layout.layer(m) not in layout.TORCH_SIDE and m not in skip]
 
 
@@ -48,7 +48,7 @@ def test_the_layers_cover_the_package() -> None:
     """Each side of the boundary holds what it should: the check below walks real modules."""
     found = {layout.layer(m) for m in layout.modules()}
     assert found == set(layout.BELOW), found
-    assert {"gptport.runtime.onnx_engine", "gptport.serve.scheduler", "gptport.cli.generate_cmd",
+    assert {"gptport.runtime.onnx_engine", "gptport.serve.engine.scheduler", "gptport.cli.generate_cmd",
             "gptport.tokenizer"} <= set(torch_free_modules())
     assert "gptport.training.model" not in torch_free_modules()
 
@@ -76,13 +76,34 @@ def test_no_import_runs_upward() -> None:
     assert not bad, "imports that run upward or sideways between the layers:\n" + "\n".join(bad)
 
 
+def test_the_rules_keep_each_layer_in_its_place() -> None:
+    """The rules themselves, over the modules on disk: the batching engine importing any module of serve/
+    (the HTTP app, its request protocol) runs upward, as does serve/ importing the Ray deployment and the
+    load tools importing anything of the server; the Ray deployment may import the HTTP app, and serve/
+    the engine."""
+    by_layer: dict[str, list[str]] = {}
+    for m in layout.modules():
+        by_layer.setdefault(layout.layer(m), []).append(m)
+    engine, http, ray, load = (by_layer[name] for name in ("serve/engine", "serve", "serve/ray", "load"))
+    assert "gptport.serve.app" in http and "gptport.serve.engine.scheduler" in engine
+
+    def crossing(sources: list[str], targets: list[str]) -> set[bool]:
+        return {layout.crosses(layout.Import(s, t, 1)) for s in sources for t in targets}
+
+    assert crossing(engine, http) == {True}
+    assert crossing(http, ray) == {True}
+    assert crossing(load, [*engine, *http, *ray]) == {True}
+    assert crossing(ray, [*http, *engine]) == {False}
+    assert crossing(http, engine) == {False}
+
+
 def test_ray_app_loads_no_torch() -> None:
     """The Ray Serve application (Ray imported with it) keeps serving torch-free."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray Serve is not installed: pip install -e '.[ray]'")
-    assert "torch" not in loaded_after_import(["gptport.serve.ray_app"])["gptport.serve.ray_app"]
+    assert "torch" not in loaded_after_import(["gptport.serve.ray.ray_app"])["gptport.serve.ray.ray_app"]
 
 
 def test_serve_answers_with_torch_unimportable(tmp_path: Path, trained_dir: Path) -> None:

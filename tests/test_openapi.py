@@ -24,7 +24,7 @@ from gptport.serve import fields, openapi, protocol, tokenize
 from gptport.serve.api_error import ApiError
 from gptport.serve.app import Settings, create_app
 from gptport.serve.chat import plain
-from gptport.serve.events import Finish, Piece
+from gptport.serve.engine.events import Finish, Piece
 from gptport.serve.openapi_schemas import CODES_400, REQUESTS, Limits, request_body
 from gptport.serve.responses import Collector, stream_chunks
 from tests import openapi_check

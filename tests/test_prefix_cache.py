@@ -15,7 +15,7 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
-from gptport.serve.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 
 
 @pytest.fixture(scope="module")

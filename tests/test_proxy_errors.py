@@ -1,4 +1,4 @@
-"""The proxy's error middleware (gptport.serve.proxy_errors): what a proxy in front of the replicas answers itself
+"""The proxy's error middleware (gptport.serve.ray.proxy_errors): what a proxy in front of the replicas answers itself
 becomes OpenAI's error object; a stream cut off mid-way ends with an error event and [DONE]. Driven with fake
 inner apps (no Ray)."""
 
@@ -8,7 +8,7 @@ import asyncio
 import json
 from typing import Any
 
-from gptport.serve.proxy_errors import OpenAIErrors
+from gptport.serve.ray.proxy_errors import OpenAIErrors
 from tests.serving import assert_error
 
 

@@ -16,7 +16,7 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import ConcatSlots, StaticSlots, open_slots
-from gptport.serve.scheduler import Choice, Failure, Finish, Scheduler
+from gptport.serve.engine.scheduler import Choice, Failure, Finish, Scheduler
 
 CACHES = ["static", "concat"]
 

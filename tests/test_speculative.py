@@ -20,9 +20,9 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling, probs
 from gptport.runtime.speculative import Drafts, LookupDrafter, ModelDrafter, SpecStats, speculate
-from gptport.serve.drafting import Drafting
-from gptport.serve.events import Observer
-from gptport.serve.scheduler import Choice
+from gptport.serve.engine.drafting import Drafting
+from gptport.serve.engine.events import Observer
+from gptport.serve.engine.scheduler import Choice
 from tests.conftest import SYLLABLES, build_model_dir, make_text
 from tests.serving import free_port, serve
 from tests.test_slots import Run

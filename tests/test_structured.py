@@ -20,8 +20,8 @@ from gptport.runtime.constraint import Grammars, Masks, Spec
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import open_slots
-from gptport.serve import scheduler as scheduler_module
-from gptport.serve.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine import scheduler as scheduler_module
+from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 
 PROMPTS = ["ka to ri", "so ne ma lu", "the answer is", "ri"]
 

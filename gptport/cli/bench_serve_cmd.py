@@ -52,7 +52,7 @@ def bench_serve(
     from rich.markup import escape
 
     from gptport import atomic
-    from gptport.serve import loadgen
+    from gptport.load import loadgen
 
     settings = loadgen.Settings(
         url=url, model=model, concurrency=loadgen.parse_concurrency(concurrency),

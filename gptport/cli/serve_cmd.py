@@ -109,7 +109,7 @@ def serve(
         if limits != Limits():
             raise UsageError("--max-connections, --header-timeout and --keep-alive bound gptport's own HTTP server, "
                              "not Ray's proxy")
-        from gptport.serve import ray_cluster
+        from gptport.serve.ray import ray_cluster
 
         settings.threads = settings.threads or 1  # a replica's CPUs
         sys.exit(ray_cluster.run(settings, host, port, say, replicas, autoscale, ray_address))

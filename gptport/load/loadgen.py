@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptport.errors import InputError, UsageError
+from gptport.load.loadstats import RequestRecord, level_metrics
 from gptport.machine import describe
-from gptport.serve.loadstats import RequestRecord, level_metrics
 
 WORDS = """the of and to in is was for on that with as by at from his her they this have had not are but
 be one all which their were when more time about out there so up who would been she will if them can

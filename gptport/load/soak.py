@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gptport.errors import InputError, UsageError
-from gptport.serve.soak_mix import CHAT, Kind, Outcome, Server, default_mix, send
+from gptport.load.soak_mix import CHAT, Kind, Outcome, Server, default_mix, send
 
 MAX_EXAMPLES = 20  # unexpected outcomes kept in the results, per run
 

@@ -1,4 +1,4 @@
-"""The soak's request mix (`gptport.serve.soak`): kinds of request, each with the statuses it may get, and
+"""The soak's request mix (`gptport.load.soak`): kinds of request, each with the statuses it may get, and
 one request sent and checked. No torch; aiohttp.
 
 A good request expects 200 and a well-formed answer (a stream ends in one [DONE] with every choice
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from gptport.serve.loadgen import WORDS
+from gptport.load.loadgen import WORDS
 
 LEFT = 0  # the client left on purpose before any status came
 FAILED = -1  # no status: the connection failed or timed out (never expected)

@@ -1,1 +1,1 @@
-"""Serving: the OpenAI-compatible server and its load generator."""
+"""Serving: the OpenAI-compatible HTTP server over the batching engine (engine/), and on Ray Serve (ray/)."""

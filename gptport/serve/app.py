@@ -31,11 +31,11 @@ from starlette.routing import Route
 from gptport.errors import GptportError
 from gptport.page_style import styled
 from gptport.serve import guard, openapi, protocol, startup
-from gptport.serve.drafting import Drafting
+from gptport.serve.engine.drafting import Drafting
+from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
 from gptport.serve.responses import Collector, stream_chunks
-from gptport.serve.scheduler import Choice, Finish, Scheduler
 
 log = logging.getLogger("gptport.serve")
 PUBLIC = {"/health", "/", "/openapi.json"}  # no API key: the page's own calls carry the key the user types

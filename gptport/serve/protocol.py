@@ -17,7 +17,7 @@ from gptport.runtime.constraint import Spec
 from gptport.runtime.sampling import Sampling
 from gptport.serve import fields as request_fields
 from gptport.serve.api_error import ApiError, bad
-from gptport.serve.events import TokenLogprob
+from gptport.serve.engine.events import TokenLogprob
 from gptport.serve.structured import output_spec
 from gptport.serve.tools import Tools, call_text, parse_tools, reply_spec
 from gptport.tokenizer import BPETokenizer

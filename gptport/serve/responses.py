@@ -9,7 +9,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from gptport.serve.events import Failure, Finish, Piece, PromptLogprobs, TokenLogprob
+from gptport.serve.engine.events import Failure, Finish, Piece, PromptLogprobs, TokenLogprob
 from gptport.serve.protocol import ApiError, Job, chat_logprobs, completion_logprobs, envelope, usage
 from gptport.serve.tools import maybe_call, read_call
 from gptport.tokenizer import BPETokenizer

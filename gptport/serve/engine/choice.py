@@ -12,7 +12,7 @@ import numpy as np
 from gptport.runtime.constraint import Matcher
 from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import Sampling
-from gptport.serve.events import TokenLogprob
+from gptport.serve.engine.events import TokenLogprob
 
 
 @dataclass(eq=False)

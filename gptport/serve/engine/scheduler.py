@@ -30,10 +30,10 @@ from gptport.runtime.constraint import Masks
 from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import choose_rows, logprob_entries
 from gptport.runtime.slots import SlotEngine
-from gptport.serve import prefix
-from gptport.serve.choice import Choice
-from gptport.serve.drafting import Drafting
-from gptport.serve.events import Event, Failure, Finish, Observer, Piece, PromptLogprobs
+from gptport.serve.engine import prefix
+from gptport.serve.engine.choice import Choice
+from gptport.serve.engine.drafting import Drafting
+from gptport.serve.engine.events import Event, Failure, Finish, Observer, Piece, PromptLogprobs
 from gptport.tokenizer import BPETokenizer
 
 log = logging.getLogger("gptport.serve")

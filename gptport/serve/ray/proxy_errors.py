@@ -77,7 +77,7 @@ class OpenAIErrors:
 
 
 def proxy_middlewares() -> list[Any]:
-    """For RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=gptport.serve.proxy_errors:proxy_middlewares."""
+    """For RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=gptport.serve.ray.proxy_errors:proxy_middlewares."""
     from starlette.middleware import Middleware
 
     return [Middleware(OpenAIErrors)]

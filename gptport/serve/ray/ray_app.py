@@ -5,7 +5,7 @@ Ray Serve's proxy routes requests among the replicas. No torch here.
 
 For Ray's own tooling (the builder takes the options as key=value strings):
 
-    serve run gptport.serve.ray_app:app model_dir=models/mymodel replicas=2 threads=1
+    serve run gptport.serve.ray.ray_app:app model_dir=models/mymodel replicas=2 threads=1
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 
 
 def app(args: dict[str, str]) -> Application:
-    """The application builder for `serve run gptport.serve.ray_app:app model_dir=DIR [replicas=N |
+    """The application builder for `serve run gptport.serve.ray.ray_app:app model_dir=DIR [replicas=N |
     autoscale=MIN:MAX] [threads=N slots=N max_queue=N precision=... kv_cache=... model_name=... api_key=...
     spin=step|always|never]`."""
     from gptport.serve.server import check
@@ -137,6 +137,6 @@ def app(args: dict[str, str]) -> Application:
         if name in args:
             setattr(settings, name, kind(args.pop(name)))
     if args:
-        raise UsageError(f"unknown option(s) {', '.join(sorted(args))}; see gptport.serve.ray_app.app")
+        raise UsageError(f"unknown option(s) {', '.join(sorted(args))}; see gptport.serve.ray.ray_app.app")
     check(settings)
     return build_app(settings, replicas, autoscale)
