@@ -45,6 +45,24 @@ def test_open_slots_picks_the_graphs_layout(opened: Any) -> None:
     assert isinstance(open_slots(opened.engine, 2), kind)
 
 
+def test_slots_declare_what_they_do(opened: Any) -> None:
+    """The scheduler asks the capabilities, not the methods: the static cache does every optional method
+    (prefix caching, prompts filled together, a last prompt token joining the decode step); the concat
+    cache declares none, and each of its optional methods says so by name."""
+    slots = open_slots(opened.engine, 2)
+    static = opened.cache == "static"
+    assert (slots.supports_reuse, slots.supports_prefill_many, slots.supports_join) == (static,) * 3
+    if static:
+        return
+    ids = np.array([1, 2, 3], dtype=np.int64)
+    for call in (lambda: slots.cached([0], [1, 2]), lambda: slots.reuse(0, [1, 2]), lambda: slots.copy(0, 1, 1),
+                 lambda: slots.truncate(0, 0), lambda: slots.prefill_many(0, [ids])):
+        with pytest.raises(NotImplementedError, match="ConcatSlots"):
+            call()
+    scheduler = Scheduler(slots, opened.tok, lambda events: None, prefix_cache=True)
+    assert not scheduler.prefix_cache  # asked for, but the concat cache keeps nothing
+
+
 def test_slots_give_each_row_its_alone_logits(opened: Any) -> None:
     """Three sequences in slots 0, 2 and 3 join and leave at different steps; each decode's logits are
     the batch-1 run's."""

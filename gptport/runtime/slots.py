@@ -28,10 +28,18 @@ from gptport.runtime.static_cache import DecodeStep
 
 
 class SlotEngine(Protocol):
-    """What the scheduler needs of a model: S slots of n_ctx positions each."""
+    """What the scheduler needs of a model: S slots of n_ctx positions each. length, append, decode and
+    free are what every slot engine does; the capabilities below say which of the optional methods work
+    (the others raise NotImplementedError), so the scheduler asks them rather than probing for methods."""
 
     n_ctx: int
     slots: int
+    # cached, reuse, copy and truncate: a freed slot keeps its cache, and positions are shared or rolled back
+    supports_reuse: bool = False
+    # prefill_many: whole prompts into adjacent empty slots in one step
+    supports_prefill_many: bool = False
+    # decode takes a slot whose prompt is one token short, beside the decoding ones (its last token joins the step)
+    supports_join: bool = False
 
     def length(self, slot: int) -> int:
         """Positions the slot holds."""
@@ -49,9 +57,32 @@ class SlotEngine(Protocol):
         """Forget the slot's sequence; its positions are reused by the next append."""
         ...
 
+    def cached(self, slots: Sequence[int], ids: Sequence[int]) -> np.ndarray:
+        """For each slot, how many of ids' first tokens its kept cache holds (k,) (supports_reuse)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no cache of freed slots")
 
-class StaticSlots:
-    """Slots as rows of the static-cache graph's preallocated cache (CPU, float32)."""
+    def reuse(self, slot: int, ids: Sequence[int]) -> int:
+        """Take up a free slot's kept cache for a prompt; the positions reused (supports_reuse)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no cache of freed slots")
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        """Give the free slot dst the first `length` positions of src's cache (supports_reuse)."""
+        raise NotImplementedError(f"{type(self).__name__} copies no cache between slots")
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the slot's first `length` positions (supports_reuse)."""
+        raise NotImplementedError(f"{type(self).__name__} rolls no positions back")
+
+    def prefill_many(self, lo: int, prompts: Sequence[np.ndarray]) -> np.ndarray:
+        """Whole prompts into the empty slots lo, lo+1, ... in one step: logits (k, V) (supports_prefill_many)."""
+        raise NotImplementedError(f"{type(self).__name__} prefills one slot at a time")
+
+
+class StaticSlots(SlotEngine):
+    """Slots as rows of the static-cache graph's preallocated cache (CPU, float32). Its decode step takes
+    any rows that hold positions, so it does all the optional methods."""
+
+    supports_reuse = supports_prefill_many = supports_join = True
 
     def __init__(self, session: Any, config: ModelConfig, slots: int, dtype: np.dtype = FLOAT32) -> None:
         self.session, self.slots = session, slots
@@ -206,9 +237,10 @@ def _host(value: Any) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
 
 
-class ConcatSlots:
+class ConcatSlots(SlotEngine):
     """Slots over any engine's step function: the decoding slots' caches are one left-padded batch
-    (B, H, P, hd) with its attention mask (B, P); a slot being filled keeps a cache of its own."""
+    (B, H, P, hd) with its attention mask (B, P); a slot being filled keeps a cache of its own. None of
+    the optional methods: a freed slot's cache is cut out of the batch."""
 
     def __init__(self, engine: Engine, slots: int) -> None:
         self.engine, self.slots, self.n_ctx = engine, slots, engine.n_ctx

@@ -13,6 +13,7 @@ from gptport.runtime.constraint import Matcher
 from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import Sampling
 from gptport.serve.engine.events import TokenLogprob
+from gptport.tokenizer import BPETokenizer
 
 
 @dataclass(eq=False)
@@ -38,9 +39,15 @@ class Choice:
     t_submit: float = 0.0
     t_last: float = 0.0
     cached: int = 0  # prompt positions taken from a kept or copied cache instead of prefilled
-    _twin: Choice | None = None  # a choice whose first `_share` prompt positions this one copies (prefix.py)
-    _share: int = 0
-    _first: np.ndarray | None = None  # the logits (1, V) its first token came from (prefix caching)
-    _rng: np.random.Generator | None = None
-    _stream: TextStream | None = None
-    _prompt_lp: list[TokenLogprob] = field(default_factory=list)
+    twin: Choice | None = None  # a choice whose first `share` prompt positions this one copies (prefix.py)
+    share: int = 0
+    first_logits: np.ndarray | None = None  # the logits (1, V) its first token came from (prefix caching)
+    rng: np.random.Generator | None = None  # its own generator, seeded by sampling.seed (from start)
+    text_stream: TextStream | None = None  # its tokens detokenized, stop strings held back (from start)
+    prompt_lp: list[TokenLogprob] = field(default_factory=list)
+
+    def start(self, tok: BPETokenizer) -> None:
+        """Begin generating, once the choice holds a slot: a fresh generator from its seed, and a text
+        stream over its stop strings."""
+        self.rng = np.random.default_rng(self.sampling.seed)
+        self.text_stream = TextStream(tok, self.stops)

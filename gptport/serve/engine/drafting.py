@@ -10,11 +10,15 @@ adjusted before sampling, which the accept/resample rule does not see.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gptport.runtime.speculative import K_MAX, K_START, Drafter, verify
+
+if TYPE_CHECKING:
+    from gptport.runtime.slots import SlotEngine
+    from gptport.serve.engine.choice import Choice
 
 
 class Drafting:
@@ -25,11 +29,11 @@ class Drafting:
         self.drafter, self.fixed = drafter, draft_tokens
         self.k = draft_tokens or K_START
 
-    def eligible(self, c: Any) -> bool:
+    def eligible(self, c: Choice) -> bool:
         """Whether this lone decoding choice may draft."""
         return c.matcher is None and not c.logit_bias
 
-    def step(self, engine: Any, c: Any, observer: Any) -> tuple[np.ndarray, list[int] | None]:
+    def step(self, engine: SlotEngine, c: Choice, observer: Any) -> tuple[np.ndarray, list[int] | None]:
         """One step of the model for choice c (its slot on a StaticSlots engine): the logits (T, V) of the
         positions whose tokens come now, and those tokens (the drafts that stood and the model's own
         after them), or None when nothing was drafted and the one row of logits is still to be sampled.
@@ -39,7 +43,7 @@ class Drafting:
         # room for the drafts and one more: the last token emitted is never the one that fills n_ctx
         want = min(self.k, engine.n_ctx - length - 2, c.max_tokens - len(c.new_ids) - 1)
         t0 = time.perf_counter()
-        drafts, dists = self.drafter.propose(seq, want, c.sampling, c._rng) if want > 0 else ([], [])
+        drafts, dists = self.drafter.propose(seq, want, c.sampling, c.rng) if want > 0 else ([], [])
         t1 = time.perf_counter()
         observer.phase("draft", t1 - t0)
         if not drafts:
@@ -48,7 +52,7 @@ class Drafting:
             return logits, None
         logits = engine.append(c.slot, np.asarray([seq[-1], *drafts], dtype=np.int64), all_logits=True)  # (T, V)
         observer.phase("decode", time.perf_counter() - t1)
-        accepted, own = verify(logits, drafts, dists, c.sampling, c._rng, seq)
+        accepted, own = verify(logits, drafts, dists, c.sampling, c.rng, seq)
         engine.truncate(c.slot, length + 1 + len(accepted))
         observer.drafts(len(drafts), len(accepted))
         if self.fixed is None:

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gptport.runtime.slots import SlotEngine
+    from gptport.serve.engine.choice import Choice
 
 
 def _shared(ids: list[int], other: list[int]) -> int:
@@ -29,10 +33,10 @@ def _shared(ids: list[int], other: list[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def admit(engine: Any, c: Any, free: list[int], holding: Iterable[Any], observer: Any) -> None:
+def admit(engine: SlotEngine, c: Choice, free: list[int], holding: Iterable[Choice], observer: Any) -> None:
     """Give choice c one of the `free` slots (a heap, changed in place) and set how much of its prompt is
-    there already (c.cached, c.filled), or the choice it copies that much from once it holds it (c._twin,
-    c._share): whichever gives the longer prefix, a kept cache on a tie (no copy)."""
+    there already (c.cached, c.filled), or the choice it copies that much from once it holds it (c.twin,
+    c.share): whichever gives the longer prefix, a kept cache on a tie (no copy)."""
     ids = c.prompt_ids
     order = sorted(free)
     held = engine.cached(order, ids)  # (F,)
@@ -51,22 +55,22 @@ def admit(engine: Any, c: Any, free: list[int], holding: Iterable[Any], observer
             observer.cached(c.cached)
         return
     c.slot = heapq.heappop(free)  # its kept cache, if any, is overwritten by the copy
-    c._twin, c._share = source, share
+    c.twin, c.share = source, share
 
 
-def resolve(engine: Any, c: Any, observer: Any) -> bool:
+def resolve(engine: SlotEngine, c: Choice, observer: Any) -> bool:
     """Copy the prefix choice c waits for once its source holds it (True), or let c prefill on its own
     when the source has left (True); False while c must still wait."""
-    src = c._twin
+    src = c.twin
     if src.slot < 0:
-        c._twin = None
+        c.twin = None
         return True
-    if src.filled < c._share:
+    if src.filled < c.share:
         return False
-    engine.copy(src.slot, c.slot, c._share)
-    c.cached = c.filled = c._share
-    if c._share == len(c.prompt_ids):
-        c._first = src._first  # the same prompt: its first token comes from the same logits
-    observer.cached(c._share)
-    c._twin = None
+    engine.copy(src.slot, c.slot, c.share)
+    c.cached = c.filled = c.share
+    if c.share == len(c.prompt_ids):
+        c.first_logits = src.first_logits  # the same prompt: its first token comes from the same logits
+    observer.cached(c.share)
+    c.twin = None
     return True

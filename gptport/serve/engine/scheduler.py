@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from gptport.runtime.constraint import Masks
-from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import choose_rows, logprob_entries
 from gptport.runtime.slots import SlotEngine
 from gptport.serve.engine import prefix
@@ -47,7 +46,7 @@ class Scheduler:
                  max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
                  masks: Masks | None = None, drafting: Drafting | None = None, prefix_cache: bool = True) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
-        self.prefix_cache = prefix_cache and hasattr(slots, "reuse")  # StaticSlots only
+        self.prefix_cache = prefix_cache and slots.supports_reuse  # StaticSlots only
         self.drafting = drafting  # speculative steps while one row decodes alone (a StaticSlots engine)
         self.masks = masks  # None: constrained choices are refused at submit
         self.max_queue, self.prefill_chunk = max_queue, max(1, prefill_chunk)
@@ -159,7 +158,7 @@ class Scheduler:
             del self._holding[c.slot]
             heapq.heappush(self._free, c.slot)
             c.slot = -1
-            c._first = None
+            c.first_logits = None
 
     def _iteration(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None = None) -> None:
         with self._cond:  # cancelled choices leave, waiting ones take the free slots
@@ -178,13 +177,12 @@ class Scheduler:
                 except Exception:  # back in the queue, its slot free again: the failure reaches it
                     if c.slot >= 0 and c.slot not in self._free:
                         heapq.heappush(self._free, c.slot)
-                    c.slot, c._twin = -1, None
+                    c.slot, c.twin = -1, None
                     self._waiting.appendleft(c)
                     raise
                 self.observer.admitted(now - c.t_submit)  # once, when it holds a slot (not per failed try)
                 self._holding[c.slot] = c
-                c._rng = np.random.default_rng(c.sampling.seed)
-                c._stream = TextStream(self.tok, c.stops)
+                c.start(self.tok)
                 self._filling.append(c)
         if self.masks is not None:  # the masks of this iteration's samples, while the model runs
             self._masking = self.masks.start([c.matcher for c in (*self._filling, *self._decoding) if c.matcher])
@@ -210,16 +208,16 @@ class Scheduler:
         budget = self.prefill_chunk
         batched: set[int] = set()
         self._joining = []
-        if hasattr(self.engine, "prefill_many"):
+        if self.engine.supports_prefill_many:
             budget, batched = self._prefill_together(budget, events, early)
         for c in self._filling:
             if id(c) in batched:
                 continue
-            if c._twin is not None:
+            if c.twin is not None:
                 if not prefix.resolve(self.engine, c, self.observer):
                     continue
                 if c.filled == len(c.prompt_ids):  # a copy of the whole prompt: its source's first logits
-                    self._first_tokens([(c, c._first)], events, early)  # type: ignore[list-item]
+                    self._first_tokens([(c, c.first_logits)], events, early)  # type: ignore[list-item]
                     continue
             if budget <= 0:
                 continue  # later choices may still copy what earlier ones hold
@@ -240,9 +238,10 @@ class Scheduler:
         self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
 
     def _can_join(self, c: Choice) -> bool:
-        """Whether c's last prompt token can be one row of the decode step: a static cache (its decode step
-        takes any rows that hold positions), something cached before it, no prompt logprobs to compute."""
-        return c.filled > 0 and not c.prompt_logprobs and hasattr(self.engine, "prefill_many")
+        """Whether c's last prompt token can be one row of the decode step: an engine whose decode step takes
+        it (a static cache: any rows that hold positions), something cached before it, no prompt logprobs
+        to compute."""
+        return c.filled > 0 and not c.prompt_logprobs and self.engine.supports_join
 
     def _first_tokens(self, done: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
                       early: Callable[..., None] | None) -> None:
@@ -250,9 +249,9 @@ class Scheduler:
         first tokens, and hand the events over now when `early` is given."""
         for c, logits in done:
             if self.prefix_cache:
-                c._first = logits  # for choices of the same prompt that copy this one later
+                c.first_logits = logits  # for choices of the same prompt that copy this one later
             if c.prompt_logprobs:
-                events.append((c.out, PromptLogprobs(c._prompt_lp)))
+                events.append((c.out, PromptLogprobs(c.prompt_lp)))
         now = time.perf_counter()
         for c, _ in done:
             self.observer.first_token(now - c.t_submit)
@@ -267,7 +266,7 @@ class Scheduler:
         the budget left and the choices done (their first tokens sampled)."""
         whole, left = [], budget
         for c in self._filling:  # admission order, as far as whole prompts fit
-            if c._twin is not None or (c.filled and c.filled == c.cached):  # copies, or the rest of a kept prefix
+            if c.twin is not None or (c.filled and c.filled == c.cached):  # copies, or the rest of a kept prefix
                 continue
             if c.filled or c.prompt_logprobs or len(c.prompt_ids) > left:
                 break
@@ -283,8 +282,8 @@ class Scheduler:
         batched: set[int] = set()
         done: list[tuple[Choice, np.ndarray]] = []
         for run in (r for r in runs if len(r) > 1):
-            logits = self.engine.prefill_many(  # type: ignore[attr-defined]
-                run[0].slot, [np.asarray(c.prompt_ids, dtype=np.int64) for c in run])  # (k, V)
+            prompts = [np.asarray(c.prompt_ids, dtype=np.int64) for c in run]
+            logits = self.engine.prefill_many(run[0].slot, prompts)  # (k, V)
             for c, row in zip(run, logits, strict=True):
                 c.filled = len(c.prompt_ids)
                 budget -= c.filled
@@ -298,9 +297,9 @@ class Scheduler:
     def _prompt_logprobs(self, c: Choice, logits: np.ndarray) -> None:
         """Log-probabilities of the prompt's tokens under the logits of the positions before them."""
         if c.filled == 0:
-            c._prompt_lp = [(c.prompt_ids[0], None, [])]
+            c.prompt_lp = [(c.prompt_ids[0], None, [])]
         nxt = c.prompt_ids[c.filled + 1:c.filled + len(logits) + 1]  # the tokens these positions predict
-        c._prompt_lp += logprob_entries(logits[:len(nxt)], nxt, c.logprobs or 0)
+        c.prompt_lp += logprob_entries(logits[:len(nxt)], nxt, c.logprobs or 0)
 
     def _decode(self, events: list[tuple[Any, Event]]) -> None:
         """One step over every decoding row and every joining one (a prompt's last token: a prompt whose
@@ -346,7 +345,7 @@ class Scheduler:
         raw = self._adjust(rows, logits)
         t_mask = time.perf_counter()
         if picks is None:
-            picks = choose_rows(logits, [(c.sampling, c._rng, (c.prompt_ids, c.new_ids)) for c in rows])
+            picks = choose_rows(logits, [(c.sampling, c.rng, (c.prompt_ids, c.new_ids)) for c in rows])
         t1 = time.perf_counter()
         still: list[Choice] = []
         for i, (c, tok) in enumerate(zip(rows, picks, strict=True)):
@@ -357,18 +356,18 @@ class Scheduler:
             c.new_ids.append(tok)
             lp = logprob_entries(row_logits[None], [tok], c.logprobs)[0:1] if c.logprobs is not None else None
             eot = tok == self.tok.eot_id and not c.ignore_eos
-            text = "" if eot else c._stream.push(tok)  # type: ignore[union-attr]
+            text = "" if eot else c.text_stream.push(tok)  # type: ignore[union-attr]
             reason = None
             if c.matcher is not None and not eot and not c.matcher.consume(tok):
                 events.append((c.out, Failure(f"the constraint refused token {tok}: {c.matcher.error}")))
                 self._release(c)
                 continue
-            if eot or c._stream.stopped or (c.matcher is not None and c.matcher.finished):  # type: ignore[union-attr]
+            if eot or c.text_stream.stopped or (c.matcher is not None and c.matcher.finished):  # type: ignore[union-attr]
                 reason = "stop"
             elif len(c.new_ids) >= c.max_tokens or self.engine.length(c.slot) >= self.engine.n_ctx:
                 reason = "length"
             if reason is not None:  # what the stream held back (nothing after a stop string)
-                text += c._stream.finish()  # type: ignore[union-attr]
+                text += c.text_stream.finish()  # type: ignore[union-attr]
             if text or lp:
                 events.append((c.out, Piece(text, lp)))
             if reason is None:
