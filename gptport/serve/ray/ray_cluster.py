@@ -112,7 +112,7 @@ def grpc_on_the_node_address() -> None:
     from ray._common import tls_utils
 
     add = tls_utils.add_port_to_grpc_server
-    if getattr(add, "_gptport", False):
+    if add.__module__ == __name__:  # this process has it already: the helper is on_node below
         return
 
     def on_node(server: Any, address: str) -> Any:
@@ -122,7 +122,6 @@ def grpc_on_the_node_address() -> None:
             address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
         return add(server, address)
 
-    on_node._gptport = True  # type: ignore[attr-defined]
     tls_utils.add_port_to_grpc_server = on_node
     replica = sys.modules.get("ray.serve._private.replica")  # imported already: its own reference too
     if replica is not None:
