@@ -1,0 +1,1 @@
+"""GPU: the CUDA and TensorRT providers against torch and the CPU: parity, greedy text, speed and serving."""
