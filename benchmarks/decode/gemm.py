@@ -5,16 +5,13 @@ memory. It bounds what any graph change can give a prefill (see ARCHITECTURE.md)
 A chain of `--layers` MLP pairs (d -> 4d -> d, d = 384) with distinct weights (fp32: 4.7 MB per pair;
 12 pairs, 57 MB, exceed a 32 MB L3) or one pair repeated (in cache), per kernel: fp32 MatMul,
 MatMulNBits 8-bit block 32 / 128 (int8 compute), and dynamic int8 (DynamicQuantizeMatMul), at
-M = 1 (decode) and M = 64 (a 64-token prefill). Writes benchmarks/results/gemm-<cpu>.json (gemm.json:
-an earlier session's machine, whose CPU name it does not record; its fp32 rates imply AVX-512).
+M = 1 (decode) and M = 64 (a 64-token prefill); rounds rotate the kernels' order.
 
-    python benchmarks/bench_gemm.py [--layers 12] [--threads 2] [--repeat 50]
+    python -m benchmarks.decode.gemm [--layers 12] [--threads 2] [--repeat 50] [--rounds 2]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -25,12 +22,13 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from benchmarks.harness import cli, results
+from benchmarks.harness.run import Run
 from gptport import contract
 from gptport.export import variants
-from gptport.machine import describe, slug
 
-HERE = Path(__file__).resolve().parent
 D = 384
+KERNELS = ("fp32", "nbits8-b32-acc4", "nbits8-b128-acc4", "dynamic-int8")
 
 
 def chain(layers: int, distinct: int, seed: int = 0) -> onnx.ModelProto:
@@ -71,36 +69,40 @@ def time_ms(session: ort.InferenceSession, m: int, repeat: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     flop_per_token = args.layers * 2 * 2 * D * 4 * D
-    rows = []
+    run = Run()
+    sessions: dict[tuple[str, str], tuple[ort.InferenceSession, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for placement, distinct in (("in cache", 1), ("from memory", args.layers)):
             src = Path(tmp) / f"chain-{distinct}.onnx"
             onnx.save(chain(args.layers, distinct), str(src))
-            for kind in ("fp32", "nbits8-b32-acc4", "nbits8-b128-acc4", "dynamic-int8"):
+            for kind in KERNELS:
                 path = variant(src, kind, Path(tmp) / f"chain-{distinct}-{kind}.onnx")
                 opts = ort.SessionOptions()
                 opts.intra_op_num_threads = args.threads
                 opts.log_severity_level = 3
-                session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+                sessions[(kind, placement)] = (ort.InferenceSession(str(path), opts,
+                                                                    providers=["CPUExecutionProvider"]),
+                                               path.stat().st_size / 1e6)
+        for rnd in run.series(args.rounds):
+            for kind, placement in rnd.rotation(list(sessions)):
                 for m in (1, 64):
-                    ms = time_ms(session, m, args.repeat)
-                    rows.append({"kernel": kind, "weights": placement, "weight_mb": path.stat().st_size / 1e6,
-                                 "m": m, "ms": ms, "gflop_s": flop_per_token * m / ms / 1e6})
-                    r = rows[-1]
-                    print(f"{kind:<18}{placement:<13}{r['weight_mb']:>7.1f} MB  M={m:<3}{ms:>8.3f} ms "
-                          f"{r['gflop_s']:>8.1f} GFLOP/s")
-    result = {"benchmark": "onnxruntime CPU GEMM ceiling at d=384 (small)", "layers": args.layers,
-              "threads": args.threads, "machine": describe(),
-              "versions": {"onnxruntime": ort.__version__}, "rows": rows}
-    out = HERE / "results" / f"gemm-{slug(result['machine']['cpu'])}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+                    rnd.data[f"{kind} {placement} M={m}"] = time_ms(sessions[(kind, placement)][0], m, args.repeat)
+    rows = []
+    for (kind, placement), (_, mb) in sessions.items():
+        for m in (1, 64):
+            ms = statistics.median(run.values(f"{kind} {placement} M={m}"))
+            rows.append({"kernel": kind, "weights": placement, "weight_mb": mb, "m": m, "ms": ms,
+                         "gflop_s": flop_per_token * m / ms / 1e6})
+            print(f"{kind:<18}{placement:<13}{mb:>7.1f} MB  M={m:<3}{ms:>8.3f} ms {rows[-1]['gflop_s']:>8.1f} GFLOP/s")
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, cli.settings(args, d_model=D),
+                                   label=args.label), args.results)
 
 
 if __name__ == "__main__":

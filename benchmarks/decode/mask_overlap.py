@@ -1,6 +1,6 @@
 """Where a constrained row's token mask should be computed, measured in one process: decode steps of the
 static-cache graph over R rows (StaticSlots, serve's `--spin step`), free or with every row constrained
-to bench_structured.py's JSON schema, the masks computed
+to the structured-output benchmarks' JSON schema, the masks computed
 
 - `bg-serial`: on one background thread, one mask after another, while the step runs (what the server
   and `generate` do);
@@ -8,16 +8,13 @@ to bench_structured.py's JSON schema, the masks computed
 - `sync-serial`: one after another in the stepping thread, after the step, before sampling;
 
 then applied (-inf) and each row advanced by a random allowed token. Interleaved rounds; medians of
-the per-iteration time (step + masks + apply). Writes benchmarks/results/mask-overlap-<shape>.json
-naming the CPU.
+the per-iteration time (step + masks + apply), then of the kept rounds.
 
-    python benchmarks/bench_mask_overlap.py [--shape small] [--rows 1,16] [--rounds 4] [--steps 150]
+    python -m benchmarks.decode.mask_overlap [--shape small] [--rows 1,16] [--rounds 4] [--steps 150]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -28,20 +25,20 @@ from typing import Any
 import llguidance as llg
 import llguidance.numpy as llg_np
 import numpy as np
-from bench_serve import WORK, model_dir
-from bench_structured import SCHEMA
-from bench_tokenizer import big_corpus
 
-from gptport.machine import describe
+from benchmarks.harness import cli, results
+from benchmarks.harness.loads import SCHEMA
+from benchmarks.harness.models import serve_model
+from benchmarks.harness.run import Run
 from gptport.runtime.constraint import Grammars, Masks, Matcher, Spec, allowed_ids
 from gptport.runtime.loader import open_model
 from gptport.runtime.slots import open_slots
 
-HERE = Path(__file__).resolve().parent
 MODES = ("free", "bg-serial", "bg-pool", "sync-serial")
 
 
-def measure(d: Path, rows: int, rounds: int, steps: int, seed: int = 0) -> dict[str, Any]:
+def measure(run: Run, d: Path, rows: int, rounds: int, steps: int, seed: int = 0) -> None:
+    """`rounds` rounds of every mode at `rows` rows, each mode's median ms per iteration in round.data."""
     opened = open_model(d, "cpu", "fp32", 2, cache="static", spin="step")
     vocab, eot = opened.engine.config.vocab_size, opened.tok.eot_id
     slots = open_slots(opened.engine, 16)
@@ -61,7 +58,7 @@ def measure(d: Path, rows: int, rounds: int, steps: int, seed: int = 0) -> dict[
             slots.free(s)
             slots.append(s, prompt)
 
-    def run(mode: str) -> float:
+    def run_mode(mode: str) -> float:
         refill()
         ms = [grammars.matcher(grammar, json=True) for _ in range(rows)]
         tokens, times = np.ones(rows, dtype=np.int64), []
@@ -89,39 +86,38 @@ def measure(d: Path, rows: int, rounds: int, steps: int, seed: int = 0) -> dict[
                 refill()
         return statistics.median(times) * 1e3
 
-    got: dict[str, list[float]] = {m: [] for m in MODES}
-    for r in range(rounds):
-        for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-            got[mode].append(run(mode))
-    free = statistics.median(got["free"])
-    return {"rows": rows, "ms_per_iteration": got,
-            "median_ms": {m: statistics.median(v) for m, v in got.items()},
-            "vs_free": {m: statistics.median(v) / free for m, v in got.items()}}
+    for rnd in run.series(rounds, rows=rows):
+        for mode in rnd.order(MODES):
+            rnd.data[mode] = run_mode(mode)
+
+
+def row(run: Run, shape: str, rows: int) -> dict[str, Any]:
+    """Each mode's median over the kept rounds at `rows` rows, and its ratio to free decoding."""
+    median = {m: statistics.median(run.values(m, rows=rows)) for m in MODES}
+    return {"shape": shape, "rows": rows, **{f"{m}_ms": v for m, v in median.items()},
+            **{f"{m}_vs_free": v / median["free"] for m, v in median.items() if m != "free"}}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--shape", default="small")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    WORK.mkdir(parents=True, exist_ok=True)
-    d = model_dir(args.shape, big_corpus(), gguf=False)
-    result: dict[str, Any] = {"shape": args.shape, "machine": describe(), "threads": 2, "spin": "step",
-                              "rounds": args.rounds, "steps": args.steps, "schema": "bench_structured.SCHEMA",
-                              "by_rows": [measure(d, int(r), args.rounds, args.steps) for r in args.rows.split(",")]}
-    m = result["machine"]
-    print(f"{m['cpu']}, {m['cores']} cores · {args.shape} · medians of {args.rounds} rounds, ms per iteration")
+    d = serve_model(args.shape)
+    run = Run()
+    for r in args.rows.split(","):
+        measure(run, d, int(r), args.rounds, args.steps)
+    rows = [row(run, args.shape, int(r)) for r in args.rows.split(",")]
+    print(f"{args.shape} · medians of the kept rounds, ms per iteration")
     print(f"{'rows':>4} " + " ".join(f"{mode:>18}" for mode in MODES))
-    for row in result["by_rows"]:
-        print(f"{row['rows']:>4} " + " ".join(f"{row['median_ms'][mode]:>9.3f} ({row['vs_free'][mode]:.3f}x)"
+    for row in rows:
+        print(f"{row['rows']:>4} " + " ".join(f"{row[f'{mode}_ms']:>9.3f} ({row.get(f'{mode}_vs_free', 1.0):.3f}x)"
                                               for mode in MODES))
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"mask-overlap-{args.shape}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    settings = cli.settings(args, threads=2, spin="step", schema="benchmarks.harness.loads.SCHEMA")
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label),
+                  args.results)
 
 
 if __name__ == "__main__":

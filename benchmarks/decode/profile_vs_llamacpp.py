@@ -1,21 +1,19 @@
 """Where gptport's time per decode token goes, beside llama.cpp's time per token on the same weights.
 
-For bench_llamacpp.py's `small` model directory (random weights; its fp32 static-cache graph and F32
-GGUF), in rounds that alternate the order: llama-bench's decode (-p 0 -n STEPS, 2 threads) as ms per
+For benchmarks.decode.vs_llamacpp's `small` model directory (random weights; its fp32 static-cache graph
+and F32 GGUF), in rounds that alternate the order: llama-bench's decode (-p 0 -n STEPS, 2 threads) as ms per
 token; gptport's decode step as `gptport generate` runs it (the static graph's step function, last
 position only, argmax in numpy) timed by the wall clock with onnxruntime's thread pool spinning (what
 generate and bench do), spinning only while a step runs (what serve does), not spinning, and with 1
 thread; and a profiled run (onnxruntime's profiler, spinning) per round that splits a step into its
 operators and the executor's time outside them (the least disturbed round's profile, its shares
 applied to the median session.run time); the Python side is the wall time outside session.run.
-Writes benchmarks/results/profile-vs-llamacpp-<shape>.json.
 
-    python benchmarks/profile_vs_llamacpp.py --llama-bench PATH [--shape small] [--steps 128] [--rounds 3]
+    python -m benchmarks.decode.profile_vs_llamacpp --llama-bench PATH [--shape small] [--steps 128] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,15 +25,15 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from bench_llamacpp import WORK
-from profile_decode import summarize
 
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import WORK
+from benchmarks.harness.ort_profile import model_runs, summarize
+from benchmarks.harness.run import Run
 from gptport import contract
-from gptport.machine import describe
 from gptport.runtime.engine import positions
 from gptport.runtime.onnx_engine import OnnxModel, graph_config, session_options
 
-HERE = Path(__file__).resolve().parent
 PROMPT = 64
 
 
@@ -81,13 +79,12 @@ def decode(path: Path, threads: int, spin: str, steps: int, profile_dir: str | N
                            "session_run_ms": 1e3 * run_s[0] / steps}
     if profile_dir:
         events = json.loads(Path(session.end_profiling()).read_text())
-        runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
-        out["profile"] = summarize(runs[-steps:], events)
+        out["profile"] = summarize(model_runs(events)[-steps:], events)
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--llama-bench", type=Path, required=True)
     ap.add_argument("--shape", default="small")
     ap.add_argument("--steps", type=int, default=128)
@@ -95,55 +92,45 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="llama-bench's runs per round")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    d = WORK / args.shape
+    d = WORK / "llamacpp" / args.shape
     graph, gguf = d / contract.onnx_file("fp32", contract.CACHE_STATIC), d / "model.f32.gguf"
     if not graph.exists() or not gguf.exists():
-        raise SystemExit(f"{d}: run benchmarks/bench_llamacpp.py --shapes {args.shape} first")
+        raise SystemExit(f"{d}: run python -m benchmarks.decode.vs_llamacpp --shapes {args.shape} first")
     t = args.threads
     variants = {"spin": (t, "always"), "spin_step": (t, "step"), "no_spin": (t, "never"), "one_thread": (1, "always")}
-    rounds = []
-    for i in range(args.rounds):
-        runs: dict[str, Any] = {}
-        order = ["llama_cpp", *variants] if i % 2 == 0 else [*variants, "llama_cpp"]
-        for name in order:
+    run = Run()
+    for rnd in run.series(args.rounds):
+        for name in rnd.order(["llama_cpp", *variants]):
             if name == "llama_cpp":
-                runs[name] = {"ms_per_token": llama_ms(args.llama_bench, gguf, args.steps, args.repeat, t)}
+                rnd.data[name] = {"ms_per_token": llama_ms(args.llama_bench, gguf, args.steps, args.repeat, t)}
             else:
-                runs[name] = decode(graph, *variants[name], args.steps)
+                rnd.data[name] = decode(graph, *variants[name], args.steps)
         with tempfile.TemporaryDirectory() as tmp:
-            runs["profiled"] = decode(graph, t, "always", args.steps, tmp)
-        rounds.append({"order": order, **runs})
-    profiled = min((r["profiled"] for r in rounds), key=lambda p: p["profile"]["us_per_step"])
-    med = {name: statistics.median(r[name]["wall_ms"] for r in rounds) for name in variants}
-    llama = statistics.median(r["llama_cpp"]["ms_per_token"] for r in rounds)
-    run_ms = statistics.median(r["spin"]["session_run_ms"] for r in rounds)
+            rnd.data["profiled"] = decode(graph, t, "always", args.steps, tmp)
+    kept = [r.data for r in run.kept()]
+    profiled = min((r["profiled"] for r in kept), key=lambda p: p["profile"]["us_per_step"])
+    med = {name: statistics.median(r[name]["wall_ms"] for r in kept) for name in variants}
+    llama = statistics.median(r["llama_cpp"]["ms_per_token"] for r in kept)
+    run_ms = statistics.median(r["spin"]["session_run_ms"] for r in kept)
     prof = profiled["profile"]
     scale = run_ms / (prof["us_per_step"] / 1e3)  # the profiler's own cost taken out of its shares
-    breakdown = {"gptport_ms_per_token": med["spin"], "llama_cpp_ms_per_token": llama,
-                 "extra_ms_per_token": med["spin"] - llama,
-                 "python_outside_session_run_ms": med["spin"] - run_ms, "session_run_ms": run_ms,
-                 "executor_outside_nodes_ms": prof["us_outside_nodes_per_step"] / 1e3 * scale,
-                 "in_nodes_ms": prof["us_in_nodes_per_step"] / 1e3 * scale,
-                 "by_op_type_ms": {r["op"]: r["us_per_step"] / 1e3 * scale for r in prof["by_op_type"]},
-                 "nodes_per_step": prof["nodes_per_step"], "no_spin_ms_per_token": med["no_spin"],
-                 "spin_step_ms_per_token": med["spin_step"],
-                 "one_thread_ms_per_token": med["one_thread"]}
-    result = {"benchmark": "time per decode token, gptport's static-cache fp32 step against llama-bench's F32",
-              "machine": describe(), "shape": args.shape, "threads": t, "steps": args.steps, "rounds": rounds,
-              "breakdown": breakdown, "onnxruntime": ort.__version__}
-    out = HERE / "results" / f"profile-vs-llamacpp-{args.shape}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{result['machine']['cpu']}, {t} threads, {args.shape} fp32 decode, {args.rounds} rounds (medians), "
-          "ms per token:")
-    print(f"  llama.cpp {llama:.3f}; gptport {med['spin']:.3f} (spinning within a step only {med['spin_step']:.3f}, "
-          f"no spinning {med['no_spin']:.3f}, "
-          f"1 thread {med['one_thread']:.3f}); extra {med['spin'] - llama:+.3f}")
-    print(f"  gptport: session.run {run_ms:.3f} = nodes {breakdown['in_nodes_ms']:.3f} + executor "
-          f"{breakdown['executor_outside_nodes_ms']:.3f}; outside session.run (Python, binding, argmax) "
-          f"{breakdown['python_outside_session_run_ms']:.3f}")
-    for op, ms in list(breakdown["by_op_type_ms"].items())[:8]:
-        print(f"    {op:<28}{ms:>7.3f} ms")
-    print(f"wrote {out}")
+    parts = {"llama.cpp": llama, "gptport (spinning)": med["spin"], "gptport, spinning within a step only":
+             med["spin_step"], "gptport, not spinning": med["no_spin"], "gptport, 1 thread": med["one_thread"],
+             "gptport's extra over llama.cpp": med["spin"] - llama,
+             "gptport: session.run": run_ms,
+             "gptport: outside session.run (Python, binding, argmax)": med["spin"] - run_ms,
+             "gptport: in nodes": prof["us_in_nodes_per_step"] / 1e3 * scale,
+             "gptport: executor outside nodes": prof["us_outside_nodes_per_step"] / 1e3 * scale}
+    rows = [{"table": "ms per decode token", "part": k, "ms": v} for k, v in parts.items()]
+    rows += [{"table": "gptport's nodes by operator", "op": r["op"], "ms": r["us_per_step"] / 1e3 * scale,
+              "nodes": r["nodes"]} for r in prof["by_op_type"]]
+    settings = cli.settings(args, graph="model.static.onnx fp32", gguf="F32",
+                            nodes_per_step=prof["nodes_per_step"])
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label),
+                  args.results)
+    print(f"{t} threads, {args.shape} fp32 decode, medians of the kept rounds, ms per token:")
+    for r in rows:
+        print(f"  {r.get('part') or r['op']:<58}{r['ms']:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -5,38 +5,32 @@ The static-cache decode step runs over the rows [lowest decoding slot, highest +
 them steps a dummy token (one attention position). Admission takes the free slot holding the longest
 part of the prompt and, among equals, the lowest, so the span stays as narrow as without prefix
 caching; the alternative — keep distinct prefixes in more slots and take them wherever they are — would
-widen the span. This measures both sides on bench_serve.py's random-weight shapes (`StaticSlots`
+widen the span. This measures both sides on the serving benchmarks' random-weight shapes (`StaticSlots`
 directly, no scheduler): the 16-row decode step with the 16 rows adjacent (span 16) and spread over
 spans of 24 and 32 (the rows between them free, holding kept caches), each row holding --cached
 positions, and the one-row append of a prompt's rest (--rest tokens after a --prefix-token prefix)
-against prefilling the whole prompt alone. Medians of --repeat steps, interleaved rounds. Writes
-benchmarks/results/decode-span-<cpu>-<avx2|avx512|amx>.json.
+against prefilling the whole prompt alone. Medians of --repeat steps, then of the kept rounds.
 
-    python benchmarks/bench_decode_span.py [--shapes small,gpt2-124m] [--rounds 3] [--threads 2]
+    python -m benchmarks.decode.span [--shapes small,gpt2-124m] [--rounds 3] [--threads 2]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_serve import model_dir
-from bench_tokenizer import big_corpus
 
-from gptport.atomic import write_text
-from gptport.machine import describe, slug, vector_class
+from benchmarks.harness import cli, results
+from benchmarks.harness.loads import SHARED_PREFIX
+from benchmarks.harness.models import serve_model
+from benchmarks.harness.run import Run
 from gptport.runtime.loader import open_model
 from gptport.runtime.slots import StaticSlots
 
-HERE = Path(__file__).resolve().parent
 ROWS = 16
 SPANS = (16, 24, 32)
-PREFIX = {"small": 150, "gpt2-124m": 600}  # bench_prefix.py's shared prefixes
 
 
 def median_ms(fn: Any, repeat: int) -> float:
@@ -80,7 +74,7 @@ def one_round(engine: Any, cached: int, prefix: int, rest: int, repeat: int, rng
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--shapes", default="small,gpt2-124m")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=20)
@@ -89,32 +83,31 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64, help="new tokens per request (decode steps a row lives)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    machine = describe()
-    result: dict[str, Any] = {"benchmark": __doc__.splitlines()[0], "machine": machine, "settings": vars(args),
-                              "shapes": {}}
-    for shape in args.shapes.split(","):
-        engine = open_model(model_dir(shape, big_corpus(), gguf=False), cache="static", threads=args.threads,
-                            spin="step").engine
-        rounds = [one_round(engine, args.cached, PREFIX[shape], args.rest, args.repeat, np.random.default_rng(r))
-                  for r in range(args.rounds)]
-        med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    run, rows = Run(), []
+    shapes = args.shapes.split(",")
+    for shape in shapes:
+        engine = open_model(serve_model(shape), cache="static", threads=args.threads, spin="step").engine
+        for rnd in run.series(args.rounds, shape=shape):
+            rnd.data["ms"] = one_round(engine, args.cached, SHARED_PREFIX[shape], args.rest, args.repeat,
+                                       np.random.default_rng(rnd.index))
+    for shape in shapes:  # once every round is judged
+        kept = run.values("ms", shape=shape)
+        med = {k: statistics.median(r[k] for r in kept) for k in kept[0]}
         per_free_row = (med[f"decode_16_rows_span_{SPANS[-1]}_ms"] - med[f"decode_16_rows_span_{ROWS}_ms"]) / (
             SPANS[-1] - ROWS)
         saved = med["prefill_whole_ms"] - med["append_rest_ms"]
-        result["shapes"][shape] = {"median": med, "rounds": rounds, "ms_per_free_row_per_step": per_free_row,
-                                   "ms_saved_per_reused_prefix": saved,
-                                   "steps_a_free_row_may_widen_the_span_for_one_reuse_to_pay": saved / per_free_row
-                                   if per_free_row > 0 else None}
-        print(f"\n{shape} ({machine['cpu']}, {args.threads} threads, {args.rounds} rounds, {args.cached} cached "
-              f"positions a row; prefix {PREFIX[shape]} + rest {args.rest})")
+        rows.append({"shape": shape, **med, "ms_per_free_row_per_step": per_free_row,
+                     "ms_saved_per_reused_prefix": saved,
+                     "break_even_steps": saved / per_free_row if per_free_row > 0 else None})
+        print(f"\n{shape} ({args.threads} threads, {len(kept)} kept rounds, {args.cached} cached positions a row; "
+              f"prefix {SHARED_PREFIX[shape]} + rest {args.rest})")
         for k, v in med.items():
             print(f"  {k:32} {v:8.2f} ms")
         print(f"  a free row in the span: {per_free_row:.3f} ms a step; a reused prefix saves {saved:.1f} ms; "
               f"break-even {saved / per_free_row:.0f} steps (a request lives {args.new})" if per_free_row > 0 else
               f"  a free row in the span: no measurable cost; a reused prefix saves {saved:.1f} ms")
-    out = HERE / "results" / f"decode-span-{slug(machine['cpu'])}-{vector_class(machine['isa'])}.json"
-    write_text(out, json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, cli.settings(args),
+                                   label=args.label), args.results)
 
 
 if __name__ == "__main__":

@@ -16,38 +16,33 @@ llama-bench and llama-speculative), the same pairs as F32 GGUFs run in llama.cpp
 example and llama-bench's plain decode, in the same rounds. Tokens/s count new tokens over the whole
 generation (the prompt's prefill included, a short prompt), for every engine alike. The models use
 n_ctx 512 (`--set n_ctx=512`) so that prompt and NEW new tokens fit without sliding the window
-(llama.cpp's examples cannot slide a learned-position model). Writes
-benchmarks/results/speculative-<cpu>.json naming the CPU.
+(llama.cpp's examples cannot slide a learned-position model). The step costs are one more round.
 
-    python benchmarks/bench_speculative.py [--rounds 3] [--new 256] [--threads 2] [--llama-dir PATH]
+    python -m benchmarks.decode.speculative [--rounds 3] [--new 256] [--threads 2] [--llama-dir PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from gptport.machine import describe, slug
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import SHAKESPEARE
+from benchmarks.harness.models import WORK as ROOT_WORK
+from benchmarks.harness.models import cli as gptport
+from benchmarks.harness.run import Run
 
-HERE = Path(__file__).resolve().parent
-WORK = HERE / "work" / "speculative"
-SHAKESPEARE = HERE.parent.parent / "shared" / "corpora" / "tinyshakespeare.txt"
+WORK = ROOT_WORK / "speculative"
 N_CTX = 512
 # the distilled draft's text: the target's greedy continuations (192 tokens) of prompts drawn with two
 # seeds, ~2M tokens (the first 3,000 alone, ~0.6M, taught a 600-step draft 64% acceptance)
 DISTILL = (("distilled.txt", 0, 3000), ("distilled-b.txt", 1, 6000))
 DISTILLED_LAYERS = 2  # a 2-layer draft agrees as often as a 4-layer one and steps 1.5x faster
-
-
-def gptport(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
 
 
 def prepare(corpus: Path, target_steps: int, draft_steps: int, distill_steps: int
@@ -243,7 +238,7 @@ def _time(f: Any) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--corpus", type=Path, default=SHAKESPEARE)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new", type=int, default=256)
@@ -256,30 +251,39 @@ def main() -> None:
     ap.add_argument("--llama-dir", type=Path, help="a llama.cpp build's bin directory (llama-speculative, "
                     "llama-bench)")
     args = ap.parse_args()
+    if not args.corpus.is_file():
+        raise SystemExit(f"--corpus {args.corpus}: no such file")
     target, drafts, heldout = prepare(args.corpus, args.target_steps, args.draft_steps, args.distill_steps)
     tasks = {"held-out prompts": prompts(heldout, args.prompts), "repetitive": repetitive(heldout, args.prompts)}
-    rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
-    for r in range(args.rounds):
-        got: dict[str, dict[str, dict[str, Any]]] = {}
+    run = Run()
+    for rnd in run.series(args.rounds, part="generation"):
         for task, texts in tasks.items():
-            print(f"== round {r + 1}/{args.rounds}: {task}", file=sys.stderr)
             rows = {}
-            if args.llama_dir is not None and r % 2 == 1 and task == "held-out prompts":
+            if args.llama_dir is not None and rnd.index % 2 == 1 and task == "held-out prompts":
                 rows |= llama_rows(args.llama_dir, target, drafts, texts, args.new, args.threads)
             rows |= gptport_rows(target, drafts, texts, args.new, args.threads, args.k)
-            if args.llama_dir is not None and r % 2 == 0 and task == "held-out prompts":
+            if args.llama_dir is not None and rnd.index % 2 == 0 and task == "held-out prompts":
                 rows |= llama_rows(args.llama_dir, target, drafts, texts, args.new, args.threads)
-            got[task] = rows
-        rounds.append(got)
-    costs = step_costs(target, drafts["draft"], args.threads)
-    settings = vars(args) | {"corpus": args.corpus.name, "n_ctx": N_CTX, "llama_dir": bool(args.llama_dir)}
-    result = {"machine": describe(), "models": {"target": trained(target)} | {k: trained(d) for k, d in drafts.items()},
-              "step_costs": costs, "settings": settings, "median": summarize(rounds),
-              "rounds": rounds}
-    out = HERE / "results" / f"speculative-{slug(result['machine']['cpu'])}.json"
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print_table(result)
-    print(f"wrote {out}")
+            rnd.data[task] = rows
+    with run.round(part="step costs") as rnd:
+        rnd.data["step_costs"] = step_costs(target, drafts["draft"], args.threads)
+    median = summarize([r.data for r in run.kept(part="generation")])
+    costs = run.rounds[-1].data["step_costs"]
+    table = [{"table": task, "row": name, **row, "x_plain": row["tok_s"] / got["plain"]["tok_s"]}
+             for task, got in median.items() for name, row in got.items()]
+    table += [{"table": "step costs (ms)", "step": f"one row taking {n} tokens", "ms": ms}
+              for n, ms in costs["one_row_n_tokens_ms"].items()]
+    table += [{"table": "step costs (ms)", "step": f"{b} rows taking one token each", "ms": ms}
+              for b, ms in costs["b_rows_one_token_ms"].items()]
+    table += [{"table": "step costs (ms)", "step": f"the draft's step, {p}", "ms": ms}
+              for p, ms in costs["draft_step_ms"].items()]
+    table.append({"table": "step costs (ms)", "step": f"prompt lookup's scan, no match, {N_CTX - 1} tokens",
+                  "ms": costs["lookup_no_match_us"] / 1e3})
+    settings = cli.settings(args, corpus=args.corpus.name, n_ctx=N_CTX, llama_dir=bool(args.llama_dir))
+    models = {"target": trained(target)} | {k: trained(d) for k, d in drafts.items()}
+    results.write(results.document(results.benchmark_name(__spec__), run, table, settings, label=args.label,
+                                   details={"models": models}), args.results)
+    print_table(median, costs, args.new)
 
 
 def summarize(rounds: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -297,18 +301,14 @@ def summarize(rounds: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, d
     return out
 
 
-def print_table(result: dict[str, Any]) -> None:
-    m = result["machine"]
-    print(f"\nspeculative decoding, batch 1, greedy, {result['settings']['new']} new tokens, on {m['cpu']} "
-          f"({m['cores']} cores)")
-    costs = result["step_costs"]
+def print_table(median: dict[str, dict[str, dict[str, Any]]], costs: dict[str, Any], new: int) -> None:
+    print(f"\nspeculative decoding, batch 1, greedy, {new} new tokens")
     print("\nstep time (ms): one row taking n tokens | B rows taking one each")
     print("  n: " + "  ".join(f"{n}: {ms:.2f}" for n, ms in costs["one_row_n_tokens_ms"].items()))
     print("  B: " + "  ".join(f"{b}: {ms:.2f}" for b, ms in costs["b_rows_one_token_ms"].items()))
     print("draft step: " + "  ".join(f"{p}: {ms:.2f}" for p, ms in costs["draft_step_ms"].items()))
-    print(f"prompt lookup's scan where nothing matches, {result['settings']['n_ctx'] - 1} tokens: "
-          f"{costs['lookup_no_match_us']:.0f} µs a step")
-    for task, rows in result["median"].items():
+    print(f"prompt lookup's scan where nothing matches: {costs['lookup_no_match_us']:.0f} µs a step")
+    for task, rows in median.items():
         plain = rows["plain"]["tok_s"]
         print(f"\n{task}\n{'row':<32} {'tok/s':>8} {'× plain':>8} {'accept':>7} {'tok/step':>8} {'same':>5}")
         for name, row in rows.items():

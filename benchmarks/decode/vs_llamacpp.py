@@ -1,59 +1,37 @@
 """gptport against llama.cpp on the same weights: `gptport bench --kv-cache static` and llama.cpp's
 `llama-bench`, interleaved, for the README's per-machine comparison table.
 
-The random-weight model directories of bench_decode.py (`small` and `gpt2-124m` shapes, seeded) are
-exported to gptport's fp32 and int8 graphs (`gptport export --no-gate`: random weights cannot pass the
-accuracy gate) and to F32 and Q8_0 GGUFs (`gptport export-gguf`). Each round runs, per shape, both
+Random weights of the `small` and `gpt2-124m` shapes (seeded: the same every run) are exported to
+gptport's fp32 and int8 graphs (`gptport export --no-gate`: random weights cannot pass the accuracy gate)
+and to F32 and Q8_0 GGUFs (`gptport export-gguf`). Each round runs, per shape, both
 engines one after the other (the order alternates between rounds): llama-bench (-p 64 -n GEN -t
 THREADS, its own warm-up, -r REPEAT) and gptport bench (batch 1, prompt 64, GEN new tokens, 1 warm-up,
 REPEAT runs, THREADS threads). Each engine's figure in a round is the mean of its runs (llama-bench's
-avg_ts, bench's mean); the table gives the median over rounds and the ratio of the medians (and
-each round's ratio in the JSON). Decode rows also give each engine's weight bytes per token (gptport's
+avg_ts, bench's mean); the table gives the median over the kept rounds and the ratio of the medians (and
+each round's ratio). Decode rows also give each engine's weight bytes per token (gptport's
 graph, llama.cpp's GGUF tensors) and the share of the memory bandwidth probed around gptport's row
-that its tokens/s read: where both sit at the same wall, that is the figure that shows it. Writes
-benchmarks/results/vs-llamacpp-<cpu>-<avx2|avx512|amx>.json naming the CPU and its vector extensions.
+that its tokens/s read: where both sit at the same wall, that is the figure that shows it.
 
-    python benchmarks/bench_llamacpp.py --llama-bench PATH [--shapes small,gpt2-124m] [--rounds 3]
+    python -m benchmarks.decode.vs_llamacpp --llama-bench PATH [--shapes small,gpt2-124m] [--rounds 3]
         [--repeat 3] [--gen-len 128] [--threads 2]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_decode import random_weights
-from bench_tokenizer import big_corpus
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import cli as gptport
+from benchmarks.harness.models import llamacpp_model
+from benchmarks.harness.run import Run
 
-from gptport.machine import describe, slug, vector_class
-
-HERE = Path(__file__).resolve().parent
-WORK = HERE / "work" / "llamacpp"
 PROMPT = 64
 ROWS = (("fp32", "f32", "F32"), ("int8", "q8_0", "Q8_0"))  # gptport precision, export-gguf outtype, GGUF name
-
-
-def gptport(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], check=True)
-
-
-def model_dir(shape: str, corpus: Path) -> Path:
-    """bench_decode.py's random weights of the shape, as gptport graphs (fp32, int8; static cache) and
-    F32 / Q8_0 GGUFs; kept when all are there (the weights are seeded: the same every time)."""
-    d = WORK / shape
-    wanted = [d / "model.static.onnx", d / "model.int8.static.onnx", *(d / f"model.{t}.gguf" for _, t, _ in ROWS)]
-    if not all(p.exists() for p in wanted):
-        random_weights(d, shape, corpus)
-        gptport("export", str(d), "--precision", "fp32,int8", "--no-gate", "--force")
-        for _, outtype, _ in ROWS:
-            gptport("export-gguf", str(d), "--outtype", outtype, "--force")
-    return d
 
 
 def llama_round(bench: Path, d: Path, gen: int, repeat: int, threads: int) -> dict[str, dict[str, float]]:
@@ -123,51 +101,45 @@ def summarize(rounds: list[dict[str, Any]], d: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--llama-bench", type=Path, required=True, help="llama.cpp's llama-bench binary")
     ap.add_argument("--shapes", default="small,gpt2-124m")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3, help="measured runs per engine, row and round")
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--corpus", type=Path, default=None, help="text for the tokenizers (default: bench_tokenizer's)")
     args = ap.parse_args()
     if not args.llama_bench.is_file():
         raise SystemExit(f"--llama-bench {args.llama_bench}: no such file")
-    corpus = args.corpus or big_corpus()
-    machine = describe()
     shapes = args.shapes.split(",")
-    dirs = {shape: model_dir(shape, corpus) for shape in shapes}
-    rounds: dict[str, list[dict[str, Any]]] = {shape: [] for shape in shapes}
-    for i in range(args.rounds):
+    dirs = {shape: llamacpp_model(shape) for shape in shapes}
+    run = Run()
+    for _ in range(args.rounds):
         for shape, d in dirs.items():
-            run = {"gptport": lambda d=d: gptport_round(d, args.gen_len, args.repeat, args.threads),
-                   "llama_cpp": lambda d=d: llama_round(args.llama_bench, d, args.gen_len, args.repeat, args.threads)}
-            order = list(run) if i % 2 == 0 else list(reversed(run))
-            rounds[shape].append({"order": order, **{engine: run[engine]() for engine in order}})
-    first = rounds[shapes[0]][0]["llama_cpp"]["fp32"]
-    result = {"benchmark": "gptport bench --kv-cache static against llama.cpp's llama-bench on the same random "
-                           "weights (bench_decode.py's), interleaved rounds; medians over rounds of each engine's mean",
-              "machine": {**machine, "llama_bench_cpu_info": first["cpu_info"]},
-              "llama_cpp_commit": first["build_commit"],
-              "settings": {"batch": 1, "prompt": PROMPT, "gen": args.gen_len, "threads": args.threads,
-                           "rounds": args.rounds, "repeat": args.repeat, "gptport_graph": "model*.static.onnx",
-                           "gptport_variants": "export --no-gate (int8: MatMulNBits 8-bit block 128)"},
-              "shapes": {shape: {"rows": summarize(rounds[shape], dirs[shape]), "rounds": rounds[shape]}
-                         for shape in shapes}}
-    out = HERE / "results" / f"vs-llamacpp-{slug(machine['cpu'])}-{vector_class(machine['isa'])}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{machine['cpu']}, {machine['cores']} cores, {' '.join(machine['isa'])}; {args.threads} threads, batch 1, "
-          f"prompt {PROMPT}, {args.gen_len} new tokens, {args.rounds} rounds x {args.repeat} runs (medians)")
+            measure = {"gptport": lambda d=d: gptport_round(d, args.gen_len, args.repeat, args.threads),
+                       "llama_cpp": lambda d=d: llama_round(args.llama_bench, d, args.gen_len, args.repeat,
+                                                            args.threads)}
+            with run.round(shape=shape) as rnd:
+                for engine in rnd.order(list(measure)):
+                    rnd.data[engine] = measure[engine]()
+    rows = [{"shape": shape, **row} for shape in shapes
+            for row in summarize([r.data for r in run.kept(shape=shape)], dirs[shape])]
+    first = run.rounds[0].data["llama_cpp"]["fp32"]
+    settings = cli.settings(args, batch=1, prompt=PROMPT, gptport_graph="model*.static.onnx",
+                            gptport_variants="export --no-gate (int8: MatMulNBits 8-bit block 128)",
+                            weights="random, seeded (the same every run)")
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label,
+                                   extra_versions={"llama.cpp": first["build_commit"]},
+                                   details={"llama_bench_cpu_info": first["cpu_info"]}), args.results)
+    print(f"{args.threads} threads, batch 1, prompt {PROMPT}, {args.gen_len} new tokens, {args.rounds} rounds x "
+          f"{args.repeat} runs (medians of the kept rounds)")
     print(f"{'shape':<11}{'row':<24}{'gptport tok/s':>15}{'llama.cpp tok/s':>17}{'ratio':>8}  "
           f"{'of probed bandwidth':>22}  rounds")
-    for shape in shapes:
-        for r in result["shapes"][shape]["rows"]:
-            share = (f"{r['gptport_bandwidth_fraction']:.0%} / {r['llama_cpp_bandwidth_fraction']:.0%}"
-                     if "probe_gb_s" in r else "")
-            print(f"{shape:<11}{r['row']:<24}{r['gptport_tok_s']:>15,.1f}{r['llama_cpp_tok_s']:>17,.1f}"
-                  f"{r['ratio']:>7.2f}x  {share:>22}  {', '.join(f'{x:.2f}' for x in r['round_ratios'])}")
-    print(f"wrote {out}")
+    for r in rows:
+        share = (f"{r['gptport_bandwidth_fraction']:.0%} / {r['llama_cpp_bandwidth_fraction']:.0%}"
+                 if "probe_gb_s" in r else "")
+        print(f"{r['shape']:<11}{r['row']:<24}{r['gptport_tok_s']:>15,.1f}{r['llama_cpp_tok_s']:>17,.1f}"
+              f"{r['ratio']:>7.2f}x  {share:>22}  {', '.join(f'{x:.2f}' for x in r['round_ratios'])}")
 
 
 if __name__ == "__main__":
