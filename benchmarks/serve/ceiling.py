@@ -1,39 +1,39 @@
 """How far batching can take `gptport serve` on this machine, without HTTP: the scheduler that
-`gptport serve` runs, driven in-process on bench_serve.py's random-weight model directories with
-bench_serve's load (64-token prompts, 128 new tokens, 64 for gpt2-124m, temperature 0.8, 16 slots,
-prefill chunk 512, `--spin step`), one user (requests one after another) against 16 users (a closed
+`gptport serve` runs, driven in-process on the serving benchmarks' random-weight model directories with
+benchmarks.serve.throughput's load (64-token prompts, 128 new tokens, 64 for gpt2-124m, temperature 0.8,
+16 slots, prefill chunk 512, `--spin step`), one user (requests one after another) against 16 users (a closed
 loop: a finished request is replaced at once), in alternating rounds. No event loop, no JSON, no load
 generator share the two cores here, so the ratio is what any server on this engine could reach at
-most; the HTTP figures (results/serve-<shape>.json) sit below it.
+most; the HTTP figures (benchmarks.serve.throughput) sit below it.
 
 Beside it, the engine's own step times: a decode step over 1 and over 16 busy slots (prompts of 64
 tokens, the cache filled to ~100 positions), a 64-token prompt alone and 8 prompts in one step; and
 the ratio they allow with nothing else spent: 16 users' tokens per (decode steps + their prompts'
-prefill) against one user's. Writes benchmarks/results/serve-ceiling-<cpu>.json.
+prefill) against one user's.
 
-    python benchmarks/serve_ceiling.py [--shapes small,gpt2-124m] [--rounds 3] [--threads 2]
+    python -m benchmarks.serve.ceiling [--shapes small,gpt2-124m] [--rounds 3] [--threads 2]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_serve import MAX_TOKENS, model_dir
-from bench_tokenizer import big_corpus
 
-from gptport.machine import describe, slug
+from benchmarks.harness import cli, results
+from benchmarks.harness.loads import MAX_TOKENS
+from benchmarks.harness.models import serve_model
+from benchmarks.harness.run import Run
 from gptport.runtime import loader
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots, open_slots
-from gptport.serve.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.choice import Choice
+from gptport.serve.engine.events import Finish
+from gptport.serve.engine.scheduler import Scheduler
 
-HERE = Path(__file__).resolve().parent
 SLOTS, PROMPT, PREFILL_CHUNK, TEMPERATURE = 16, 64, 512, 0.8
 
 
@@ -112,63 +112,67 @@ def bound(steps: dict[str, float], max_tokens: int) -> float:
     return many / one
 
 
-def measure(shape: str, rounds: int, threads: int, d: Path | None = None, precision: str = "fp32",
-            kv_dtype: str = "float32") -> dict[str, Any]:
-    """The in-process ratio and step-time bound of `d` (default: bench_serve's random weights of `shape`)
-    at `precision` with a `kv_dtype` cache."""
-    d = d or model_dir(shape, big_corpus(), gguf=False)
+def measure(run: Run, shape: str, rounds: int, threads: int, d: Path | None = None, precision: str = "fp32",
+            kv_dtype: str = "float32", **tags: Any) -> None:
+    """`rounds` rounds (series shape=`shape`, config=..., `tags`) of the in-process loads and step times of
+    `d` (default: the serving benchmarks' random weights of `shape`) at `precision` with a `kv_dtype` cache."""
+    d = d or serve_model(shape)
     opened = loader.open_model(d, precision=precision, threads=threads, cache="static", spin="step",
                                kv_dtype=kv_dtype)
     slots = open_slots(opened.engine, SLOTS)  # one cache for every run: the scheduler frees what it used
     assert isinstance(slots, StaticSlots)
     max_tokens, n_one, n_many = MAX_TOKENS[shape], 4, 3 * SLOTS
     Load(opened, slots, max_tokens, seed=99).run(SLOTS, SLOTS)  # warm-up: every slot's pages touched
-    per_round = []
-    for r in range(rounds):
-        order = [(1, n_one), (SLOTS, n_many)] if r % 2 == 0 else [(SLOTS, n_many), (1, n_one)]
-        runs = {users: Load(opened, slots, max_tokens, seed=r * 10 + users).run(users, n) for users, n in order}
+    for rnd in run.series(rounds, shape=shape, config=f"{precision} weights, {kv_dtype} cache", **tags):
+        order = rnd.order([(1, n_one), (SLOTS, n_many)])
+        runs = {users: Load(opened, slots, max_tokens, seed=rnd.index * 10 + users).run(users, n)
+                for users, n in order}
         steps = step_times(slots)
-        per_round.append({"one_user": runs[1], "users_16": runs[SLOTS], "steps_ms": steps,
-                          "ratio": runs[SLOTS]["output_throughput"] / runs[1]["output_throughput"],
-                          "step_bound_ratio": bound(steps, max_tokens)})
-        print(f"  {shape} round {r + 1}: 1 user {runs[1]['output_throughput']:.1f} tok/s, 16 users "
-              f"{runs[SLOTS]['output_throughput']:.1f} ({per_round[-1]['ratio']:.2f}x); step bound "
-              f"{per_round[-1]['step_bound_ratio']:.2f}x", flush=True)
+        rnd.data.update({"one_user": runs[1], "users_16": runs[SLOTS], "steps_ms": steps,
+                         "ratio": runs[SLOTS]["output_throughput"] / runs[1]["output_throughput"],
+                         "step_bound_ratio": bound(steps, max_tokens)})
+        print(f"  {shape} round {rnd.index + 1}: 1 user {runs[1]['output_throughput']:.1f} tok/s, 16 users "
+              f"{runs[SLOTS]['output_throughput']:.1f} ({rnd.data['ratio']:.2f}x); step bound "
+              f"{rnd.data['step_bound_ratio']:.2f}x", flush=True)
+
+
+def row(run: Run, shape: str, precision: str = "fp32", kv_dtype: str = "float32", **tags: Any) -> dict[str, Any]:
+    """The medians over the kept rounds of measure()'s series."""
+    kept = [r.data for r in run.kept(shape=shape, config=f"{precision} weights, {kv_dtype} cache", **tags)]
 
     def med(get: Any) -> float:
-        return statistics.median(get(r) for r in per_round)
+        return statistics.median(get(r) for r in kept)
 
-    return {"max_tokens": max_tokens, "one_user_tok_s": med(lambda r: r["one_user"]["output_throughput"]),
+    return {"shape": shape, "precision": precision, "kv_dtype": kv_dtype, "max_tokens": MAX_TOKENS[shape],
+            "one_user_tok_s": med(lambda r: r["one_user"]["output_throughput"]),
             "users_16_tok_s": med(lambda r: r["users_16"]["output_throughput"]), "ratio": med(lambda r: r["ratio"]),
             "step_bound_ratio": med(lambda r: r["step_bound_ratio"]),
-            "steps_ms": {k: med(lambda r, k=k: r["steps_ms"][k]) for k in per_round[0]["steps_ms"]},
-            "rounds": per_round}
+            **{k: med(lambda r, k=k: r["steps_ms"][k]) for k in kept[0]["steps_ms"]}}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--shapes", default="small,gpt2-124m")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    machine = describe()
-    result = {"benchmark": "gptport serve's scheduler in-process (no HTTP): 16 users against 1",
-              "machine": machine, "settings": {"slots": SLOTS, "prompt": PROMPT, "prefill_chunk": PREFILL_CHUNK,
-                                               "temperature": TEMPERATURE, "threads": args.threads,
-                                               "rounds": args.rounds, "spin": "step", "graph": "model.static.onnx"},
-              "shapes": {shape: measure(shape, args.rounds, args.threads) for shape in args.shapes.split(",")}}
-    print(f"\n{machine['cpu']}, {args.threads} threads, medians of {args.rounds} rounds")
+    run = Run()
+    shapes = args.shapes.split(",")
+    for shape in shapes:
+        measure(run, shape, args.rounds, args.threads)
+    rows = [row(run, shape) for shape in shapes]
+    print(f"\n{args.threads} threads, medians of the kept rounds")
     print("| shape | 1 user tok/s | 16 users tok/s | ratio | step-time bound | decode 1 / 16 rows ms "
           "| prefill 64 ms (alone / in 8) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for shape, r in result["shapes"].items():
-        s = r["steps_ms"]
-        print(f"| {shape} | {r['one_user_tok_s']:,.1f} | {r['users_16_tok_s']:,.1f} | {r['ratio']:.2f}x | "
-              f"{r['step_bound_ratio']:.2f}x | {s['decode_1_ms']:.2f} / {s['decode_16_ms']:.2f} | "
-              f"{s['prefill_64_ms']:.1f} / {s['prefill_8x64_ms_per_prompt']:.1f} |")
-    out = HERE / "results" / f"serve-ceiling-{slug(machine['cpu'])}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    for r in rows:
+        print(f"| {r['shape']} | {r['one_user_tok_s']:,.1f} | {r['users_16_tok_s']:,.1f} | {r['ratio']:.2f}x | "
+              f"{r['step_bound_ratio']:.2f}x | {r['decode_1_ms']:.2f} / {r['decode_16_ms']:.2f} | "
+              f"{r['prefill_64_ms']:.1f} / {r['prefill_8x64_ms_per_prompt']:.1f} |")
+    settings = cli.settings(args, slots=SLOTS, prompt=PROMPT, prefill_chunk=PREFILL_CHUNK, temperature=TEMPERATURE,
+                            spin="step", graph="model.static.onnx")
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label),
+                  args.results)
 
 
 if __name__ == "__main__":

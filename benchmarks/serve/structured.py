@@ -1,4 +1,4 @@
-"""Structured outputs under load: bench_serve.py's servers and prompts, each load run twice in the same
+"""Structured outputs under load: benchmarks.serve.throughput's servers and prompts, each load run twice in the same
 round, free and constrained to a fixed JSON schema of six fields (`bench-serve --json-schema`, sent as
 the top-level `json_schema` field that gptport and llama-server both take), at 1 and 16 users; and the
 per-row cost of one token mask (llguidance, µs per row, 1 and 16 rows at once) at the shape's
@@ -11,45 +11,30 @@ of 16-32), so that a constrained request runs about as long as a free one (~130 
 schema of free strings, where the many tokens that hold a quote end a string early) requests end at
 different steps and arrive one by one, each prefill interrupting every decoding row, while the free
 load's requests end and arrive together and are prefilled in one batch — the comparison would measure
-that rather than the masks. Random weights (bench_serve.py's), so the JSON's strings are noise bounded by
+that rather than the masks. Random weights (the serving benchmarks'), so the JSON's strings are noise bounded by
 the schema. Rounds alternate which server goes first. Each user sends --requests-per-user requests per
 load: with few, the run's last requests (the drain, when fewer than 16 users are left) weigh more.
 For gptport, each row also carries the server's own scheduler seconds by phase spent on that load
 (`/metrics`: prefill, decode, mask, sample, emit), and the medians per output token: where a
-constrained token's extra time goes. Writes benchmarks/results/structured-<shape>.json naming the CPU.
+constrained token's extra time goes. The masks' cost is one more round per shape.
 
-    python benchmarks/bench_structured.py [--shapes small,gpt2-124m] [--rounds 2] [--llama-server PATH]
+    python -m benchmarks.serve.structured [--shapes small,gpt2-124m] [--rounds 2] [--llama-server PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_serve import MAX_TOKENS, WORK, interleaved, llama_server, model_dir
-from bench_tokenizer import big_corpus
-from profile_serve import phases as scheduler_phases
-
-from gptport.machine import describe
-
-HERE = Path(__file__).resolve().parent
-SCHEMA = {"type": "object", "additionalProperties": False,
-          "properties": {"name": {"type": "string", "pattern": "^[a-z ]{48,96}$"},
-                         "city": {"type": "string", "pattern": "^[a-z ]{48,96}$"},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "score": {"type": "integer", "minimum": -1000, "maximum": 1000},
-                         "member": {"type": "boolean"},
-                         "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z ]{16,32}$"},
-                                  "minItems": 3, "maxItems": 4}},
-          "required": ["name", "city", "age", "score", "member", "tags"]}
+from benchmarks.harness import cli, results
+from benchmarks.harness.loads import MAX_TOKENS, SCHEMA, bench_serve, phases_or_none
+from benchmarks.harness.models import WORK, n_ctx, serve_model
+from benchmarks.harness.run import Round, Run
+from benchmarks.harness.servers import each_server, gptport_serve, llama_server, log_name
 
 
 def mask_cost_us(d: Path, rows: int, steps: int = 200, seed: int = 0) -> dict[str, float]:
@@ -82,14 +67,6 @@ def mask_cost_us(d: Path, rows: int, steps: int = 200, seed: int = 0) -> dict[st
             "p90_us_per_row": float(np.percentile(times, 90) * 1e6)}
 
 
-def phases(url: str) -> dict[str, float]:
-    """profile_serve.py's scheduler seconds by phase so far, or {} for a server without them (llama-server)."""
-    try:
-        return scheduler_phases(url)
-    except OSError:
-        return {}
-
-
 def load(url: str, shape: str, levels: list[int], seed: int, schema_path: Path, per_user: int
          ) -> list[dict[str, Any]]:
     """Each load at each concurrency level: bench-serve's row, with the server's scheduler seconds by phase
@@ -97,23 +74,20 @@ def load(url: str, shape: str, levels: list[int], seed: int, schema_path: Path, 
     rows = []
     for kind in ("free", "json"):
         for c in levels:
-            before = phases(url)
-            with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                extra = ["--json-schema", str(schema_path)] if kind == "json" else []
-                subprocess.run([sys.executable, "-m", "gptport.cli.main", "bench-serve", url, "--concurrency", str(c),
-                                "--num-prompts", str(max(8, per_user * c)), "--prompt-len", "64", "--max-tokens",
-                                str(MAX_TOKENS[shape]), "--temperature", "0.8", "--seed", str(seed), *extra,
-                                "--json", f.name], check=True)
-                after = phases(url)
-                spent = {k: round(v - before.get(k, 0.0), 4) for k, v in after.items()}
-                rows += [{**r, "load": kind, "mean_output_tokens": r["total_output_tokens"] / max(r["completed"], 1),
-                          **({"phase_seconds": spent} if spent else {})}
-                         for r in json.loads(Path(f.name).read_text())["results"]]
+            before = phases_or_none(url)
+            extra = ["--json-schema", str(schema_path)] if kind == "json" else []
+            got = bench_serve(url, "--concurrency", str(c), "--num-prompts", str(max(8, per_user * c)), "--prompt-len",
+                              "64", "--max-tokens", str(MAX_TOKENS[shape]), "--temperature", "0.8", "--seed",
+                              str(seed), *extra)
+            after = phases_or_none(url)
+            spent = {k: round(v - before.get(k, 0.0), 4) for k, v in after.items()}
+            rows += [{**r, "load": kind, "mean_output_tokens": r["total_output_tokens"] / max(r["completed"], 1),
+                      **({"phase_seconds": spent} if spent else {})} for r in got]
     return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--shapes", default="small,gpt2-124m")
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--rounds", type=int, default=2)
@@ -124,30 +98,36 @@ def main() -> None:
     ap.add_argument("--llama-server", type=Path, default=os.environ.get("GPTPORT_LLAMA_SERVER"))
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    WORK.mkdir(parents=True, exist_ok=True)
-    schema_path = WORK / "structured-schema.json"
+    logs = WORK / "serve"
+    logs.mkdir(parents=True, exist_ok=True)
+    schema_path = logs / "structured-schema.json"
     schema_path.write_text(json.dumps(SCHEMA))
-    corpus = big_corpus()
+    run, rows = Run(), []
+    names: dict[str, list[str]] = {}
     for shape in args.shapes.split(","):
-        d = model_dir(shape, corpus, args.llama_server is not None)
-        n_ctx = json.loads((d / "config.json").read_text())["model"]["n_ctx"]
-        masks = [mask_cost_us(d, 1), mask_cost_us(d, 16)]
-        servers = {"gptport": [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", "PORT",
-                               "--slots", str(args.slots), "--threads", str(args.threads)]}
+        d = serve_model(shape, gguf=args.llama_server is not None)
+        with run.round(shape=shape, part="masks") as rnd:
+            rnd.data["mask_cost"] = [mask_cost_us(d, 1), mask_cost_us(d, 16)]
+        servers = {"gptport": gptport_serve(d, "--slots", str(args.slots), "--threads", str(args.threads))}
         if args.llama_server is not None:
-            servers["llama.cpp"] = llama_server(args.llama_server, d, args.slots, args.threads, n_ctx)
-        rounds = interleaved(servers, args.rounds, shape, lambda name, s=shape: WORK / f"structured-{s}-{name}.log",
-                             lambda url, r, s=shape: load(url, s, levels, r, schema_path, args.requests_per_user))
-        result = {"shape": shape, "machine": describe(), "schema": SCHEMA,
-                  "settings": {"slots": args.slots, "threads": args.threads, "prompt_len": 64,
-                               "max_tokens": MAX_TOKENS[shape], "temperature": 0.8, "rounds": args.rounds,
-                               "requests_per_user": args.requests_per_user,
-                               "concurrency": levels},
-                  "mask_cost": masks, "servers": {name: {"median": median(rs), "rounds": rs}
-                                                  for name, rs in rounds.items()}}
-        out = HERE / "results" / f"structured-{shape}.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print_table(result)
+            servers["llama.cpp"] = llama_server(args.llama_server, d, args.slots, args.threads, n_ctx(d))
+        names[shape] = list(servers)
+
+        def measure(url: str, rnd: Round, shape: str = shape) -> list[dict[str, Any]]:
+            return load(url, shape, levels, rnd.index, schema_path, args.requests_per_user)
+
+        for rnd in run.series(args.rounds, shape=shape, part="loads"):
+            each_server(rnd, servers, lambda name, s=shape: logs / f"structured-{s}-{log_name(name)}.log", measure)
+    for shape, servers in names.items():  # once every round is judged
+        costs = run.values("mask_cost", shape=shape, part="masks")
+        rows += [{"table": "mask cost", "shape": shape, **c} for c in (costs[0] if costs else [])]
+        rows += [{"shape": shape, "server": name, **row} for name in servers
+                 for row in median(run.values(name, shape=shape, part="loads"))]
+    settings = cli.settings(args, prompt_len=64, max_tokens=MAX_TOKENS, temperature=0.8,
+                            schema="benchmarks.harness.loads.SCHEMA")
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label,
+                                   details={"schema": SCHEMA}), args.results)
+    print_table(rows)
 
 
 def median(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -168,26 +148,26 @@ def median(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def print_table(result: dict[str, Any]) -> None:
-    m = result["machine"]
-    print(f"\n{result['shape']} on {m['cpu']}, {m['cores']} cores; mask µs/row: "
-          + ", ".join(f"{x['rows']} rows {x['median_us_per_row']:.0f}" for x in result["mask_cost"]))
-    print(f"{'server':<10} {'load':<5} {'conc':>4} {'out tok/s':>10} {'TPOT med':>9} {'TTFT med':>9} {'out tok':>8}")
-    for name, data in result["servers"].items():
-        for row in data["median"]:
-            print(f"{name:<10} {row['load']:<5} {row['concurrency']:>4} {row['output_throughput']:>10.1f} "
-                  f"{row['median_tpot_ms']:>9.2f} {row['median_ttft_ms']:>9.1f} {row['mean_output_tokens']:>8.1f}")
-    for name, data in result["servers"].items():
-        for row in data["median"]:
-            if row.get("phase_us_per_token"):
-                print(f"{name} {row['load']} at {row['concurrency']}: scheduler µs per output token "
-                      + ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["phase_us_per_token"].items())))
-    for name, data in result["servers"].items():
-        by = {(r["load"], r["concurrency"]): r for r in data["median"]}
-        for c in result["settings"]["concurrency"]:
-            free, js = by[("free", c)], by[("json", c)]
-            print(f"{name} at {c}: json/free throughput {js['output_throughput'] / free['output_throughput']:.3f}, "
-                  f"TPOT {js['median_tpot_ms'] / free['median_tpot_ms']:.3f}")
+def print_table(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        if r.get("table") == "mask cost":
+            print(f"{r['shape']}: mask µs/row at {r['rows']} rows: {r['median_us_per_row']:.0f}")
+    print(f"{'shape':<10} {'server':<10} {'load':<5} {'conc':>4} {'out tok/s':>10} {'TPOT med':>9} {'TTFT med':>9} "
+          f"{'out tok':>8}")
+    served = [r for r in rows if "server" in r]
+    for row in served:
+        print(f"{row['shape']:<10} {row['server']:<10} {row['load']:<5} {row['concurrency']:>4} "
+              f"{row['output_throughput']:>10.1f} {row['median_tpot_ms']:>9.2f} {row['median_ttft_ms']:>9.1f} "
+              f"{row['mean_output_tokens']:>8.1f}")
+        if row.get("phase_us_per_token"):
+            print("    scheduler µs per output token: " + ", ".join(
+                f"{k} {v:.0f}" for k, v in sorted(row["phase_us_per_token"].items())))
+    by = {(r["shape"], r["server"], r["load"], r["concurrency"]): r for r in served}
+    for shape, server, c in sorted({(s, n, c) for s, n, _, c in by}):
+        free, js = by[(shape, server, "free", c)], by[(shape, server, "json", c)]
+        print(f"{shape} {server} at {c}: json/free throughput "
+              f"{js['output_throughput'] / free['output_throughput']:.3f}, "
+              f"TPOT {js['median_tpot_ms'] / free['median_tpot_ms']:.3f}")
 
 
 if __name__ == "__main__":
