@@ -16,12 +16,12 @@ latency, and how soon is the server itself again once the flood stops?
 3. recovery: from the moment the flood stops, sequential probes until three in a row answer within the
    unloaded TTFT p99 (goal: within 5 s).
 4. health: /metrics busy slots and queue depth, the server's RSS before and after.
-5. idle sockets (idle_serve.py): TTFT without and with idle, keep-alive and slowloris sockets open.
+5. idle sockets (benchmarks.stress.idle): TTFT without and with idle, keep-alive and slowloris sockets open.
 
-Uses bench_serve.py's random weights of the preset (or --url, a running server: then pass its --slots
-and --max-queue). Writes benchmarks/results/flood-<preset>-<date>.json.
+Uses the serving benchmarks' random weights of the preset (or --url, a running server: then pass its
+--slots and --max-queue). One round: the probe before and after it says how busy the host was.
 
-    python benchmarks/flood_serve.py [--preset small] [--slots 16 --max-queue 0] [--seconds 60]
+    python -m benchmarks.stress.flood [--preset small] [--slots 16 --max-queue 0] [--seconds 60]
 """
 
 from __future__ import annotations
@@ -35,19 +35,18 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_serve import free_port, model_dir, stop_server, wait_healthy
-from bench_tokenizer import big_corpus
-from idle_serve import body, idle_phase, ms, quantile, sequential, stream_once
 from rich.console import Console
 from rich.table import Table
 
-from gptport.machine import describe
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import ROOT, WORK, serve_model
+from benchmarks.harness.run import Run
+from benchmarks.harness.servers import gptport_serve, served
+from benchmarks.stress.idle import body, idle_phase, idle_rows, ms, quantile, sequential, stream_once
 
-HERE = Path(__file__).resolve().parent
 PER_CLIENT = 100_000  # requests a flood client sends at most (it stops at the deadline first)
 STREAK = 3  # probes in a row within the unloaded p99 that count as recovered
 
@@ -214,7 +213,8 @@ def one_flood(url: str, pid: int | None, payload: dict[str, Any], mode: str, p99
     stop = start + args.seconds
     spec = {"url": url, "payload": payload, "clients": clients, "start": start, "stop": stop, "honor": mode == "honor",
             "timeout": args.timeout, "nice": args.client_nice}
-    child = subprocess.Popen([sys.executable, __file__, "--flood-child", json.dumps(spec)], stdout=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-m", "benchmarks.stress.flood", "--flood-child", json.dumps(spec)],
+                             stdout=subprocess.PIPE, cwd=ROOT)
     try:
         probed, recovered = asyncio.run(probe_and_recover(url, payload, args.probes, start, stop, args.timeout,
                                                           args.recovery_limit, p99))
@@ -257,21 +257,9 @@ def measure(url: str, pid: int | None, args: argparse.Namespace) -> dict[str, An
     return {"unloaded_ttft": ms(base), "floods": floods, "idle_sockets": idle, "health_at_end": end}
 
 
-def served(cmd: list[str], url: str, log: Path, run: Callable[[str, int], Any]) -> Any:
-    """Start a server, wait until it is healthy, `run(url, pid)`, stop it by its pid."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(url, proc)
-        return run(url, proc.pid)
-    finally:
-        stop_server(proc)
-
-
 def print_table(result: dict[str, Any]) -> None:
     r, s, m = result["results"], result["settings"], result["machine"]
-    t = Table(title=f"flood: {result['preset']} on {m['cpu']} ({m['cores']} cores), {s['slots']} slots, "
+    t = Table(title=f"flood: {s['preset']} on {m['cpu']} ({m['cores']} cores), {s['slots']} slots, "
               f"--max-queue {s['max_queue']}, {s['clients']} clients x {s['seconds']:g} s, "
               f"{s['max_tokens']} tokens a request")
     for name, justify in (("measure", "left"), ("value", "right"), ("goal", "left")):
@@ -313,14 +301,14 @@ def print_table(result: dict[str, Any]) -> None:
     h = r["health_at_end"]
     t.add_row("at the end: busy slots / queue", f"{h['slots_busy']:g} / {h['queue_depth']:g}", "")
     t.add_row("server RSS at start / end", f"{h['rss_mib_before']} / {h['rss_mib_after']} MiB", "")
-    load = result["load_average_1m"]
-    t.add_row("machine load average (1 min) at start / end", f"{load['start']:.1f} / {load['end']:.1f}",
-              f"{m['cores']} cores")
+    probe = result["probe"]
+    t.add_row("machine load average (1 min) at start / end",
+              f"{probe['loadavg_1m_start']:.1f} / {probe['loadavg_1m_end']:.1f}", f"{m['cores']} cores")
     Console(width=None if sys.stdout.isatty() else 160).print(t)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--url", help="a running server (else one is started on the preset's random weights)")
     ap.add_argument("--slots", type=int, default=16)
@@ -349,29 +337,38 @@ def main() -> None:
     if args.flood_child:
         flood_child(args.flood_child)
         return
-    load_before = os.getloadavg()[0]
-    if args.url:
-        url, server = args.url.rstrip("/"), None
-        results = measure(url, None, args)
-    else:
-        d = model_dir(args.preset, big_corpus(), False)
-        port = free_port()
-        server = [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", str(port), "--slots",
-                  str(args.slots), "--max-queue", str(args.max_queue), "--threads", str(args.threads),
-                  *args.serve_args.split()]
-        results = served(server, f"http://127.0.0.1:{port}", HERE / "work" / "serve" / f"flood-{args.preset}.log",
-                         lambda u, pid: measure(u, pid, args))
-    result = {"preset": args.preset, "date": time.strftime("%Y-%m-%d"), "machine": describe(),
-              "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},  # others' work on the machine
-              "settings": {"slots": args.slots, "max_queue": args.max_queue, "threads": args.threads,
-                           "clients": args.factor * (args.slots + args.max_queue), "seconds": args.seconds,
-                           "max_tokens": args.max_tokens, "client_nice": args.client_nice, "probes": args.probes,
-                           "serve_options": server[5:] if server else None, "url": args.url},
-              "results": results}
-    out = HERE / "results" / f"flood-{args.preset}-{time.strftime('%Y%m%d')}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(result)
-    print(f"wrote {out.relative_to(HERE.parent)}", file=sys.stderr)
+    run = Run()
+    with run.round() as rnd:
+        if args.url:
+            url, server = args.url.rstrip("/"), None
+            rnd.data.update(measure(url, None, args))
+        else:
+            server = gptport_serve(serve_model(args.preset), "--slots", str(args.slots), "--max-queue",
+                                   str(args.max_queue), "--threads", str(args.threads), *args.serve_args.split())
+            rnd.data.update(served(server, WORK / "serve" / f"flood-{args.preset}.log",
+                                   lambda u, proc: measure(u, proc.pid, args)))
+    settings = cli.settings(args, clients=args.factor * (args.slots + args.max_queue),
+                            serve_options=server[7:] if server else None)
+    doc = results.document(results.benchmark_name(__spec__), run, table_rows(rnd.data), settings, label=args.label)
+    print_table({"results": rnd.data, "settings": settings, "machine": doc["machine"], "probe": rnd.probe})
+    results.write(doc, args.results)
+
+
+def table_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The unloaded TTFT, each flood's counts, latencies, recovery and goals, the idle sockets' table."""
+    rows: list[dict[str, Any]] = [{"phase": "unloaded", "ttft_p50_ms": r["unloaded_ttft"]["p50_ms"],
+                                   "ttft_p99_ms": r["unloaded_ttft"]["p99_ms"]}]
+    for f in r["floods"]:
+        admitted = (f.get("probes") or f)["admitted_ttft"]
+        rows.append({"phase": f"flood, Retry-After {f['retry_after']}", "ok": f["ok"], "refused_429": f["refused_429"],
+                     "failures": sum(f["failures"].values()), "answers_per_s": f["requests_per_s"],
+                     "ttft_p50_ms": admitted["p50_ms"], "ttft_p99_ms": admitted["p99_ms"],
+                     "p99_over_unloaded": f["admitted_p99_over_unloaded_p99"],
+                     "refusal_p99_ms": f["refusal_latency"]["p99_ms"], "recovery_s": f["recovery"]["seconds"],
+                     "goals_met": all(f["goals"].values())})
+    if r.get("idle_sockets"):
+        rows += [{"table": "idle sockets", **row} for row in idle_rows(r["idle_sockets"])]
+    return rows
 
 
 if __name__ == "__main__":

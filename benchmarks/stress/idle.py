@@ -4,28 +4,28 @@ slowloris sockets that send a request's headers and then its body one byte a sec
 reconnects as soon as the server closes it (as a real one would), so the sockets stay open all along;
 what the server did to them is counted (closed idle, 408, other answers).
 
-Also the client side of benchmarks/flood_serve.py: one streamed completion, its TTFT and status.
-Run alone, it starts a server on the preset's random weights (bench_serve.py's) or uses --url, and
-writes benchmarks/results/idle-<preset>-<date>.json.
+Also the client side of benchmarks.stress.flood: one streamed completion, its TTFT and status. Run alone,
+it starts a server on the preset's random weights (the serving benchmarks') or uses --url; one round.
 
-    python benchmarks/idle_serve.py [--preset small] [--idle 500 --keepalive 100 --slow 50] [--seconds 40]
+    python -m benchmarks.stress.idle [--preset small] [--idle 500 --keepalive 100 --slow 50] [--seconds 40]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-HERE = Path(__file__).resolve().parent
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import WORK, serve_model
+from benchmarks.harness.run import Run
+from benchmarks.harness.servers import gptport_serve, served
+
 PROMPT = "the quick brown fox jumps over the lazy dog and then"
 
 
@@ -208,13 +208,20 @@ def idle_phase(url: str, payload: dict[str, Any], counts: dict[str, int], second
     return {"without": {"ttft": ms(base)}, "with": attacked}
 
 
+def idle_rows(idle: dict[str, Any]) -> list[dict[str, Any]]:
+    """The idle phase's table: TTFT without and with the sockets, and what the server did to each kind."""
+    w = idle["with"]
+    rows = [{"sockets": "none", **idle["without"]["ttft"]},
+            {"sockets": ", ".join(f"{n} {k}" for k, n in w["sockets"].items()), **w["ttft"],
+             "requests": w["requests"], "failed": w["failed"]}]
+    rows += [{"table": "what the server did to the sockets", "kind": kind, "connects": t["connects"],
+              "closed": t["closed"], "errors": t["errors"], **{f"answered {k}": v for k, v in t["statuses"].items()}}
+             for kind, t in w["what_the_server_did"].items()]
+    return rows
+
+
 def main() -> None:
-    from bench_serve import free_port, model_dir, served_with
-    from bench_tokenizer import big_corpus
-
-    from gptport.machine import describe
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--url", help="an already running server (else one is started on the preset's random weights)")
     ap.add_argument("--slots", type=int, default=16)
@@ -227,20 +234,17 @@ def main() -> None:
     args = ap.parse_args()
     counts = {"idle": args.idle, "keepalive": args.keepalive, "slow": args.slow}
     payload = body(args.max_tokens)
-    if args.url:
-        result = idle_phase(args.url.rstrip("/"), payload, counts, args.seconds)
-    else:
-        d = model_dir(args.preset, big_corpus(), False)
-        port = free_port()
-        cmd = [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", str(port), "--slots",
-               str(args.slots), "--threads", str(args.threads)]
-        log = HERE / "work" / "serve" / f"idle-{args.preset}.log"
-        result = served_with(cmd, f"http://127.0.0.1:{port}", log,
-                             lambda u: idle_phase(u, payload, counts, args.seconds))
-    out = {"preset": args.preset, "machine": describe(), "max_tokens": args.max_tokens, "idle": result}
-    path = HERE / "results" / f"idle-{args.preset}-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    run = Run()
+    with run.round() as rnd:
+        if args.url:
+            rnd.data["idle"] = idle_phase(args.url.rstrip("/"), payload, counts, args.seconds)
+        else:
+            cmd = gptport_serve(serve_model(args.preset), "--slots", str(args.slots), "--threads", str(args.threads))
+            rnd.data["idle"] = served(cmd, WORK / "serve" / f"idle-{args.preset}.log",
+                                      lambda u, _proc: idle_phase(u, payload, counts, args.seconds))
+    print(json.dumps(rnd.data["idle"], indent=2))
+    results.write(results.document(results.benchmark_name(__spec__), run, idle_rows(rnd.data["idle"]),
+                                   cli.settings(args), label=args.label), args.results)
 
 
 if __name__ == "__main__":

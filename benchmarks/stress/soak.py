@@ -2,58 +2,45 @@
 completions and chat completions, n > 1, stop strings, logprobs, clients that leave mid-stream or mid-body,
 malformed bodies and over-long prompts, each kind with the statuses it may get), the server process's
 RSS, open fds and threads and its busy slots sampled every few seconds. The loop, the mix and the
-verdicts are gptport/serve/soak.py's (tests/test_soak.py runs them for a minute).
+verdicts are gptport/load/soak.py's (tests/test_soak.py runs them for a minute).
 
 Checks (PASS/FAIL): RSS grows < 5% after warm-up (the first 10% of the time), fds and threads back to
 their baseline once idle, no slot left busy, no unexpected status, the requests done, every kind sent.
-Starts a server on the preset's random weights (bench_serve.py's model directories; 16 slots, queue 64,
-2 threads) or soaks --url with --pid. Writes benchmarks/results/soak-<preset>-<date>.json (the curves,
-the counts, the verdicts, the CPU); --plot draws the curves into a PNG. Exit status 1 when a check fails.
+Starts a server on the preset's random weights (the serving benchmarks' model directories; 16 slots,
+queue 64, 2 threads) or soaks --url with --pid. One round, whose data holds the curves; --plot draws them
+into a PNG. Exit status 1 when a check fails.
 
-    python benchmarks/soak_serve.py [--preset small] [--minutes 20] [--requests 10000] [--plot soak.png]
-    python benchmarks/soak_serve.py --url http://127.0.0.1:8000 --pid 12345 --preset mine
+    python -m benchmarks.stress.soak [--preset small] [--minutes 20] [--requests 10000] [--plot soak.png]
+    python -m benchmarks.stress.soak --url http://127.0.0.1:8000 --pid 12345 --preset mine
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import WORK, serve_model
+from benchmarks.harness.run import Run
+from benchmarks.harness.servers import gptport_serve, served
 from gptport.errors import GptportError
-from gptport.machine import describe
-from gptport.serve import soak
-from gptport.serve.loadgen import base_url
+from gptport.load import soak
+from gptport.load.loadgen import base_url
 
-HERE = Path(__file__).resolve().parent
 PHASE_COLOURS = {"start": "#dde8f2", "warmup": "#f2e6c9", "pause": "#dde8f2", "settle": "#dde8f2"}
 
 
 def soak_started(args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any]:
     """Start `gptport serve` on the preset's random weights, soak it, stop it by its pid."""
-    from bench_serve import free_port, model_dir, stop_server, wait_healthy
-    from bench_tokenizer import big_corpus
-
-    d = model_dir(args.preset, big_corpus(), False)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = HERE / "work" / "serve" / f"soak-{args.preset}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--port", str(port),
-                                 "--slots", str(args.slots), "--max-queue", str(args.max_queue), "--threads",
-                                 str(args.threads)], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(url, proc)
-        return soak.run(soak.SoakConfig(url, proc.pid, **cfg), say)
-    finally:
-        stop_server(proc)
+    cmd = gptport_serve(serve_model(args.preset), "--slots", str(args.slots), "--max-queue", str(args.max_queue),
+                        "--threads", str(args.threads))
+    return served(cmd, WORK / "serve" / f"soak-{args.preset}.log",
+                  lambda url, proc: soak.run(soak.SoakConfig(url, proc.pid, **cfg), say))
 
 
 def say(message: str) -> None:
@@ -120,7 +107,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--preset", default="small", help="the random weights' shape (with --url: the results' name)")
     ap.add_argument("--url", help="soak this running server instead of starting one (with --pid)")
     ap.add_argument("--pid", type=int, help="with --url: the server's process id, to sample")
@@ -136,32 +123,33 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--api-key", help="the server's API key, if it has one")
     ap.add_argument("--plot", type=Path, help="draw the curves into this PNG")
-    ap.add_argument("--out", type=Path, help="the results file (default results/soak-<preset>-<date>.json)")
     args = ap.parse_args()
     if (args.url is None) != (args.pid is None):
         ap.error("--url and --pid go together")
     cfg = {"minutes": args.minutes, "requests": args.requests, "max_minutes": args.max_minutes,
            "concurrency": args.concurrency, "interval_s": args.interval, "rss_growth": args.rss_growth,
            "seed": args.seed, "api_key": args.api_key}
+    run = Run()
     try:
-        if args.url:
-            result = soak.run(soak.SoakConfig(base_url(args.url), args.pid, **cfg), say)
-        else:
-            result = soak_started(args, cfg)
+        with run.round() as rnd:
+            if args.url:
+                rnd.data.update(soak.run(soak.SoakConfig(base_url(args.url), args.pid, **cfg), say))
+            else:
+                rnd.data.update(soak_started(args, cfg))
     except GptportError as e:
-        sys.exit(f"soak_serve: error: {e}")
-    result = {"preset": args.preset, "date": time.strftime("%Y-%m-%d"), "machine": describe(),
-              "server": None if args.url else {"slots": args.slots, "max_queue": args.max_queue,
-                                               "threads": args.threads},
-              **result}
-    out = args.out or HERE / "results" / f"soak-{args.preset}-{time.strftime('%Y%m%d')}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+        sys.exit(f"soak: error: {e}")
+    result = {**rnd.data, "preset": args.preset, "machine": results.machine()}
     print_tables(result)
+    rows = [{"check": v["check"], "value": v["value"], "limit": v["limit"], "passed": v["passed"]}
+            for v in result["verdicts"]]
+    rows += [{"table": "requests by kind", "kind": name, "route": kind["path"],
+              **{f"got {s}": n for s, n in result["counts"].get(name, {}).items()}}
+             for name, kind in result["kinds"].items()]
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, cli.settings(args),
+                                   label=args.label), args.results)
     if args.plot:
         plot(result, args.plot)
-        say(f"wrote {out} and {args.plot}")
-    else:
-        say(f"wrote {out}")
+        say(f"wrote {args.plot}")
     sys.exit(0 if all(v["passed"] for v in result["verdicts"]) else 1)
 
 
