@@ -2,17 +2,15 @@
 (WebAssembly, 1 and 2 threads, cross-origin isolated), beside native `gptport bench` on the same graph
 (model.onnx, the contract graph, batch 1) and beside transformers.js generating from the same bundle in
 the same browser (the anchor a web developer would pick; its npm package pinned by
-benchmarks/web/package-lock.json). Also the time from navigation to the first generated token with
-the files cached. Random weights of each preset's shape (bench_serve.py's model directories): speed does
-not depend on what the weights learned. Rounds interleave the configurations. Writes
-benchmarks/results/web-<cpu>.json.
+benchmarks/export/transformers_js/package-lock.json). Also the time from navigation to the first
+generated token with the files cached. Random weights of each preset's shape (the serving benchmarks'
+model directories): speed does not depend on what the weights learned. A first round warms the
+browser's cache and is not kept; the rounds alternate which page goes first.
 
-    python benchmarks/bench_web.py [--shapes tiny,small] [--rounds 3] [--tokens 128] [--prompt 16]
+    python -m benchmarks.export.web [--shapes tiny,small] [--rounds 3] [--tokens 128] [--prompt 16]
 """
-
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -22,19 +20,18 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench_serve import model_dir
-from bench_tokenizer import big_corpus
-
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import WORK, serve_model
+from benchmarks.harness.run import Run
 from gptport.export.web_server import BundleHandler
-from gptport.machine import describe, slug
 
 HERE = Path(__file__).resolve().parent
-WORK = HERE / "work" / "web"
+WEB = WORK / "web"
+ENGINES = ("gptport", "transformers.js")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 PROMPT_TEXT = "ROMEO: "  # repeated to --prompt tokens or so; both engines get the same ids
@@ -65,24 +62,24 @@ def gptport(*args: str) -> str:
 
 
 def tjs_runtime() -> Path:
-    """transformers.js and its onnxruntime-web from benchmarks/web/package-lock.json (npm ci, once)."""
-    root = WORK / "tjs"
+    """transformers.js and its onnxruntime-web from transformers_js/package-lock.json (npm ci, once)."""
+    root = WEB / "tjs"
     if not (root / "node_modules" / "@huggingface" / "transformers").is_dir():
         root.mkdir(parents=True, exist_ok=True)
         for name in ("package.json", "package-lock.json"):
-            shutil.copyfile(HERE / "web" / name, root / name)
+            shutil.copyfile(HERE / "transformers_js" / name, root / name)
         subprocess.run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"], cwd=root,
                        check=True)
     return root / "node_modules"
 
 
-def site(shapes: list[str], corpus: Path) -> tuple[Path, dict[str, Path]]:
+def site(shapes: list[str]) -> tuple[Path, dict[str, Path]]:
     """One folder served at one origin: each shape's bundle at /<shape>/, transformers.js's page at /tjs/."""
     top = Path(tempfile.mkdtemp(prefix="bench-web-"))
     dirs = {}
     for shape in shapes:
-        d = model_dir(shape, corpus, gguf=False)
-        bundle = WORK / f"bundle-{shape}"
+        d = serve_model(shape)
+        bundle = WEB / f"bundle-{shape}"
         gptport("export-web", str(d), "--out", str(bundle), "--force")
         (top / shape).symlink_to(bundle)
         dirs[shape] = d
@@ -136,7 +133,7 @@ def page_run(browser: Any, url: str, prompt_ids: list[int], tokens: int, engine:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.parser(__doc__)
     ap.add_argument("--shapes", default="tiny,small")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
@@ -144,7 +141,7 @@ def main() -> None:
     ap.add_argument("--chromium", default=os.environ.get("GPTPORT_CHROMIUM") or shutil.which("chromium"))
     args = ap.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    top, dirs = site(shapes, big_corpus())
+    top, dirs = site(shapes)
     from playwright.sync_api import sync_playwright
 
     from gptport import tokenizer as bpe
@@ -152,49 +149,52 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(BundleHandler, directory=str(top)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     origin = f"http://127.0.0.1:{server.server_address[1]}"
-    samples: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    run = Run()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.chromium, headless=True, args=ARGS)
         version = browser.version
-        for rnd in range(args.rounds + 1):  # round 0 warms the browser's cache and is not kept
+
+        def one_round(data: dict[str, Any], engines: list[str]) -> None:
             for shape in shapes:
                 tok = bpe.load(dirs[shape])
                 ids = (tok.encode(PROMPT_TEXT * args.prompt))[: args.prompt]
                 for threads in (1, 2):
-                    for engine, url in (("gptport", f"{origin}/{shape}/?threads={threads}"),
-                                        ("transformers.js", f"{origin}/tjs/?model={shape}&threads={threads}")):
+                    for engine in engines:
+                        url = (f"{origin}/{shape}/?threads={threads}" if engine == "gptport" else
+                               f"{origin}/tjs/?model={shape}&threads={threads}")
                         r = page_run(browser, url, ids, args.tokens, engine)
-                        print(f"round {rnd} {shape} {engine} {threads}t: {r['decode_tok_s']:.0f} tok/s, first "
-                              f"token {r['first_token_ms']:.0f} ms", flush=True)
-                        if rnd:
-                            samples.setdefault((shape, engine, threads), []).append(r)
-                    if rnd:
-                        n = native(dirs[shape], threads, args.prompt, args.tokens)
-                        samples.setdefault((shape, "native", threads), []).append({"decode_tok_s": n})
+                        print(f"{shape} {engine} {threads}t: {r['decode_tok_s']:.0f} tok/s, first token "
+                              f"{r['first_token_ms']:.0f} ms", flush=True)
+                        data[f"{shape} {engine} {threads}"] = r
+
+        one_round({}, list(ENGINES))  # warms the browser's cache: not kept
+        for rnd in run.series(args.rounds):
+            one_round(rnd.data, rnd.order(ENGINES))
+            for shape in shapes:
+                for threads in (1, 2):
+                    rnd.data[f"{shape} native {threads}"] = {"decode_tok_s": native(dirs[shape], threads, args.prompt,
+                                                                                    args.tokens)}
         browser.close()
     server.shutdown()
     rows = []
-    for (shape, engine, threads), runs in samples.items():
-        rows.append({"shape": shape, "engine": engine, "threads": threads,
-                     "decode_tok_s": statistics.median(r["decode_tok_s"] for r in runs),
-                     "first_token_ms": statistics.median(r["first_token_ms"] for r in runs) if engine != "native"
-                     else None, "rounds": len(runs)})
-    same = {shape: samples[(shape, "gptport", 1)][0]["token_ids"]
-            == samples[(shape, "transformers.js", 1)][0]["token_ids"] for shape in shapes}
-    host = describe()
-    result = {"machine": host, "browser": f"Chromium {version} (headless)", "tokens": args.tokens,
-              "prompt_tokens": args.prompt, "rounds": args.rounds, "same_greedy_tokens": same, "rows": rows,
-              "when": time.strftime("%Y-%m-%d")}
-    out = HERE / "results" / f"web-{slug(host['cpu'])}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(result)
-    print(f"wrote {out}")
+    for shape in shapes:
+        for threads in (1, 2):
+            for engine in (*ENGINES, "native"):
+                runs = run.values(f"{shape} {engine} {threads}")
+                rows.append({"shape": shape, "engine": engine, "threads": threads,
+                             "decode_tok_s": statistics.median(r["decode_tok_s"] for r in runs),
+                             "first_token_ms": statistics.median(r["first_token_ms"] for r in runs)
+                             if engine != "native" else None, "rounds": len(runs)})
+    same = {shape: run.rounds[0].data[f"{shape} gptport 1"]["token_ids"]
+            == run.rounds[0].data[f"{shape} transformers.js 1"]["token_ids"] for shape in shapes}
+    print_table(rows, same)
+    settings = cli.settings(args, browser=f"Chromium {version} (headless)")
+    results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label,
+                                   details={"same_greedy_tokens": same}), args.results)
 
 
-def print_table(result: dict[str, Any]) -> None:
-    print(f"\n{result['machine']['cpu']}, {result['browser']}, {result['tokens']} new tokens after "
-          f"{result['prompt_tokens']}, medians of {result['rounds']} rounds")
-    by = {(r["shape"], r["engine"], r["threads"]): r for r in result["rows"]}
+def print_table(rows: list[dict[str, Any]], same: dict[str, bool]) -> None:
+    by = {(r["shape"], r["engine"], r["threads"]): r for r in rows}
     print(f"{'shape':8} {'threads':>7} {'gptport page':>13} {'transformers.js':>16} {'ratio':>6} {'native':>8} "
           f"{'native/page':>12} {'first token ms':>15}")
     for shape, threads in sorted({(s, t) for s, _, t in by}):
@@ -203,7 +203,7 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{shape:8} {threads:>7} {g['decode_tok_s']:>13,.0f} {t['decode_tok_s']:>16,.0f} "
               f"{g['decode_tok_s'] / t['decode_tok_s']:>5.2f}x {n['decode_tok_s']:>8,.0f} "
               f"{n['decode_tok_s'] / g['decode_tok_s']:>11.2f}x {g['first_token_ms']:>15,.0f}")
-    print(f"greedy tokens equal between the two pages: {result['same_greedy_tokens']}")
+    print(f"greedy tokens equal between the two pages: {same}")
 
 
 if __name__ == "__main__":

@@ -10,15 +10,14 @@ each provider that really initialises here:
 - speed: `gptport bench` rows (prefill and decode tok/s, batch 1 and 8) for cpu and the GPU providers,
   torch eager beside them on the same device;
 - serving: `gptport serve --provider cuda` under `gptport bench-serve` (1 and 8 users).
-Each stage's outcome is recorded even when a later one fails. Writes
-benchmarks/results/gpu-<gpu>.json naming the GPU and the CPU, and prints a table.
+Each stage's outcome is recorded even when a later one fails; the results file (named after the GPU) is
+written after each shape, one round per shape.
 
-    python benchmarks/bench_gpu.py [--shapes small,gpt2-124m] [--steps 300] [--quantized]
+    python -m benchmarks.gpu.providers [--shapes small,gpt2-124m] [--steps 300] [--quantized]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -28,10 +27,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench_serve import free_port, stop_server, wait_healthy
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import WORK as ROOT_WORK
+from benchmarks.harness.run import Run
+from gptport.load import server_proc
 
-HERE = Path(__file__).resolve().parent
-WORK = HERE / "work" / "gpu"
+WORK = ROOT_WORK / "gpu"
 # gpt2-124m: GPT-2 small's layers with 32,768 tokens (the stdlib corpus runs out of BPE pairs before 50,257)
 VOCAB = {"tiny": 1024, "small": 4096, "gpt2-124m": 32768}
 PROMPTS = ["def ", "import os\n", "class Parser:\n    def __init__(self", "# Copyright"]
@@ -131,55 +132,59 @@ def bench_rows(d: Path, providers: list[str], precisions: str, shape: str) -> li
 
 def serving(d: Path, provider: str) -> dict[str, Any]:
     """`gptport serve --provider` under `gptport bench-serve` at 1 and 8 users, then stopped."""
-    port, log = free_port(), WORK / f"serve-{provider}.log"
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--provider", provider,
-                                   "--port", str(port), "--slots", "8"], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        try:
-            wait_healthy(url, server)  # /health answers 200 once the model is loaded
-        except SystemExit as e:  # a stage's failure is recorded, not the end of the run
-            raise RuntimeError(f"{e}: {log.read_text()[-1500:]}") from None
+    port, log = server_proc.free_port(), WORK / f"serve-{provider}.log"
+    url = server_proc.url_of(port)
+    cmd = [sys.executable, "-m", "gptport.cli.main", "serve", str(d), "--provider", provider, "--port", str(port),
+           "--slots", "8"]
+    with server_proc.running(cmd, url, log):  # a failure to start is recorded by the caller, with the log's end
         path = WORK / f"serve-{provider}.json"
         gptport("bench-serve", url, "--concurrency", "1,8", "--num-prompts", "32", "--max-tokens", "128",
                 "--json", str(path), timeout=900)
-        return json.loads(path.read_text())
-    finally:
-        stop_server(server)
+        return dict(json.loads(path.read_text()))
+
+
+def table_rows(shape: str, got: dict[str, Any]) -> list[dict[str, Any]]:
+    """The shape's speed, accuracy and serving rows from its stages' outcomes."""
+    rows: list[dict[str, Any]] = []
+    if isinstance(got.get("bench"), list):
+        rows += [{"table": "speed", "shape": shape, **{k: r.get(k) for k in ("engine", "provider", "precision",
+                                                                              "batch", "prefill_tok_s",
+                                                                              "decode_tok_s", "error")}}
+                 for r in got["bench"]]
+    for key, value in got.items():
+        if key.startswith("accuracy") and isinstance(value, dict) and "error" not in value:
+            rows += [{"table": "accuracy", "shape": shape, "provider": key.split()[1], "precision": precision,
+                      **{k: a[k] for k in ("parity_ok", "max_abs_logits", "top1", "greedy_same_as_cpu_fp32")}}
+                     for precision, a in value.items()]
+    served = got.get("serve cuda")
+    if isinstance(served, dict) and "error" not in served:
+        rows += [{"table": "serving", "shape": shape, "provider": "cuda", **{k: r.get(k) for k in (
+            "concurrency", "completed", "failed", "output_throughput", "median_ttft_ms", "median_tpot_ms")}}
+                 for r in served.get("results", [])]
+    rows += [{"table": "failed stages", "shape": shape, "stage": k, "error": v["error"][:300]}
+             for k, v in got.items() if isinstance(v, dict) and "error" in v]
+    return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--shapes", default="small,gpt2-124m")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--quantized", action="store_true", help="also int8 and int4 (their gates run on the CPU)")
     ap.add_argument("--no-serve", dest="serve", action="store_false")
-    ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--stages", default="prepare,accuracy,bench,serve", help="which stages run (prepare made "
                     "the model directories before, when left out)")
     args = ap.parse_args()
 
-    import onnxruntime as ort
-
-    from gptport.machine import describe, slug
     from gptport.runtime.providers import probe
 
     gpu = gpu_name()
     statuses = {p: probe(p).__dict__ for p in ("cpu", "cuda", "tensorrt")}
-    result: dict[str, Any] = {"gpu": gpu, "machine": describe(), "onnxruntime": ort.__version__,
-                              "providers": statuses, "shapes": {}}
-    out = args.out / f"gpu-{slug(gpu.split(',')[0])}.json"
     gpus = [p for p in ("cuda", "tensorrt") if statuses[p]["ok"]]
     precisions = "fp32,fp16,int8,int4" if args.quantized else "fp32,fp16"
-
-    def save() -> None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-
+    run = Run()
+    rows: list[dict[str, Any]] = []
     for shape in args.shapes.split(","):
-        got: dict[str, Any] = {}
-        result["shapes"][shape] = got
         d = WORK / shape
         stages: list[tuple[str, Any]] = [("prepare", lambda s=shape: prepare(s, args.steps, precisions)[1])]
         for p in gpus:
@@ -187,52 +192,30 @@ def main() -> None:
         stages.append(("bench", lambda d=d, s=shape: bench_rows(d, ["cpu", *gpus], precisions, s)))
         if args.serve and "cuda" in gpus:
             stages.append(("serve cuda", lambda d=d: serving(d, "cuda")))
-        for name, run in [(n, r) for n, r in stages if n.split()[0] in args.stages.split(",")]:
-            print(f"== {shape}: {name}", file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            try:
-                got[name] = run()
-            except Exception as e:  # a stage's failure is a finding: record it, go on with the next
-                got[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
-                print(got[name]["error"], file=sys.stderr)
-            got[f"{name} seconds"] = time.perf_counter() - t0
-            save()
-    print_table(result)
-    print(f"wrote {out}")
+        with run.round(shape=shape) as rnd:
+            for name, stage in [(n, r) for n, r in stages if n.split()[0] in args.stages.split(",")]:
+                print(f"== {shape}: {name}", file=sys.stderr, flush=True)
+                t0 = time.perf_counter()
+                try:
+                    rnd.data[name] = stage()
+                except Exception as e:  # a stage's failure is a finding: record it, go on with the next
+                    rnd.data[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+                    print(rnd.data[name]["error"], file=sys.stderr)
+                rnd.data[f"{name} seconds"] = time.perf_counter() - t0
+        rows += table_rows(shape, rnd.data)
+        results.write(results.document(results.benchmark_name(__spec__), run, rows, cli.settings(args),
+                                       gpu=None if gpu == "no GPU" else gpu, label=args.label,
+                                       details={"gpu": gpu, "providers": statuses}),
+                      args.results)
+    print_table(gpu, statuses, rows)
 
 
-def print_table(result: dict[str, Any]) -> None:
-    print(f"\n{result['gpu']} · {result['machine']['cpu']} ({result['machine']['cores']} cores) · "
-          f"onnxruntime {result['onnxruntime']}")
-    for p, s in result["providers"].items():
+def print_table(gpu: str, statuses: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    print(f"\n{gpu}")
+    for p, s in statuses.items():
         print(f"  {p:<9} {'yes' if s['ok'] else 'no ':<4} {s['reason']}")
-    for shape, got in result["shapes"].items():
-        print(f"\n{shape}")
-        for key, value in got.items():
-            if key.startswith("accuracy") and isinstance(value, dict) and "error" not in value:
-                for precision, a in value.items():
-                    check = ("parity not run" if a["parity_ok"] is None else
-                             f"parity {'ok' if a['parity_ok'] else 'FAIL'} max|dlogits| {a['max_abs_logits']:.2e} "
-                             f"top1 {a['top1']:.3f}")
-                    print(f"  {key} {precision:<5} {check} greedy=cpu {a['greedy_same_as_cpu_fp32']:.2f} "
-                          f"first diff {a['first_difference_at']}")
-            elif isinstance(value, dict) and "error" in value:
-                print(f"  {key}: {value['error'][:300]}")
-        rows = got.get("bench")
-        if isinstance(rows, list):
-            print(f"  {'engine':<6} {'provider':<9} {'precision':<9} {'batch':>5} {'prefill tok/s':>14} "
-                  f"{'decode tok/s':>13}")
-            for r in rows:
-                pre, dec = r.get("prefill_tok_s"), r.get("decode_tok_s")
-                print(f"  {r.get('engine', ''):<6} {r.get('provider', ''):<9} {r.get('precision', ''):<9} "
-                      f"{r.get('batch', ''):>5} {'' if pre is None else f'{pre:,.0f}':>14} "
-                      f"{'' if dec is None else f'{dec:,.0f}':>13} {r.get('error') or ''}")
-        served = got.get("serve cuda")
-        if isinstance(served, dict) and "error" not in served:
-            for r in served.get("results", []):
-                keys = {k: r.get(k) for k in ("concurrency", "completed", "failed", "output_throughput",
-                                              "median_ttft_ms", "median_tpot_ms")}
-                print("  serve cuda " + " ".join(f"{k}={v}" for k, v in keys.items()))
+    for r in rows:
+        print("  " + " ".join(f"{k}={v}" for k, v in r.items() if v is not None))
 
 
 if __name__ == "__main__":
