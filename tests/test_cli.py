@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import typer
+from typer.core import TyperGroup, TyperOption
 
 from gptport import __version__
+from gptport.cli.main import app
+
+COMMANDS = typer.main.get_command(app)  # the click command Typer builds (Typer carries its own click)
+assert isinstance(COMMANDS, TyperGroup)
 
 
-def gptport(*args: str, stdin: str | None = None, debug: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in a subprocess, as a user would."""
+def gptport(*args: str, stdin: str | None = None, debug: bool = False,
+            columns: int | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a subprocess, as a user would (in a terminal `columns` wide, when given)."""
     env = {k: v for k, v in os.environ.items() if k != "GPTPORT_DEBUG"}
     if debug:
         env["GPTPORT_DEBUG"] = "1"
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
     return subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], input=stdin,
                           capture_output=True, env=env, check=False, text=True, encoding="utf-8")
 
@@ -116,3 +126,22 @@ def test_usage_error_exits_2(tmp_path: Path) -> None:
     r = gptport("train-tokenizer", "x.txt", "--vocab-size", "many", "--out", str(tmp_path))
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name", [None, *COMMANDS.commands])
+def test_help_fits_80_columns_with_every_option_whole(name: str | None) -> None:
+    """`--help` of the CLI and of each of its commands, in a terminal of 80 columns: every option the
+    command declares (read from the click command Typer builds) is printed whole, none cut short, and the
+    usage, description and options wrap within the 80 columns (only the examples' commands, printed as
+    written, may run past)."""
+    command = COMMANDS if name is None else COMMANDS.commands[name]
+    params = command.get_params(command.context_class(command, info_name=name))  # --help's option too
+    names = [opt for param in params if isinstance(param, TyperOption) for opt in (*param.opts, *param.secondary_opts)]
+    assert "--help" in names
+    r = gptport(*([name] if name else []), "--help", columns=80)
+    assert r.returncode == 0, r.stderr
+    for opt in names:
+        assert re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", r.stdout), f"{name}: {opt} not whole in --help"
+    assert "\u2026" not in r.stdout
+    body = re.split(r"\n  Examples?:\n", r.stdout)[0]
+    assert [line for line in body.splitlines() if len(line) > 80] == []

@@ -27,14 +27,25 @@ from gptport.cli import (
 )
 from gptport.errors import GptportError
 
+
+def verbatim(text: str) -> str:
+    """Help text whose paragraphs click prints as written ("\\b" before each): example commands keep their
+    lines rather than being rewrapped into one another at the terminal's width."""
+    return "\n\n".join(f"\b\n{paragraph}" for paragraph in text.split("\n\n"))
+
+
+# Click's own help layout, not Rich's panels (rich_markup_mode=None): at 80 columns Rich's options table
+# cut option names short (--no-prefix-cac…) and squeezed the help into a column of 17 characters, and it
+# read brackets in help texts as markup ('gptport[ray]' lost '[ray]'). Click puts a long option on a line
+# of its own and wraps the help at the terminal's width.
 app = typer.Typer(
     name="gptport",
     help="From a raw text corpus to a portable, fast ONNX GPT.\n\n"
-    "Example:\n\n"
-    "  gptport train-tokenizer corpus.txt --vocab-size 8192 --out models/mymodel",
+    + verbatim("Example:\n\n  gptport train-tokenizer corpus.txt --vocab-size 8192 --out models/mymodel"),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -53,21 +64,21 @@ def root(
     """From a raw text corpus to a portable, fast ONNX GPT."""
 
 
-app.command("train-tokenizer", epilog=tokenizer_cmd.EXAMPLES)(tokenizer_cmd.train_tokenizer)
-app.command("train", epilog=train_cmd.EXAMPLES)(train_cmd.train)
-app.command("export", epilog=export_cmd.EXAMPLES)(export_cmd.export)
-app.command("generate", epilog=generate_cmd.EXAMPLES)(generate_cmd.generate)
-app.command("providers", epilog=providers_cmd.EXAMPLES)(providers_cmd.providers)
-app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
-app.command("serve", epilog=serve_cmd.EXAMPLES)(serve_cmd.serve)
-app.command("bench-serve", epilog=bench_serve_cmd.EXAMPLES)(bench_serve_cmd.bench_serve)
-app.command("eval", epilog=eval_cmd.EXAMPLES)(eval_cmd.eval_)
-app.command("demo", epilog=demo_cmd.EXAMPLES)(demo_cmd.demo)
-app.command("export-hf", epilog=hf_cmd.EXPORT_EXAMPLES)(hf_cmd.export_hf)
-app.command("import-hf", epilog=hf_cmd.IMPORT_EXAMPLES)(hf_cmd.import_hf)
-app.command("export-gguf", epilog=gguf_cmd.EXAMPLES)(gguf_cmd.export_gguf)
-app.command("export-web", epilog=web_cmd.EXAMPLES)(web_cmd.export_web)
-app.command("distill-corpus", epilog=distill_cmd.EXAMPLES)(distill_cmd.distill_corpus)
+app.command("train-tokenizer", epilog=verbatim(tokenizer_cmd.EXAMPLES))(tokenizer_cmd.train_tokenizer)
+app.command("train", epilog=verbatim(train_cmd.EXAMPLES))(train_cmd.train)
+app.command("export", epilog=verbatim(export_cmd.EXAMPLES))(export_cmd.export)
+app.command("generate", epilog=verbatim(generate_cmd.EXAMPLES))(generate_cmd.generate)
+app.command("providers", epilog=verbatim(providers_cmd.EXAMPLES))(providers_cmd.providers)
+app.command("bench", epilog=verbatim(bench_cmd.EXAMPLES))(bench_cmd.bench)
+app.command("serve", epilog=verbatim(serve_cmd.EXAMPLES))(serve_cmd.serve)
+app.command("bench-serve", epilog=verbatim(bench_serve_cmd.EXAMPLES))(bench_serve_cmd.bench_serve)
+app.command("eval", epilog=verbatim(eval_cmd.EXAMPLES))(eval_cmd.eval_)
+app.command("demo", epilog=verbatim(demo_cmd.EXAMPLES))(demo_cmd.demo)
+app.command("export-hf", epilog=verbatim(hf_cmd.EXPORT_EXAMPLES))(hf_cmd.export_hf)
+app.command("import-hf", epilog=verbatim(hf_cmd.IMPORT_EXAMPLES))(hf_cmd.import_hf)
+app.command("export-gguf", epilog=verbatim(gguf_cmd.EXAMPLES))(gguf_cmd.export_gguf)
+app.command("export-web", epilog=verbatim(web_cmd.EXAMPLES))(web_cmd.export_web)
+app.command("distill-corpus", epilog=verbatim(distill_cmd.EXAMPLES))(distill_cmd.distill_corpus)
 
 
 def main(argv: list[str] | None = None) -> None:
