@@ -10,7 +10,8 @@
      "rows": [{...}],                      the table the pages show; a row's "table" names its table
      "label"?: "...", "notes"?: ["..."], "details"?: {...}}
 
-The file is named <benchmark with - for .>-<machine slug>-<YYYYMMDD>[-<label>].json, the machine slug
+The file is named <benchmark>-<machine slug>-<YYYYMMDD>[-<label>].json (lower case, - between words:
+decode-kv-cache-amd-epyc-avx512-20261124.json), the machine slug
 being the GPU's name where one ran, else the CPU's name and its vector class (amd-epyc-avx512)."""
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def machine_slug(m: dict[str, Any]) -> str:
 
 def file_name(doc: dict[str, Any]) -> str:
     label = doc.get("label")
-    return (f"{doc['benchmark'].replace('.', '-')}-{machine_slug(doc['machine'])}-{doc['date'].replace('-', '')}"
+    return (f"{slug(doc['benchmark'])}-{machine_slug(doc['machine'])}-{doc['date'].replace('-', '')}"
             f"{'-' + slug(label) if label else ''}.json")
 
 
