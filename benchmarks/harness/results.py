@@ -10,9 +10,9 @@
      "rows": [{...}],                      the table the pages show; a row's "table" names its table
      "label"?: "...", "notes"?: ["..."], "details"?: {...}}
 
-The file is named <benchmark>-<machine slug>-<YYYYMMDD>[-<label>].json (lower case, - between words:
-decode-kv-cache-amd-epyc-avx512-20261124.json), the machine slug
-being the GPU's name where one ran, else the CPU's name and its vector class (amd-epyc-avx512)."""
+The file is named `<benchmark>-<machine slug>-<YYYYMMDD>[-<label>].json` (lower case, - between words:
+`decode-kv-cache-amd-epyc-avx512-20261124.json`), the machine slug being the GPU's name where one ran, else
+the CPU's name and its vector class (`amd-epyc-avx512`)."""
 
 from __future__ import annotations
 
