@@ -198,16 +198,15 @@ def readme_with(text: str, table: str) -> str | None:
 
 def render(results_dir: Path, docs_dir: Path, readme: Path, check: bool) -> int:
     tree = groups()
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
     try:
         docs = load(results_dir, tree)
         pages = {docs_dir / "index.md": index_page(tree, docs)}
         pages |= {docs_dir / f"{g}.md": group_page(g, s) for g, s in tree.items()}
-        table = headline_table(tree)
+        new_readme = readme_with(text, headline_table(tree)) if START in text else None
     except ValueError as e:
         print(f"render: {e}", file=sys.stderr)
         return 1
-    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
-    new_readme = readme_with(text, table)
     if new_readme is None:
         print(f"render: {readme.name} has no {START} ... {END} markers: its headline table is not rendered",
               file=sys.stderr)
