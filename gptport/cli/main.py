@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperCommand
 
 from gptport import __version__
 from gptport.cli import (
@@ -32,6 +33,17 @@ def verbatim(text: str) -> str:
     """Help text whose paragraphs click prints as written ("\\b" before each): example commands keep their
     lines rather than being rewrapped into one another at the terminal's width."""
     return "\n\n".join(f"\b\n{paragraph}" for paragraph in text.split("\n\n"))
+
+
+class ExamplesAsWritten(TyperCommand):
+    """A command whose epilog, its examples, --help prints as written (the epilog itself stays plain text,
+    as the documentation's CLI reference reads it)."""
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        if self.epilog:
+            formatter.write_paragraph()
+            with formatter.indentation():
+                formatter.write_text(verbatim(self.epilog))
 
 
 # Click's own help layout, not Rich's panels (rich_markup_mode=None): at 80 columns Rich's options table
@@ -64,21 +76,21 @@ def root(
     """From a raw text corpus to a portable, fast ONNX GPT."""
 
 
-app.command("train-tokenizer", epilog=verbatim(tokenizer_cmd.EXAMPLES))(tokenizer_cmd.train_tokenizer)
-app.command("train", epilog=verbatim(train_cmd.EXAMPLES))(train_cmd.train)
-app.command("export", epilog=verbatim(export_cmd.EXAMPLES))(export_cmd.export)
-app.command("generate", epilog=verbatim(generate_cmd.EXAMPLES))(generate_cmd.generate)
-app.command("providers", epilog=verbatim(providers_cmd.EXAMPLES))(providers_cmd.providers)
-app.command("bench", epilog=verbatim(bench_cmd.EXAMPLES))(bench_cmd.bench)
-app.command("serve", epilog=verbatim(serve_cmd.EXAMPLES))(serve_cmd.serve)
-app.command("bench-serve", epilog=verbatim(bench_serve_cmd.EXAMPLES))(bench_serve_cmd.bench_serve)
-app.command("eval", epilog=verbatim(eval_cmd.EXAMPLES))(eval_cmd.eval_)
-app.command("demo", epilog=verbatim(demo_cmd.EXAMPLES))(demo_cmd.demo)
-app.command("export-hf", epilog=verbatim(hf_cmd.EXPORT_EXAMPLES))(hf_cmd.export_hf)
-app.command("import-hf", epilog=verbatim(hf_cmd.IMPORT_EXAMPLES))(hf_cmd.import_hf)
-app.command("export-gguf", epilog=verbatim(gguf_cmd.EXAMPLES))(gguf_cmd.export_gguf)
-app.command("export-web", epilog=verbatim(web_cmd.EXAMPLES))(web_cmd.export_web)
-app.command("distill-corpus", epilog=verbatim(distill_cmd.EXAMPLES))(distill_cmd.distill_corpus)
+app.command("train-tokenizer", epilog=tokenizer_cmd.EXAMPLES, cls=ExamplesAsWritten)(tokenizer_cmd.train_tokenizer)
+app.command("train", epilog=train_cmd.EXAMPLES, cls=ExamplesAsWritten)(train_cmd.train)
+app.command("export", epilog=export_cmd.EXAMPLES, cls=ExamplesAsWritten)(export_cmd.export)
+app.command("generate", epilog=generate_cmd.EXAMPLES, cls=ExamplesAsWritten)(generate_cmd.generate)
+app.command("providers", epilog=providers_cmd.EXAMPLES, cls=ExamplesAsWritten)(providers_cmd.providers)
+app.command("bench", epilog=bench_cmd.EXAMPLES, cls=ExamplesAsWritten)(bench_cmd.bench)
+app.command("serve", epilog=serve_cmd.EXAMPLES, cls=ExamplesAsWritten)(serve_cmd.serve)
+app.command("bench-serve", epilog=bench_serve_cmd.EXAMPLES, cls=ExamplesAsWritten)(bench_serve_cmd.bench_serve)
+app.command("eval", epilog=eval_cmd.EXAMPLES, cls=ExamplesAsWritten)(eval_cmd.eval_)
+app.command("demo", epilog=demo_cmd.EXAMPLES, cls=ExamplesAsWritten)(demo_cmd.demo)
+app.command("export-hf", epilog=hf_cmd.EXPORT_EXAMPLES, cls=ExamplesAsWritten)(hf_cmd.export_hf)
+app.command("import-hf", epilog=hf_cmd.IMPORT_EXAMPLES, cls=ExamplesAsWritten)(hf_cmd.import_hf)
+app.command("export-gguf", epilog=gguf_cmd.EXAMPLES, cls=ExamplesAsWritten)(gguf_cmd.export_gguf)
+app.command("export-web", epilog=web_cmd.EXAMPLES, cls=ExamplesAsWritten)(web_cmd.export_web)
+app.command("distill-corpus", epilog=distill_cmd.EXAMPLES, cls=ExamplesAsWritten)(distill_cmd.distill_corpus)
 
 
 def main(argv: list[str] | None = None) -> None:
