@@ -91,7 +91,7 @@ def measure(run: Run, d: Path, rows: int, rounds: int, steps: int, seed: int = 0
             rnd.data[mode] = run_mode(mode)
 
 
-def row(run: Run, shape: str, rows: int) -> dict[str, Any]:
+def median_row(run: Run, shape: str, rows: int) -> dict[str, Any]:
     """Each mode's median over the kept rounds at `rows` rows, and its ratio to free decoding."""
     median = {m: statistics.median(run.values(m, rows=rows)) for m in MODES}
     return {"shape": shape, "rows": rows, **{f"{m}_ms": v for m, v in median.items()},
@@ -109,7 +109,7 @@ def main() -> None:
     run = Run()
     for r in args.rows.split(","):
         measure(run, d, int(r), args.rounds, args.steps)
-    rows = [row(run, args.shape, int(r)) for r in args.rows.split(",")]
+    rows = [median_row(run, args.shape, int(r)) for r in args.rows.split(",")]
     print(f"{args.shape} · medians of the kept rounds, ms per iteration")
     print(f"{'rows':>4} " + " ".join(f"{mode:>18}" for mode in MODES))
     for row in rows:

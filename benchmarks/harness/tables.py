@@ -96,6 +96,11 @@ def machine_line(doc: dict[str, Any]) -> str:
     return f"{gpu}{m['cpu']} ({m['vector_class']}{cores}) · {doc['date']} · commit {commit} · {soft}"
 
 
+def span(values: list[float]) -> str:
+    low, high = min(values), max(values)
+    return number(low) if low == high else f"{number(low)}–{number(high)}"
+
+
 def rounds_line(doc: dict[str, Any]) -> str:
     rounds = doc["rounds"]
     kept = sum(1 for r in rounds if r["kept"])
@@ -105,11 +110,11 @@ def rounds_line(doc: dict[str, Any]) -> str:
         return text + "; no machine probe recorded"
     bw = [p["bandwidth_gb_s"] for p in probes]
     steal = [p["steal"] for p in probes if p.get("steal") is not None]
-    text += f"; probed bandwidth {number(min(bw))}–{number(max(bw))} GB/s"
+    text += f"; probed bandwidth {span(bw)} GB/s"
     if steal:
         text += f", steal at most {max(steal):.1%}"
     load = [p["loadavg_1m_start"] for p in probes]
-    return text + f", load average {number(min(load))}–{number(max(load))}"
+    return text + f", load average {span(load)}"
 
 
 def settings_line(settings: dict[str, Any]) -> str:
