@@ -59,9 +59,10 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--lookup", type=int, default=3, help="--prompt-lookup N: tokens matched")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shape", default="small", help="the random weights' shape")
     args = ap.parse_args()
 
-    opened = open_model(serve_model("small"), cache="static", threads=args.threads, spin="step")
+    opened = open_model(serve_model(args.shape), cache="static", threads=args.threads, spin="step")
     text = big_corpus().read_text(encoding="utf-8")
     prompts = [opened.tok.encode(text[i * 5000:i * 5000 + 200])[:32] for i in range(args.prompts)]
     one_round(opened, prompts[:1], 32, args.lookup, ROWS)  # warm-up
@@ -83,7 +84,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['row']:32} {r['tok_s']:>10.0f} tok/s {r['over_plain']:>7.3f}x plain")
     print(f"prompt lookup / plain by round: {', '.join(map(str, ratios))}")
-    settings = cli.settings(args, model="the serving benchmarks' random-weight small",
+    settings = cli.settings(args, model=f"the serving benchmarks' random-weight {args.shape}",
                             sampling="temperature 1.0, seed = prompt index", goal="lookup / plain >= 0.95")
     results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label),
                   args.results)
