@@ -20,6 +20,7 @@ from gptport import contract
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, UsageError, ValidationError
 from gptport.export import exporter, validate, variants
+from gptport.export.tolerance import Tolerance, compare
 from gptport.export.validate import parity
 from gptport.runtime.engine import empty_past, positions
 from gptport.runtime.onnx_engine import OnnxModel, load_cpu
@@ -56,10 +57,11 @@ def test_parity_on_random_shapes(exported: tuple[Path, torch.nn.Module, OnnxMode
     want_logits, want_present = torch_step(model)(ids, mask, pos, past)
     got_logits, got_present = onnx_model.step()(ids, mask, pos, past)
     assert got_logits.shape == want_logits.shape
-    assert np.abs(got_logits - want_logits).max() <= 1e-4
+    assert compare("logits", got_logits, want_logits, Tolerance()).ok
     for got, want in zip(got_present, want_present, strict=True):
         assert got.shape == want.shape
-        assert np.abs(got - want).max() <= 1e-5
+        check = compare("cache", got, want, Tolerance())
+        assert check.ok, check.describe()
 
 
 def test_graph_follows_the_contract(exported: tuple[Path, torch.nn.Module, OnnxModel]) -> None:
@@ -211,7 +213,7 @@ def test_optimized_graph_passes_the_same_checks(tmp_path: Path, trained_dir: Pat
     ops = {n.op_type for n in onnx.load(str(d / "model.onnx")).graph.node}
     assert "SkipLayerNormalization" in ops
     model, _ = load_model(d, bpe.load(d))
-    assert all(r.ok for r in parity(model, load_cpu(d / "model.onnx").step(), atol=1e-4))
+    assert all(r.ok for r in parity(model, load_cpu(d / "model.onnx").step(), Tolerance()))
 
 
 def test_a_scheme_that_misses_the_gate_gives_way_to_the_next(tmp_path: Path, trained_dir: Path,

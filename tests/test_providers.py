@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from gptport import contract
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig
 from gptport.errors import ProviderError, UsageError
+from gptport.export.tolerance import GPU_TOL, Tolerance
 from gptport.export.validate import parity
 from gptport.runtime import providers
 from gptport.runtime.generate import generate
@@ -176,7 +178,7 @@ def test_parity_reads_caches_left_on_the_device(trained_dir: Path) -> None:
         logits, present = step(ids, mask, pos, past)
         return logits, [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(p)) for p in present]
 
-    rows = parity(torch_model, on_device, atol=1e-3)
+    rows = parity(torch_model, on_device, Tolerance())
     assert rows and all(r.ok for r in rows), rows
 
 
@@ -190,13 +192,12 @@ def _gpu_check(trained_dir: Path, provider: str, precision: str, results: Path) 
     torch_model, _ = load_model(trained_dir, tok)
     onnx_model = load(trained_dir / contract.onnx_file(precision), provider)
     assert onnx_model.session.get_providers()[0] == ORT_NAMES[provider]
-    atol = 1e-3 if precision == "fp32" else 5e-2
-    rows = parity(torch_model, onnx_model.step(), atol=atol) if precision == "fp32" else []
+    rows = parity(torch_model, onnx_model.step(), GPU_TOL) if precision == "fp32" else []
     prompts = [tok.encode(p) for p in ("ka to ri", "the men sol", "日本")]
     cpu = generate(load(trained_dir / contract.onnx_file(precision)), prompts, 32, Sampling(), -1)
     gpu = generate(onnx_model, prompts, 32, Sampling(), -1)
     same = float(np.mean([a.new_ids == b.new_ids for a, b in zip(cpu, gpu, strict=True)]))
-    record = {"provider": provider, "precision": precision, "parity": [r.__dict__ for r in rows],
+    record = {"provider": provider, "precision": precision, "parity": [dataclasses.asdict(r) for r in rows],
               "greedy_rows_identical_to_cpu": same, "decode_tok_s": gpu[0].decode_tok_s}
     results.write_text(json.dumps(record, indent=2))
     assert all(r.ok for r in rows)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gptport import contract
 from gptport import tokenizer as bpe
 from gptport.export import validate
+from gptport.export.tolerance import Tolerance
 from gptport.export.validate import static_parity
 from gptport.runtime.engine import empty_past, positions
 from gptport.runtime.onnx_engine import load_cpu
@@ -32,7 +33,7 @@ def static_engine(model_dir: Path, precision: str = "fp32") -> Any:
 
 def test_every_config_variant_matches_torch(exported: tuple[Path, Any, Any]) -> None:
     out, model, _ = exported
-    rows = static_parity(model, static_engine(out), atol=1e-4)
+    rows = static_parity(model, static_engine(out), Tolerance())
     assert len(rows) == 3 and all(r.ok and r.top1 == 1.0 for r in rows), rows
     ops = {n.op_type for n in onnx.load(str(out / "model.static.onnx")).graph.node}
     assert "GroupQueryAttention" in ops and "Concat" not in ops

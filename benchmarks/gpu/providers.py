@@ -94,6 +94,7 @@ def accuracy(d: Path, provider: str, precisions: list[str]) -> dict[str, Any]:
 
     from gptport import contract
     from gptport import tokenizer as bpe
+    from gptport.export.tolerance import GPU_TOL
     from gptport.export.validate import parity
     from gptport.runtime.generate import generate
     from gptport.runtime.onnx_engine import load
@@ -108,7 +109,7 @@ def accuracy(d: Path, provider: str, precisions: list[str]) -> dict[str, Any]:
     for precision in precisions:
         model = load(d / contract.onnx_file(precision), provider)
         # parity feeds float32 caches: the fp32 graph's check (fp16 is judged by its greedy tokens)
-        rows = parity(torch_model, model.step(), atol=1e-3) if precision == "fp32" else []
+        rows = parity(torch_model, model.step(), GPU_TOL) if precision == "fp32" else []
         got = generate(model, prompts, 64, Sampling(), -1)
         same = [a.new_ids == b.new_ids for a, b in zip(cpu_rows, got, strict=True)]
         first = [next((i for i, (x, y) in enumerate(zip(a.new_ids, b.new_ids, strict=True)) if x != y), 64)
@@ -118,7 +119,8 @@ def accuracy(d: Path, provider: str, precisions: list[str]) -> dict[str, Any]:
                           "max_abs_logits": max((r.max_logits for r in rows), default=None),
                           "max_abs_present": max((r.max_present for r in rows), default=None),
                           "top1": float(np.mean([r.top1 for r in rows])) if rows else None,
-                          "parity": [r.__dict__ for r in rows],
+                          "parity": [{"case": r.case, "top1": r.top1, "worst": r.worst.describe(),
+                                      "checks": [c.__dict__ for c in r.checks]} for r in rows],
                           "greedy_same_as_cpu_fp32": float(np.mean(same)), "first_difference_at": first}
     return out
 

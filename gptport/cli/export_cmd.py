@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gptport.cli.common import Force, ModelDir, err, human_bytes
+from gptport.errors import UsageError
+from gptport.export.tolerance import ATOL, RTOL, Tolerance
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from gptport.export.validate import ParityRow
 
 EXAMPLES = """Examples:
 
@@ -33,7 +41,11 @@ def export(
                                          "(model.static.onnx, model.int8.static.onnx, ...): the CPU's fastest "
                                          "decoding, onnxruntime-only.")] = True,
     opset: Annotated[int, typer.Option(help="ONNX opset (18 or later).")] = 18,
-    atol: Annotated[float, typer.Option(help="Max |Δ logits| allowed against torch (fp32).")] = 1e-4,
+    rtol: Annotated[float, typer.Option(help="Parity gate: each quantity compared with torch (the logits, each "
+                                        "layer's keys and values) may differ by rtol times its magnitude (its "
+                                        "largest |x|) plus --atol.")] = RTOL,
+    atol: Annotated[float, typer.Option(help="Parity gate: the absolute floor of each quantity's bound (for "
+                                        "quantities near zero).")] = ATOL,
     force: Force = False,
     gate: Annotated[bool, typer.Option("--gate/--no-gate", help="Check each variant against fp32 torch on "
                                        "held-out text (top-1 ≥ 98%). --no-gate writes them unchecked, "
@@ -63,23 +75,22 @@ def export(
     from gptport.export import exporter
 
     precisions = exporter.parse_precisions(precision)
+    for name, value in (("--rtol", rtol), ("--atol", atol)):
+        if not math.isfinite(value) or value < 0:
+            raise UsageError(f"{name} {value:g}: must be a finite number of at least 0")
+    if rtol == 0 and atol == 0:
+        raise UsageError("--rtol 0 --atol 0: a zero bound refuses every graph; give either a positive value")
+    tol = Tolerance(rtol, atol)
     with err.status("exporting") as status:
-        report = exporter.export(model_dir, precisions, optimize=optimize, static=static, opset=opset, atol=atol,
+        report = exporter.export(model_dir, precisions, optimize=optimize, static=static, opset=opset,
+                                 tol=tol,
                                  force=force, say=lambda msg: status.update(msg), gate=gate, heldout=heldout,
                                  sampled_text=gate_on_sampled_text, ort_level=ort_level if ort_format else None,
                                  kv_dtype=kv_dtype)
-    table = Table("case (batch, seq, past)", "max |Δ logits|", "max |Δ present|", "top-1 agreement", "ok",
-                  title="fp32 parity against torch")
-    for r in report.parity:
-        table.add_row(r.case, f"{r.max_logits:.2e}", f"{r.max_present:.2e}", f"{r.top1:.2%}", "✓" if r.ok else "✗")
-    err.print(table)
+    err.print(_parity_table(report.parity, "case (batch, seq, past)", "fp32 parity against torch", tol))
     if report.static_parity:
-        table = Table("case (batch, prompt) + decode steps", "max |Δ logits|", "max |Δ cache|", "top-1 agreement",
-                      "ok", title="static-cache graph (model.static.onnx) against torch")
-        for r in report.static_parity:
-            table.add_row(r.case, f"{r.max_logits:.2e}", f"{r.max_present:.2e}", f"{r.top1:.2%}",
-                          "✓" if r.ok else "✗")
-        err.print(table)
+        err.print(_parity_table(report.static_parity, "case (batch, prompt) + decode steps",
+                                "static-cache graph (model.static.onnx) against torch", tol))
     if report.static_skipped:
         err.print(f"[yellow]no static-cache graph:[/] {report.static_skipped}; generate uses model.onnx")
     err.print(f"greedy decoding: {report.greedy_tokens} tokens identical in torch and ONNX; "
@@ -123,4 +134,14 @@ def export(
         raise ValidationError(f"variant(s) {', '.join(failed)} missed the accuracy gate and were not written")
 
 
+def _parity_table(rows: list[ParityRow], case: str, title: str, tol: Tolerance) -> Table:
+    """A parity table: per case the largest differences, the quantity nearest its bound and how near."""
+    from rich.table import Table
 
+    table = Table(case, "max |Δ logits|", "max |Δ cache|", "nearest its bound (|Δ| / bound)", "top-1 agreement", "ok",
+                  title=f"{title} (each quantity within {tol})")
+    for r in rows:
+        w = r.worst
+        table.add_row(r.case, f"{r.max_logits:.2e}", f"{r.max_present:.2e}", f"{w.quantity} {w.ratio:.2f}",
+                      f"{r.top1:.2%}", "✓" if r.ok else "✗")
+    return table

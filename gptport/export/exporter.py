@@ -20,6 +20,7 @@ from gptport.errors import ArtifactError, UsageError, ValidationError
 from gptport.export import genai, gqa_graph, kv_quant, validate, variants
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import OrtRow, write_all
+from gptport.export.tolerance import Tolerance
 from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
 from gptport.runtime.onnx_engine import file_metadata, load_cpu
 from gptport.training.checkpoint import ModelCard, load_model
@@ -27,6 +28,7 @@ from gptport.training.model import GPT
 
 TWO_GB = 2 * 1024**3
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
+DEFAULT_TOL = Tolerance()  # the parity gate's bound of each quantity, relative to its magnitude (tolerance.py)
 
 
 @dataclass
@@ -115,7 +117,7 @@ class _Job:
     model: GPT
     card: ModelCard
     sources: Mapping[str, str]  # provenance.sources, hashed once before the model was loaded
-    atol: float
+    tol: Tolerance
     say: Callable[[str], None]
     report: ExportReport
     graphs: list[Graph] = field(default_factory=list)  # every graph asked for, contract graphs first
@@ -134,7 +136,7 @@ def export(
     optimize: bool = True,
     static: bool = True,
     opset: int = 18,
-    atol: float = 1e-4,
+    tol: Tolerance = DEFAULT_TOL,
     force: bool = False,
     say: Callable[[str], None] = lambda msg: None,
     gate: bool = True,
@@ -143,14 +145,15 @@ def export(
     ort_level: str | None = None,
     kv_dtype: str = "float32",
 ) -> ExportReport:
-    """Export, validate and write model.onnx and the variants asked for. Nothing is written for a
-    precision whose checks fail; every file is renamed into place only after it passed. With
-    `optimize` (the default: it decodes faster), model.onnx is the graph fused by onnxruntime's
-    transformer optimizer; the variants are made from the plain graph, which quantizes better. With
-    `static` (the default), the static-cache graphs of fp32, int8 and int4 are written beside them
-    (gqa_graph.py: the CPU's fastest decoding), checked the same way. Every graph records the sha256 of
-    the weights and config.json it was made from; after the export, the graphs in `model_dir` of other
-    weights are removed (listed in report.removed).
+    """Export, validate and write model.onnx and the variants asked for. The fp32 graphs' logits and each
+    layer's keys and values must lie within `tol` of torch's, relative to each quantity's magnitude
+    (tolerance.py). Nothing is written for a precision whose checks fail; every file is renamed into place
+    only after it passed. With `optimize` (the default: it decodes faster), model.onnx is the graph fused by
+    onnxruntime's transformer optimizer; the variants are made from the plain graph, which quantizes better.
+    With `static` (the default), the static-cache graphs of fp32, int8 and int4 are written beside them
+    (gqa_graph.py: the CPU's fastest decoding), checked the same way. Every graph records the sha256 of the
+    weights and config.json it was made from; after the export, the graphs in `model_dir` of other weights
+    are removed (listed in report.removed).
 
     The variants' gate scores `heldout` (a text file), else data/val.bin, else, only with
     `sampled_text`, the model's own samples; with none of them a variant is refused before anything is
@@ -167,7 +170,7 @@ def export(
         raise UsageError("--kv-dtype int8 --no-static: the int8 cache is the static-cache graphs'; drop --no-static")
     if ort_level is not None and ort_level not in ORT_LEVELS:
         raise UsageError(f"--ort-level {ort_level!r} is unknown; choose from {', '.join(ORT_LEVELS)}")
-    job = _open(model_dir, gate, atol, say)
+    job = _open(model_dir, gate, tol, say)
     _plan(job, precisions, static, force, kv_dtype)
     if gate and (len(precisions) > 1 or kv_dtype == "int8"):
         _gate_text(job, heldout, sampled_text)
@@ -204,12 +207,12 @@ def _check_options(opset: int, gate: bool, heldout: Path | None, sampled_text: b
                          "gate's text: give one or the other")
 
 
-def _open(model_dir: Path, gate: bool, atol: float, say: Callable[[str], None]) -> _Job:
+def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None]) -> _Job:
     """The tokenizer, the hashes of the sources, then the model (a file replaced meanwhile fails the check)."""
     tok = bpe.load(model_dir)
     sources = provenance.sources(model_dir)
     model, card = load_model(model_dir, tok)
-    return _Job(model_dir, tok, model, card, sources, atol, say, ExportReport(gated=gate))
+    return _Job(model_dir, tok, model, card, sources, tol, say, ExportReport(gated=gate))
 
 
 def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool, kv_dtype: str = "float32") -> None:
@@ -254,18 +257,11 @@ def _check_fp32(job: _Job, proto: onnx.ModelProto) -> None:
     job.say("checking fp32 graph: onnx.checker, onnxruntime, parity, greedy decoding")
     onnx.checker.check_model(str(job.plain), full_check=True)
     onnx_model = load_cpu(job.plain)
-    report.parity = validate.parity(model, onnx_model.step(), atol=job.atol)
-    _refuse_bad_parity("fp32 parity", report.parity, job.atol)
+    report.parity = validate.parity(model, onnx_model.step(), job.tol)
+    validate.refuse("fp32 parity", report.parity)
     job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx)
     report.greedy_tokens = validate.greedy_match(model, onnx_model, job.prompts)
     job.passed[fp32] = job.plain
-
-
-def _refuse_bad_parity(what: str, rows: list[validate.ParityRow], atol: float) -> None:
-    bad = [r for r in rows if not r.ok]
-    if bad:
-        raise ValidationError(f"export: {what} failed on case {bad[0].case}: max |Δ logits| "
-                              f"{bad[0].max_logits:.2e} (atol {atol:g}), max |Δ present| {bad[0].max_present:.2e}")
 
 
 def _optimize_fp32(job: _Job) -> None:
@@ -284,7 +280,7 @@ def _optimize_fp32(job: _Job) -> None:
         raise ValidationError("export: the optimized graph stores a weight twice; not written")
     job.passed[fp32] = atomic.temp_name(fp32.path)
     save(proto, job.passed[fp32], metadata(job.card, "fp32", sources=job.sources))
-    validate.check_again(job.model, load_cpu(job.passed[fp32]), job.atol, "optimized fp32")
+    validate.check_again(job.model, load_cpu(job.passed[fp32]), job.tol, "optimized fp32")
 
 
 def _static_graphs(job: _Job) -> None:
@@ -298,8 +294,8 @@ def _static_graphs(job: _Job) -> None:
     save_static(job.model, job.card, tmp, job.sources)
     onnx.checker.check_model(str(tmp), full_check=True)
     engine = load_cpu(tmp)
-    job.report.static_parity = validate.static_parity(job.model, engine, job.atol)
-    _refuse_bad_parity("static-cache graph parity", job.report.static_parity, job.atol)
+    job.report.static_parity = validate.static_parity(job.model, engine, job.tol)
+    validate.refuse("static-cache graph parity", job.report.static_parity)
     validate.greedy_match(job.model, engine, job.prompts)
     job.passed[fp32] = tmp
     for g in job.graphs:

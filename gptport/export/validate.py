@@ -3,6 +3,7 @@ fixed (batch, sequence, past) cases, greedy decoding, and the accuracy gate of t
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from gptport.errors import InputError, UsageError, ValidationError
+from gptport.export.tolerance import Check, Tolerance, cache_quantities, compare, merge, worst
 from gptport.paths import VAL_SHARD
 from gptport.runtime import static_cache
 from gptport.runtime.engine import Engine, Past, StepFn, empty_past, positions
@@ -21,7 +23,7 @@ from gptport.training.model import GPT
 from gptport.training.shards import DATA_DIR, read_shard, token_dtype
 from gptport.training.torch_engine import TorchEngine, torch_step
 
-PRESENT_ATOL = 1e-5
+LOGITS = "logits"  # the quantity name of the logits' check (tolerance.cache_quantities names the caches)
 GATE_TOP1 = 0.98
 GREEDY_TOKENS = 32
 FALLBACK_PROMPTS = ["The", "To be or not", "\n"]
@@ -32,11 +34,33 @@ MIN_HELDOUT_TOKENS = 64  # fewer held-out tokens than this make no gate (one mis
 
 @dataclass(frozen=True)
 class ParityRow:
+    """One parity case: each quantity compared (tolerance.Check: the logits, then each layer's keys and
+    values) and the top-1 agreement of the logits."""
+
     case: str
-    max_logits: float
-    max_present: float
+    checks: tuple[Check, ...]
     top1: float
-    ok: bool
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def max_logits(self) -> float:
+        return max((c.diff for c in self.checks if c.quantity == LOGITS), default=0.0)
+
+    @property
+    def max_present(self) -> float:
+        return max((c.diff for c in self.checks if c.quantity != LOGITS), default=0.0)
+
+    @property
+    def worst(self) -> Check:
+        """The failing check furthest past its bound, else the one nearest it."""
+        return worst(self.checks)
+
+    def failure(self, what: str) -> str:
+        """'export: fp32 parity failed on case (1, 256, 0): layer 3 values: max |Δ| ... (magnitude ...)'."""
+        return f"export: {what} failed on case {self.case}: {self.worst.describe()}"
 
 
 @dataclass(frozen=True)
@@ -78,29 +102,49 @@ def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, n
     return out
 
 
-def parity(model: GPT, step: StepFn, atol: float, seed: int = 0) -> list[ParityRow]:
-    """Max |Δ| of logits and present, and top-1 agreement, torch against `step`, case by case."""
-    ref = torch_step(model)
+def exact_step(model: GPT) -> StepFn:
+    """The torch model computed in float64 (a copy of it), outputs in float64: what the reference's own
+    float32 rounding is measured against (tolerance.py)."""
+    m64 = copy.deepcopy(model).double()
+    device = next(m64.parameters()).device
+
+    @torch.no_grad()
+    def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
+        kv = [(torch.from_numpy(np.asarray(past[i], dtype=np.float64)).to(device),
+               torch.from_numpy(np.asarray(past[i + 1], dtype=np.float64)).to(device)) for i in range(0, len(past), 2)]
+        logits, present = m64(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
+                              torch.from_numpy(pos).to(device), kv)
+        return logits.cpu().numpy(), [t.cpu().numpy() for pair in present for t in pair]
+
+    return step
+
+
+def parity(model: GPT, step: StepFn, tol: Tolerance, seed: int = 0) -> list[ParityRow]:
+    """Torch against `step`, case by case: the logits and each layer's present keys and values, each
+    within `tol` (of its own magnitude and of torch's own float32 error), and the logits' top-1 agreement."""
+    ref, exact = torch_step(model), exact_step(model)
     rows = []
     for name, ids, mask, pos, past in cases(model, np.random.default_rng(seed)):
         want_logits, want_present = ref(ids, mask, pos, past)
+        exact_logits, exact_present = exact(ids, mask, pos, past)
         got_logits, got_present = step(ids, mask, pos, [p.astype(np.float32) for p in past])
-        d_logits = float(np.abs(got_logits.astype(np.float32) - want_logits).max())
         # on CUDA and TensorRT the present caches stay on the GPU (OrtValues): copy them down to compare
         host = [g.numpy() if hasattr(g, "numpy") else g for g in got_present]
-        d_present = max(float(np.abs(g.astype(np.float32) - w).max()) for g, w in zip(host, want_present,
-                                                                                      strict=True))
+        checks = [compare(LOGITS, got_logits, want_logits, tol, exact_logits)]
+        checks += [compare(q, g, w, tol, e) for q, g, w, e in zip(cache_quantities(model.cfg.n_layer), host,
+                                                                  want_present, exact_present, strict=True)]
         real = mask[:, -ids.shape[1]:].astype(bool)  # (B, T): positions that are not padding
         top1 = float((got_logits.argmax(-1) == want_logits.argmax(-1))[real].mean())
-        rows.append(ParityRow(name, d_logits, d_present, top1, d_logits <= atol and d_present <= PRESENT_ATOL))
+        rows.append(ParityRow(name, tuple(checks), top1))
     return rows
 
 
-def static_parity(model: GPT, engine: OnnxModel, atol: float, seed: int = 0) -> list[ParityRow]:
+def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0) -> list[ParityRow]:
     """The static-cache graph against torch: a full-window prefill; a left-padded batch (lengths 7, 5
     and 2) prefilled then stepped 3 times; a prefill of n_ctx - 1 then one step that fills the cache.
-    Logits at every real position of every call, and at the end each row's cached keys and values."""
-    ref, step, cfg = torch_step(model), engine.step(), model.cfg
+    Logits at every real position of every call, and at the end each row's cached keys and values, each
+    quantity within `tol` of its own magnitude."""
+    ref, exact, step, cfg = torch_step(model), exact_step(model), engine.step(), model.cfg
     rng = np.random.default_rng(seed)
     n = cfg.n_ctx
     cases = [(f"(1, {n}) + 0 steps", np.ones((1, n), dtype=np.int64), 0)]
@@ -113,23 +157,27 @@ def static_parity(model: GPT, engine: OnnxModel, atol: float, seed: int = 0) -> 
     for name, mask, steps in cases:
         B = mask.shape[0]
         ids, pos = rng.integers(0, cfg.vocab_size, size=mask.shape, dtype=np.int64), positions(mask)
-        want, want_past = ref(ids, mask, pos, empty_past(B, cfg.n_layer, cfg.n_head, cfg.head_dim))
+        empty = empty_past(B, cfg.n_layer, cfg.n_head, cfg.head_dim)
+        want, want_past = ref(ids, mask, pos, empty)
+        exact_logits, exact_past = exact(ids, mask, pos, empty)
         got, got_past = step(ids, mask, pos, engine.empty_past(B))
         real = mask.astype(bool)  # (B, T)
-        d_logits = float(np.abs(got[real] - want[real]).max())
+        logits = [compare(LOGITS, got[real], want[real], tol, exact_logits[real])]
         agree, total = int((got.argmax(-1) == want.argmax(-1))[real].sum()), int(real.sum())
         for _ in range(steps):
             ids = rng.integers(0, cfg.vocab_size, size=(B, 1), dtype=np.int64)
             mask, pos = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1), pos[:, -1:] + 1
             want, want_past = ref(ids, mask, pos, want_past)
+            exact_logits, exact_past = exact(ids, mask, pos, exact_past)
             got, got_past = step(ids, mask, pos, got_past)
-            d_logits = max(d_logits, float(np.abs(got - want).max()))
+            logits.append(compare(LOGITS, got, want, tol, exact_logits))
             agree, total = agree + int((got.argmax(-1) == want.argmax(-1)).sum()), total + B
         lengths, P = got_past.lengths, mask.shape[1]  # each row's cache: its first `length` positions
-        d_present = max(float(np.abs(g[b, :, :lengths[b]] - w[b, :, P - lengths[b]:]).max())
-                        for g, w in zip(static_cache.cache_arrays(got_past), want_past, strict=True)
-                        for b in range(B))
-        rows.append(ParityRow(name, d_logits, d_present, agree / total, d_logits <= atol and d_present <= PRESENT_ATOL))
+        caches = [merge([compare(q, g[b, :, :lengths[b]], w[b, :, P - lengths[b]:], tol, e[b, :, P - lengths[b]:])
+                         for b in range(B)], tol)
+                  for q, g, w, e in zip(cache_quantities(cfg.n_layer), static_cache.cache_arrays(got_past), want_past,
+                                        exact_past, strict=True)]
+        rows.append(ParityRow(name, (merge(logits, tol), *caches), agree / total))
     return rows
 
 
@@ -158,13 +206,17 @@ def greedy_match(model: GPT, engine: Engine, prompt_ids: list[list[int]]) -> int
     return n_new * len(prompt_ids)
 
 
-def check_again(model: GPT, engine: OnnxModel, atol: float, label: str) -> None:
+def check_again(model: GPT, engine: OnnxModel, tol: Tolerance, label: str) -> None:
     """Parity and greedy decoding for a rewritten graph (the optimized one)."""
-    bad = [r for r in parity(model, engine.step(), atol) if not r.ok]
-    if bad:
-        raise ValidationError(f"export: {label} parity failed on case {bad[0].case}: max |Δ logits| "
-                              f"{bad[0].max_logits:.2e}, max |Δ present| {bad[0].max_present:.2e}")
+    refuse(f"{label} parity", parity(model, engine.step(), tol))
     greedy_match(model, engine, [[1, 2, 3], [4], [5, 6]])
+
+
+def refuse(what: str, rows: list[ParityRow]) -> None:
+    """Raise ValidationError naming the first failing case, its quantity, difference, magnitude and bound."""
+    bad = [r for r in rows if not r.ok]
+    if bad:
+        raise ValidationError(bad[0].failure(what))
 
 
 @dataclass(frozen=True)
