@@ -11,6 +11,7 @@ import torch
 
 from gptport import tokenizer as bpe
 from gptport.export.genai import GENAI_FILE
+from gptport.export.tolerance import Tolerance, compare
 from gptport.training.checkpoint import load_model
 from tests.conftest import build_model_dir
 from tests.test_cli import _assert_one_line_error, gptport
@@ -55,7 +56,8 @@ def test_export_hf_gives_the_same_logits(tmp_path: Path, tokenizer_dir: Path, co
     ours, _ = load_model(d, bpe.load(d))
     with torch.no_grad():
         want = ours(ids)[0]
-    assert (hf_logits(tmp_path / "hf", ids) - want).abs().max().item() <= 1e-4
+    check = compare("logits", hf_logits(tmp_path / "hf", ids).numpy(), want.numpy(), Tolerance())
+    assert check.ok, check.describe()
 
 
 def test_export_hf_names_the_mismatch(tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
@@ -90,7 +92,8 @@ def test_import_hf_matches_transformers(hf_gpt2: Path, tmp_path: Path) -> None:
     with torch.no_grad():
         mine = ours(ids)[0]
     assert card.model.vocab_size == 512 and card.model.n_ctx == 64
-    assert (hf_logits(hf_gpt2, ids)[..., :512] - mine).abs().max().item() <= 1e-4
+    check = compare("logits", mine.numpy(), hf_logits(hf_gpt2, ids)[..., :512].numpy(), Tolerance())
+    assert check.ok, check.describe()
     r = gptport("export", str(out), "--precision", "fp32")
     assert r.returncode == 0, r.stderr
     r = gptport("generate", str(out), "ka to", "--max-new-tokens", "5", "--json")
