@@ -28,8 +28,9 @@ from gptport.training.checkpoint import load_model, save_model
 from tests.conftest import build_model_dir
 from tests.test_cli import _assert_one_line_error, gptport
 
-# What a `small` model trained 4 minutes on tinyshakespeare reaches (docs/design/parity-bounds.md): the
-# scaled model must reach at least these, so that the old absolute bounds would be in reach of rounding.
+# Beyond what models trained minutes on tinyshakespeare reach (docs/design/0031-parity-bounds.md: logits
+# 6-9, keys about 3): the scaled model must reach at least these, where the old absolute bounds were in
+# reach of float32 rounding.
 TRAINED_LOGITS, TRAINED_KEYS = 15.0, 8.0
 FAILURE = re.compile(r"failed on case .+?: (logits|layer \d+ (keys|values)): max \|Δ\| \S+ against a bound of "
                      r"\S+ \(magnitude \S+, torch's float32 error \S+\)")

@@ -10,7 +10,7 @@ layer's keys, each layer's values) is held to a bound made of
 - `ref_factor` times the reference's own rounding error, measured as torch float32 against torch float64 on
   the same inputs, for the conditioning of the model (large scores, deep stacks);
 - `atol`, a floor for quantities near zero.
-How each term was chosen, with the figures: docs/design/parity-bounds.md. No torch here.
+How each term was chosen, with the figures: docs/design/0031-parity-bounds.md. No torch here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 RTOL = 5e-5  # of the quantity's magnitude
-REF_FACTOR = 10.0  # times torch float32's own distance from float64 on the same inputs
+REF_FACTOR = 20.0  # times torch float32's own distance from float64 on the same inputs
 ATOL = 1e-6  # the floor: a quantity whose reference is all but zero
 # onnxruntime's CUDA provider (TF32 off: providers.py) against torch on the CPU: cuBLAS splits its
 # reductions otherwise again; 5x the CPU's relative term, pending a measurement of its own on a GPU
