@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gptport import paths
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # hf.py reads and writes Hugging Face's directory layout, whose config.json, model.safetensors, vocab.json
 # and merges.txt are Hugging Face's names (the same strings, another format); web.py writes that layout's
 # config.json into the browser bundle for transformers.js

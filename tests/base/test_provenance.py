@@ -24,7 +24,7 @@ from gptport.runtime.loader import open_model
 from gptport.runtime.onnx_engine import file_metadata, load_cpu
 from gptport.runtime.sampling import Sampling
 from tests.conftest import build_model_dir
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 ALL = ["fp32", "int8", "int4", "fp16"]
 
@@ -99,10 +99,10 @@ def test_a_graph_of_other_weights_is_refused_everywhere(tmp_path: Path, exported
     rows = bench.run(d, plan)["rows"]
     assert [r["precision"] for r in rows] == ["fp32", "int8"]
     assert all("exported from other weights" in (r["error"] or "") for r in rows)
-    _assert_one_line_error(gptport("generate", str(d), "ka", "--precision", "int8", "--max-new-tokens", "2"), 1,
+    assert_one_line_error(gptport("generate", str(d), "ka", "--precision", "int8", "--max-new-tokens", "2"), 1,
                            "model.int8.static.onnx", old[:12], new[:12],
                            f"gptport export {d} --precision fp32,int8 --force")
-    _assert_one_line_error(gptport("eval", str(d), "-", stdin="ka to ri men sol\n"), 1, "other weights")
+    assert_one_line_error(gptport("eval", str(d), "-", stdin="ka to ri men sol\n"), 1, "other weights")
     (d / "config.json").write_text((d / "config.json").read_text() + "\n")
     data[-1] ^= 1
     weights.write_bytes(bytes(data))  # the weights again, but not the config.json the graph was made from
@@ -112,7 +112,7 @@ def test_a_graph_of_other_weights_is_refused_everywhere(tmp_path: Path, exported
 
 def test_export_removes_the_graphs_of_earlier_weights(tmp_path: Path, exported_all: Path,
                                                       corpus_file: Path) -> None:
-    """The issue's case: export all precisions, train more, export fp32 only: each precision's generate
+    """Export all precisions, train more, export fp32 only: each precision's generate
     is the new weights' or a clear error."""
     d = copy(exported_all, tmp_path / "m")
     before = graphs(d)
@@ -133,7 +133,7 @@ def test_export_removes_the_graphs_of_earlier_weights(tmp_path: Path, exported_a
         with pytest.raises(ArtifactError, match=hint):
             open_model(d, precision=precision)
     r = gptport("generate", str(d), "ka", "--precision", "int8", "--max-new-tokens", "2")
-    _assert_one_line_error(r, 1, "model.int8.onnx: missing", "--precision fp32,int8")
+    assert_one_line_error(r, 1, "model.int8.onnx: missing", "--precision fp32,int8")
 
 
 def test_export_keeps_the_graphs_of_the_same_weights(tmp_path: Path, exported_all: Path) -> None:
@@ -164,7 +164,7 @@ def test_a_graph_of_another_contract_or_tool_is_refused(tmp_path: Path, exported
                                    opset_imports=[onnx.helper.make_opsetid("", 18)])
     plain.ir_version = 8
     onnx.save(plain, str(graph))
-    _assert_one_line_error(gptport("generate", str(d), "ka", "--kv-cache", "concat"), 1, str(graph),
+    assert_one_line_error(gptport("generate", str(d), "ka", "--kv-cache", "concat"), 1, str(graph),
                            "not a gptport graph", f"expected one written by `gptport export` under contract "
                                                   f"{contract.CONTRACT_VERSION}")
 

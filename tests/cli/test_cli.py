@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,21 +11,10 @@ from typer.core import TyperGroup, TyperOption
 
 from gptport import __version__
 from gptport.cli.main import app
+from tests.support.cli import assert_one_line_error, gptport
 
 COMMANDS = typer.main.get_command(app)  # the click command Typer builds (Typer carries its own click)
 assert isinstance(COMMANDS, TyperGroup)
-
-
-def gptport(*args: str, stdin: str | None = None, debug: bool = False,
-            columns: int | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in a subprocess, as a user would (in a terminal `columns` wide, when given)."""
-    env = {k: v for k, v in os.environ.items() if k != "GPTPORT_DEBUG"}
-    if debug:
-        env["GPTPORT_DEBUG"] = "1"
-    if columns is not None:
-        env["COLUMNS"] = str(columns)
-    return subprocess.run([sys.executable, "-m", "gptport.cli.main", *args], input=stdin,
-                          capture_output=True, env=env, check=False, text=True, encoding="utf-8")
 
 
 def test_version() -> None:
@@ -62,15 +48,6 @@ def test_stdin_corpus(corpus_file: Path, tmp_path: Path) -> None:
     assert (tmp_path / "m" / "tokenizer.json").exists()
 
 
-def _assert_one_line_error(r: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
-    assert r.returncode == code
-    lines = r.stderr.strip().splitlines()
-    assert lines[-1].startswith("gptport: error: ")
-    assert "Traceback" not in r.stderr
-    for needle in needles:
-        assert needle in lines[-1]
-
-
 def test_bad_input_gives_one_line_and_leaves_nothing(tmp_path: Path, corpus_file: Path) -> None:
     out = tmp_path / "out"
     latin1 = tmp_path / "latin1.txt"
@@ -86,11 +63,11 @@ def test_bad_input_gives_one_line_and_leaves_nothing(tmp_path: Path, corpus_file
     ]
     for corpus, code, needles in cases:
         r = gptport("train-tokenizer", *corpus, "--vocab-size", "300", "--out", str(out))
-        _assert_one_line_error(r, code, *needles)
+        assert_one_line_error(r, code, *needles)
         assert not out.exists()
     for bad in ("256", "1000001"):
         r = gptport("train-tokenizer", str(corpus_file), "--vocab-size", bad, "--out", str(out))
-        _assert_one_line_error(r, 2, f"--vocab-size {bad}")
+        assert_one_line_error(r, 2, f"--vocab-size {bad}")
         assert not out.exists()
 
 
@@ -108,7 +85,7 @@ def test_existing_tokenizer_is_refused_unless_forced(tmp_path: Path, corpus_file
     args = ("train-tokenizer", str(corpus_file), "--vocab-size", "300", "--out", str(out))
     assert gptport(*args).returncode == 0
     before = (out / "tokenizer.json").read_bytes()
-    _assert_one_line_error(gptport(*args), 1, "already holds tokenizer.json", "--force")
+    assert_one_line_error(gptport(*args), 1, "already holds tokenizer.json", "--force")
     assert (out / "tokenizer.json").read_bytes() == before
     r = gptport(*args[:3], "290", "--out", str(out), "--force")
     assert r.returncode == 0, r.stderr

@@ -1,4 +1,4 @@
-"""Damaged files fail in one line (issue 16): one file of a complete model directory is damaged
+"""Damaged files fail in one line: one file of a complete model directory is damaged
 (truncated, bytes flipped, emptied, invalid or wrongly shaped JSON, removed), then `generate`, `eval`,
 `export` and `train --resume` run through the CLI's entry point. Each either works or exits 1 with one
 line naming the damaged file: never a traceback, never a hang, never a changed or half-written file.
@@ -316,7 +316,7 @@ def test_resume_state_not_json(complete_dir: Path, corpus_file: Path, tmp_path_f
 
 def test_weights_with_nan(complete_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Weights holding NaN whose sha256 config.json records (a diverged run writes them so) are refused by
-    name, not reported as a failed parity. (NaN written without it: tests/test_weights_sha.py's damage.)"""
+    name, not reported as a failed parity. (NaN written without it: tests/cli/test_weights_sha.py's damage.)"""
     import json
 
     import torch

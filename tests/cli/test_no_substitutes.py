@@ -1,4 +1,4 @@
-"""No silent substitutes (issue 16): what was asked for runs, or the user is told what runs instead."""
+"""No silent substitutes: what was asked for runs, or the user is told what runs instead."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 from gptport.cli.common import open_engine
 from gptport.errors import UsageError
 from gptport.runtime import bench
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 
 def test_torch_engine_refuses_tensorrt(tokenizer_dir: Path) -> None:
     """torch has no TensorRT: --engine torch --provider tensorrt is an error, not torch on CUDA."""
     with pytest.raises(UsageError, match="--provider tensorrt: the torch engine runs on cpu or cuda only"):
         open_engine(tokenizer_dir, engine="torch", provider="tensorrt")
-    _assert_one_line_error(gptport("generate", str(tokenizer_dir), "hi", "--engine", "torch", "--provider",
+    assert_one_line_error(gptport("generate", str(tokenizer_dir), "hi", "--engine", "torch", "--provider",
                                    "tensorrt"), 2, "tensorrt", "--engine onnx")
 
 

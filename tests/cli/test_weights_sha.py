@@ -1,4 +1,4 @@
-"""Weights that prove their integrity (issue 27): config.json records the sha256 of model.safetensors, and
+"""Weights that prove their integrity: config.json records the sha256 of model.safetensors, and
 every reader of the weights (export, eval --engine torch, export-hf, export-gguf, train --resume) refuses
 bytes that differ, in one line naming the file. The damage here is the one the damaged-file test could
 miss: one low mantissa bit of a float32 flipped in place, so that every value stays finite, and the file's
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gptport import paths, provenance
+from tests.cli.test_damaged import STEPS, copy_of, digests, export_argv, run_cli, train_argv
 from tests.conftest import build_model_dir
-from tests.test_damaged import STEPS, copy_of, digests, export_argv, run_cli, train_argv
 
 pytestmark = pytest.mark.slow
 

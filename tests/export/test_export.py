@@ -26,7 +26,7 @@ from gptport.runtime.engine import empty_past, positions
 from gptport.runtime.onnx_engine import OnnxModel, load_cpu
 from gptport.training.checkpoint import load_model
 from gptport.training.torch_engine import torch_step
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 
 def random_case(model: torch.nn.Module, data: st.DataObject) -> tuple[np.ndarray, ...]:
@@ -170,16 +170,16 @@ def test_the_greedy_check_compares_every_new_token(trained_dir: Path) -> None:
 def test_export_refuses_existing_files_and_bad_input(tmp_path: Path, trained_dir: Path) -> None:
     d = tmp_path / "m"
     shutil.copytree(trained_dir, d)
-    _assert_one_line_error(gptport("export", str(d)), 1, "already exist", "--force")
-    _assert_one_line_error(gptport("export", str(d), "--precision", "fp32,int3", "--force"), 2, "int3")
+    assert_one_line_error(gptport("export", str(d)), 1, "already exist", "--force")
+    assert_one_line_error(gptport("export", str(d), "--precision", "fp32,int3", "--force"), 2, "int3")
     (d / "tokenizer_meta.json").unlink()
     (d / "tokenizer.json").write_text((d / "tokenizer.json").read_text() + " ")
-    _assert_one_line_error(gptport("export", str(d), "--force"), 1, "not the tokenizer this model was trained with")
+    assert_one_line_error(gptport("export", str(d), "--force"), 1, "not the tokenizer this model was trained with")
     empty = tmp_path / "empty"
     shutil.copytree(trained_dir, empty, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx"))
-    _assert_one_line_error(gptport("export", str(empty)), 1, "no model.safetensors")
+    assert_one_line_error(gptport("export", str(empty)), 1, "no model.safetensors")
     (empty / "config.json").unlink()
-    _assert_one_line_error(gptport("export", str(empty)), 1, "no config.json")
+    assert_one_line_error(gptport("export", str(empty)), 1, "no config.json")
 
 
 def test_cli_export_prints_the_parity_table(tmp_path: Path, trained_dir: Path) -> None:

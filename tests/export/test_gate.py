@@ -21,7 +21,7 @@ from gptport.runtime.loader import open_graph, ungated_warning
 from gptport.runtime.onnx_engine import file_metadata
 from gptport.training.checkpoint import load_model
 from tests.conftest import build_model_dir, make_text
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 UNGATED = "was exported with --no-gate"
 
@@ -58,7 +58,7 @@ def no_val(tmp_path: Path, trained_dir: Path) -> Path:
 def test_untrained_weights_are_refused_by_the_gate_and_written_marked_with_no_gate(rough_dir: Path,
                                                                                   tmp_path: Path) -> None:
     r = gptport("export", str(rough_dir), "--precision", "fp32,int4", "--no-static")
-    _assert_one_line_error(r, 1, "int4", "missed the accuracy gate")
+    assert_one_line_error(r, 1, "int4", "missed the accuracy gate")
     assert "✗" in r.stderr and not (rough_dir / "model.int4.onnx").exists()
 
     r = gptport("export", str(rough_dir), "--precision", "fp32,int8,int4", "--no-gate", "--force")
@@ -106,15 +106,15 @@ def test_gated_graphs_record_it_and_open_without_a_warning(tmp_path: Path, train
 
 def test_without_held_out_text_export_refuses_a_variant_and_writes_nothing(no_val: Path) -> None:
     r = gptport("export", str(no_val), "--precision", "fp32,int8")
-    _assert_one_line_error(r, 2, "data/val.bin is missing", "--heldout FILE", "--gate-on-sampled-text", "--no-gate")
+    assert_one_line_error(r, 2, "data/val.bin is missing", "--heldout FILE", "--gate-on-sampled-text", "--no-gate")
     assert not list(no_val.glob("*.onnx")) and not list(no_val.glob(".*tmp*"))
-    _assert_one_line_error(gptport("export", str(no_val), "--precision", "fp32,int8", "--no-gate", "--heldout",
+    assert_one_line_error(gptport("export", str(no_val), "--precision", "fp32,int8", "--no-gate", "--heldout",
                                    str(no_val / "config.json")), 2, "--no-gate", "--heldout")
-    _assert_one_line_error(gptport("export", str(no_val), "--precision", "fp32,int8", "--heldout",
+    assert_one_line_error(gptport("export", str(no_val), "--precision", "fp32,int8", "--heldout",
                                    str(no_val / "absent.txt")), 1, "absent.txt", "no such file")
     short = no_val / "short.txt"
     short.write_text("ka to ri.\n", encoding="utf-8")
-    _assert_one_line_error(gptport("export", str(no_val), "--precision", "fp32,int8", "--heldout", str(short)), 1,
+    assert_one_line_error(gptport("export", str(no_val), "--precision", "fp32,int8", "--heldout", str(short)), 1,
                            "short.txt", "at least 64")
     assert not list(no_val.glob("*.onnx"))
 

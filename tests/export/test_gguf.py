@@ -25,7 +25,7 @@ from gptport.export.gguf_export import export_gguf
 from gptport.load import server_proc
 from gptport.load.server_proc import free_port
 from tests.conftest import build_model_dir
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 LLAMA_ENV = "GPTPORT_LLAMA_CPP_BIN"
 PROMPTS = ["ka to", "the sol ve", "Qua lin dor ex", "straß café 日本"]
@@ -193,7 +193,7 @@ def test_bad_inputs_name_the_file_or_option(tied_dir: Path, tmp_path: Path) -> N
     state = load_file(str(weights))
     state.pop("h.1.mlp.c_fc.bias")
     save_file(state, str(weights))
-    record_weights(model_dir)  # past the sha256 check (tests/test_weights_sha.py), to the file's own checks
+    record_weights(model_dir)  # past the sha256 check (tests/cli/test_weights_sha.py), to the file's own checks
     with pytest.raises(ArtifactError, match=r"model\.safetensors: does not fit config\.json.*h\.1\.mlp\.c_fc\.bias"):
         export_gguf(model_dir)
     weights.write_bytes(b"not safetensors")
@@ -251,7 +251,7 @@ def test_cli(tied_dir: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
     assert f"wrote {model_dir / 'model.q8_0.gguf'}" in r.stderr and "q8_0" in r.stderr and "merges" in r.stderr
-    _assert_one_line_error(gptport("export-gguf", str(model_dir), "--outtype", "q8_0"), 1, "model.q8_0.gguf",
+    assert_one_line_error(gptport("export-gguf", str(model_dir), "--outtype", "q8_0"), 1, "model.q8_0.gguf",
                            "--force")
     assert gptport("export-gguf", str(model_dir), "--outtype", "q8_0", "--force").returncode == 0
     r = gptport("export-gguf", str(model_dir), "--outtype", "q4")
@@ -259,7 +259,7 @@ def test_cli(tied_dir: Path, tmp_path: Path) -> None:
     config = json.loads((model_dir / "config.json").read_text())
     config["model"]["pos_encoding"] = "sinusoidal"
     (model_dir / "config.json").write_text(json.dumps(config))
-    _assert_one_line_error(gptport("export-gguf", str(model_dir), "--out", str(tmp_path / "x.gguf")), 1,
+    assert_one_line_error(gptport("export-gguf", str(model_dir), "--out", str(tmp_path / "x.gguf")), 1,
                            "config.json", "pos_encoding")
     assert not (tmp_path / "x.gguf").exists()
 

@@ -17,8 +17,8 @@ from gptport.export import exporter, kv_quant
 from gptport.runtime.loader import open_model
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.tokenizer import load, token_bytes
-from tests.serving import serve
-from tests.test_cli import gptport
+from tests.support.cli import gptport
+from tests.support.serving import serve
 
 
 @pytest.fixture(scope="module")

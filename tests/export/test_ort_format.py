@@ -20,7 +20,7 @@ from gptport.export.tolerance import compare
 from gptport.runtime.engine import empty_past, positions
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.ort_file import META_LEVEL, META_RUNTIME, metadata
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_generate_on_the_ort_file_gives_the_onnx_tokens(ort_dir: Path) -> None:
         assert r.returncode == 0, r.stderr
         runs[fmt] = [json.loads(line)["token_ids"] for line in r.stdout.splitlines()]
     assert runs["ort"] == runs["onnx"]
-    _assert_one_line_error(gptport("generate", str(ort_dir), "ka", "--graph-format", "ort", "--kv-cache", "static"),
+    assert_one_line_error(gptport("generate", str(ort_dir), "ka", "--graph-format", "ort", "--kv-cache", "static"),
                            2, "--graph-format ort", "concat")
 
 
@@ -81,15 +81,15 @@ def test_another_onnxruntime_versions_file_is_refused_in_one_line(ort_dir: Path,
     assert metadata(d / "model.ort")[META_RUNTIME] == other.decode()
     with pytest.raises(ArtifactError, match=f"written by onnxruntime {other.decode()}"):
         load_cpu(d / "model.ort")
-    _assert_one_line_error(gptport("generate", str(d), "ka", "--graph-format", "ort", "--kv-cache", "concat"), 1,
+    assert_one_line_error(gptport("generate", str(d), "ka", "--graph-format", "ort", "--kv-cache", "concat"), 1,
                            "model.ort", f"onnxruntime {other.decode()}", ort.__version__)
 
 
 def test_missing_ort_file_and_bad_level(trained_dir: Path, tmp_path: Path) -> None:
-    _assert_one_line_error(gptport("generate", str(trained_dir), "ka", "--graph-format", "ort", "--kv-cache",
+    assert_one_line_error(gptport("generate", str(trained_dir), "ka", "--graph-format", "ort", "--kv-cache",
                                    "concat"), 1, "model.ort", "--ort-format")
     d = tmp_path / "m"
     shutil.copytree(trained_dir, d)
-    _assert_one_line_error(gptport("export", str(d), "--ort-format", "--ort-level", "max", "--force"), 2,
+    assert_one_line_error(gptport("export", str(d), "--ort-format", "--ort-level", "max", "--force"), 2,
                            "--ort-level", "basic")
     assert not list(d.glob("*.ort"))

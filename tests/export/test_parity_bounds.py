@@ -26,7 +26,7 @@ from gptport.runtime.engine import StepFn
 from gptport.runtime.onnx_engine import OnnxModel, load_cpu
 from gptport.training.checkpoint import load_model, save_model
 from tests.conftest import build_model_dir
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 # Beyond what models trained minutes on tinyshakespeare reach (docs/design/0031-parity-bounds.md: logits
 # 6-9, keys about 3): the scaled model must reach at least these, where the old absolute bounds were in
@@ -165,4 +165,4 @@ def test_compare_scales_with_magnitude_and_refuses_nan() -> None:
 @pytest.mark.parametrize(("args", "needle"), [(["--rtol", "-1"], "--rtol"), (["--atol", "nan"], "--atol"),
                                                (["--rtol", "0", "--atol", "0"], "zero bound")])
 def test_bad_bounds_are_one_line_errors(trained_dir: Path, args: list[str], needle: str) -> None:
-    _assert_one_line_error(gptport("export", str(trained_dir), *args), 2, needle)
+    assert_one_line_error(gptport("export", str(trained_dir), *args), 2, needle)

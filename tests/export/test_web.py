@@ -26,8 +26,8 @@ from gptport import tokenizer as bpe
 from gptport.export.web import REFERENCE_PROMPTS, WEB_BATCH, export_web
 from gptport.export.web_server import make_server
 from gptport.provenance import file_digest
-from tests.test_cli import _assert_one_line_error, gptport
-from tests.test_page import CHROMIUM_ARGS, chromium_path
+from tests.support.chromium import CHROMIUM_ARGS, chromium_path
+from tests.support.cli import assert_one_line_error, gptport
 
 WAIT_MS = 120_000  # a page step on a loaded 2-core machine
 PROMPTS = ["To be or not", "ka to", "the ", "\n"]
@@ -99,12 +99,12 @@ def test_bundle_references_are_generates_tokens(bundle: Path, trained_dir: Path)
 
 
 def test_export_web_refuses_bad_input(trained_dir: Path, tokenizer_dir: Path, bundle: Path, tmp_path: Path) -> None:
-    _assert_one_line_error(gptport("export-web", str(tokenizer_dir), "--out", str(tmp_path / "w")), 1,
+    assert_one_line_error(gptport("export-web", str(tokenizer_dir), "--out", str(tmp_path / "w")), 1,
                            "model.onnx", "gptport export")
-    _assert_one_line_error(gptport("export-web", str(trained_dir), "--out", str(bundle)), 1, "--force")
-    _assert_one_line_error(gptport("export-web", str(trained_dir), "--out", str(trained_dir / "web")), 2,
+    assert_one_line_error(gptport("export-web", str(trained_dir), "--out", str(bundle)), 1, "--force")
+    assert_one_line_error(gptport("export-web", str(trained_dir), "--out", str(trained_dir / "web")), 2,
                            "inside the model directory")
-    _assert_one_line_error(gptport("export-web", str(trained_dir), "--out", str(tmp_path / "w"), "--runtime-dir",
+    assert_one_line_error(gptport("export-web", str(trained_dir), "--out", str(tmp_path / "w"), "--runtime-dir",
                                    str(tmp_path)), 1, "--runtime-dir", "onnxruntime-web")
     assert not (tmp_path / "w").exists()
 

@@ -14,7 +14,7 @@ from gptport.export.genai import GENAI_FILE
 from gptport.export.tolerance import Tolerance, compare
 from gptport.training.checkpoint import load_model
 from tests.conftest import build_model_dir
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 TEXTS = ["ka to ri 日本 🙂", "  spaces  and\ttabs\n", "<|endoftext|>after"]
 
@@ -63,7 +63,7 @@ def test_export_hf_gives_the_same_logits(tmp_path: Path, tokenizer_dir: Path, co
 def test_export_hf_names_the_mismatch(tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:
     d = build_model_dir(tmp_path / "m", tokenizer_dir, corpus_file, steps=0, pos_encoding="sinusoidal",
                         gelu="exact")
-    _assert_one_line_error(gptport("export-hf", str(d), "--out", str(tmp_path / "hf")), 1,
+    assert_one_line_error(gptport("export-hf", str(d), "--out", str(tmp_path / "hf")), 1,
                            "not a GPT-2 architecture", "pos_encoding is 'sinusoidal'", "gelu is 'exact'")
     assert not (tmp_path / "hf").exists()
 
@@ -120,15 +120,15 @@ def test_import_hf_bad_input(hf_gpt2: Path, tmp_path: Path) -> None:
     cfg = json.loads((other / "config.json").read_text())
     llama = {**cfg, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}
     (other / "config.json").write_text(json.dumps(llama))
-    _assert_one_line_error(gptport("import-hf", str(other), "--out", str(tmp_path / "o1")), 1, "llama", "not GPT-2")
+    assert_one_line_error(gptport("import-hf", str(other), "--out", str(tmp_path / "o1")), 1, "llama", "not GPT-2")
     nofile = tmp_path / "noweights"
     shutil.copytree(hf_gpt2, nofile, ignore=shutil.ignore_patterns("model.safetensors"))
     (nofile / "pytorch_model.bin").write_bytes(b"pickle")
-    _assert_one_line_error(gptport("import-hf", str(nofile), "--out", str(tmp_path / "o2")), 1,
+    assert_one_line_error(gptport("import-hf", str(nofile), "--out", str(tmp_path / "o2")), 1,
                            "no model.safetensors", "pickle")
     small = tmp_path / "small_vocab"
     shutil.copytree(hf_gpt2, small)
     (small / "config.json").write_text(json.dumps({**cfg, "vocab_size": 300}))
-    _assert_one_line_error(gptport("import-hf", str(small), "--out", str(tmp_path / "o3")), 1, "does not fit")
+    assert_one_line_error(gptport("import-hf", str(small), "--out", str(tmp_path / "o3")), 1, "does not fit")
     for name in ("o1", "o2", "o3"):
         assert not (tmp_path / name).exists() or not any((tmp_path / name).iterdir())

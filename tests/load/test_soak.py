@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gptport.load import soak
-from tests.serving import Served, metrics, sample, serve
+from tests.support.serving import Served, metrics, sample, serve
 
 MIN_REQUESTS = 1000  # the mix gets ~100 answers a second here on 2 cores; the soak goes on until it has these
 

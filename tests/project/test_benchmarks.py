@@ -17,7 +17,7 @@ from benchmarks.harness import results
 from benchmarks.harness.probe import RULE, RoundProbe, Rule, cpu_ticks, steal_share
 from benchmarks.harness.run import Run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(f"benchmarks.{p.parent.name}.{p.stem}" for p in (ROOT / "benchmarks").glob("*/*.py")
                  if p.stem != "__init__" and p.parent.name != "harness")
 

@@ -15,7 +15,7 @@ import yaml
 
 from gptport.cli.main import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOOKS = ROOT / "docs" / "hooks"
 
 

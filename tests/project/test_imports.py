@@ -1,6 +1,6 @@
 """The torch boundary is a folder: every module outside gptport/training and gptport/export imports
 without loading torch, and the shared base without onnxruntime either; no import runs upward between
-the layers (tests/layout.py). Modules are found on disk, so a new one is checked the day it lands."""
+the layers (tests/support/layout.py). Modules are found on disk, so a new one is checked the day it lands."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import layout
+from tests.support import layout
 
 FRAMEWORKS = ("torch", "onnxruntime")
 
@@ -70,7 +70,7 @@ def test_base_loads_no_framework(loaded: dict[str, list[str]]) -> None:
 
 
 def test_no_import_runs_upward() -> None:
-    """A module imports its own layer and those below it (tests/layout.py's BELOW), lazy imports included."""
+    """A module imports its own layer and those below it (tests/support/layout.py's BELOW), lazy imports included."""
     bad = [f"{u.module}:{u.line} imports {u.target} ({layout.layer(u.module)} -> {layout.layer(u.target)})"
            for m in layout.modules() for u in layout.upward(m)]
     assert not bad, "imports that run upward or sideways between the layers:\n" + "\n".join(bad)
@@ -108,7 +108,7 @@ def test_ray_app_loads_no_torch() -> None:
 
 def test_serve_answers_with_torch_unimportable(tmp_path: Path, trained_dir: Path) -> None:
     """`gptport serve` loads, answers a completion and a stream, with `import torch` made to fail."""
-    from tests.serving import serve
+    from tests.support.serving import serve
 
     blocker = tmp_path / "blocker" / "torch"
     blocker.mkdir(parents=True)

@@ -22,7 +22,7 @@ from gptport.runtime.providers import probe
 from gptport.training.checkpoint import load_model
 from gptport.training.torch_engine import open_torch
 from tests.conftest import make_text
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 ROW_KEYS = {"engine", "provider", "precision", "batch", "prompt_len", "gen_len", "prefill_tok_s", "decode_tok_s",
             "ttft_ms", "latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "speedup_vs_torch",
@@ -109,7 +109,7 @@ def test_cli_bench_writes_json_csv_and_plot(trained_dir: Path, tmp_path: Path) -
         assert len(list(csv.DictReader(f))) == len(data["rows"])
     assert Path(f"{out}.png").read_bytes()[:4] == b"\x89PNG"
     assert "decode tok/s" in r.stderr
-    _assert_one_line_error(gptport("bench", str(trained_dir), "--batch", "0"), 2, "--batch")
+    assert_one_line_error(gptport("bench", str(trained_dir), "--batch", "0"), 2, "--batch")
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +177,10 @@ def test_cli_eval_json_and_variants(trained_dir: Path, heldout: Path, tmp_path: 
     assert int8["precision"] == "int8" and abs(int8["perplexity"] / fp32["perplexity"] - 1) < 0.05
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    _assert_one_line_error(gptport("eval", str(trained_dir), str(empty)), 1, "empty")
+    assert_one_line_error(gptport("eval", str(trained_dir), str(empty)), 1, "empty")
     copy = tmp_path / "m"
     shutil.copytree(trained_dir, copy)
-    _assert_one_line_error(gptport("eval", str(copy), str(heldout), "--stride", "0"), 2, "--stride")
+    assert_one_line_error(gptport("eval", str(copy), str(heldout), "--stride", "0"), 2, "--stride")
 
 
 @pytest.mark.slow
@@ -194,4 +194,4 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
         assert needle in r.stderr, needle
     assert "not run" not in r.stderr, r.stderr[-3000:]  # every graph export wrote is benchmarked
     assert (out / "model.onnx").exists() and (out / "model.safetensors").exists()
-    _assert_one_line_error(gptport("demo", "--out", str(out), "--minutes", "0.1"), 1, "--force")
+    assert_one_line_error(gptport("demo", "--out", str(out), "--minutes", "0.1"), 1, "--force")

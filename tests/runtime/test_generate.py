@@ -16,7 +16,7 @@ from gptport.errors import ArtifactError, UsageError
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import encode_prompts, graph_path, open_model
 from gptport.runtime.sampling import Sampling
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 PROMPTS = ["ka to ri", "the men sol ve qua lin dor", "日本"]
 
@@ -159,23 +159,23 @@ def test_generate_runs_without_torch(trained_dir: Path, tmp_path: Path) -> None:
 
 def test_cli_bad_input(trained_dir: Path, tmp_path: Path) -> None:
     d = str(trained_dir)
-    _assert_one_line_error(gptport("generate", d, "x", "--top-p", "0"), 2, "--top-p")
-    _assert_one_line_error(gptport("generate", d, "x", "--temperature", "-1"), 2, "--temperature")
-    _assert_one_line_error(gptport("generate", d, "x", "--top-k", "-3"), 2, "--top-k")
-    _assert_one_line_error(gptport("generate", d, "x", "--provider", "tpu"), 2, "--provider 'tpu'")
-    _assert_one_line_error(gptport("generate", d, "x", "--precision", "int4"), 1, "model.int4.onnx", "export")
-    _assert_one_line_error(gptport("generate", d), 2, "no prompt")
+    assert_one_line_error(gptport("generate", d, "x", "--top-p", "0"), 2, "--top-p")
+    assert_one_line_error(gptport("generate", d, "x", "--temperature", "-1"), 2, "--temperature")
+    assert_one_line_error(gptport("generate", d, "x", "--top-k", "-3"), 2, "--top-k")
+    assert_one_line_error(gptport("generate", d, "x", "--provider", "tpu"), 2, "--provider 'tpu'")
+    assert_one_line_error(gptport("generate", d, "x", "--precision", "int4"), 1, "model.int4.onnx", "export")
+    assert_one_line_error(gptport("generate", d), 2, "no prompt")
     empty = tmp_path / "prompts.txt"
     empty.write_text("\n  \n")
-    _assert_one_line_error(gptport("generate", d, "--file", str(empty)), 1, "empty prompt file")
-    _assert_one_line_error(gptport("generate", d, "ka " * 200, "--no-truncate"), 1, "longer than the model's n_ctx")
+    assert_one_line_error(gptport("generate", d, "--file", str(empty)), 1, "empty prompt file")
+    assert_one_line_error(gptport("generate", d, "ka " * 200, "--no-truncate"), 1, "longer than the model's n_ctx")
     r = gptport("generate", d, "ka " * 200, "--max-new-tokens", "3")
     assert r.returncode == 0 and "kept its last 96" in r.stderr
     other = tmp_path / "other"
     shutil.copytree(trained_dir, other)
     (other / "tokenizer_meta.json").unlink()
     (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text() + "\n")
-    _assert_one_line_error(gptport("generate", str(other), "x"), 1, "does not match the model")
+    assert_one_line_error(gptport("generate", str(other), "x"), 1, "does not match the model")
 
 
 def test_fallback_reports_and_goes_on(trained_dir: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from gptport.errors import ArtifactError
 from gptport.runtime import openvino
 from gptport.runtime.providers import probe
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 pytestmark = pytest.mark.skipif(openvino.ORT_NAME in ort.get_available_providers(),
                                 reason="onnxruntime-openvino is installed here: these tests are for its absence")
@@ -53,7 +53,7 @@ def test_openvino_takes_the_unfused_graphs_and_refuses_fused_ones(unfused: Path,
 def test_without_onnxruntime_openvino_the_error_says_what_to_install(unfused: Path) -> None:
     status = probe("openvino")
     assert not status.ok and "onnxruntime-openvino" in status.reason
-    _assert_one_line_error(gptport("generate", str(unfused), "ka", "--provider", "openvino"), 1,
+    assert_one_line_error(gptport("generate", str(unfused), "ka", "--provider", "openvino"), 1,
                            "--provider openvino", "onnxruntime-openvino", "--fallback")
     r = gptport("generate", str(unfused), "ka", "--provider", "openvino", "--fallback", "--json",
                 "--max-new-tokens", "8")

@@ -24,8 +24,8 @@ from gptport.serve.engine.drafting import Drafting
 from gptport.serve.engine.events import Observer
 from gptport.serve.engine.scheduler import Choice
 from tests.conftest import SYLLABLES, build_model_dir, make_text
-from tests.serving import free_port, serve
-from tests.test_slots import Run
+from tests.serve.engine.test_slots import Run
+from tests.support.serving import free_port, serve
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.static_cache import cache_arrays
 from gptport.training.checkpoint import load_model
 from gptport.training.torch_engine import torch_step
-from tests.test_export import top1_agreement
+from tests.export.test_export import top1_agreement
 
 
 def within(got: np.ndarray, want: np.ndarray) -> bool:

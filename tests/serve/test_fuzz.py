@@ -2,7 +2,7 @@
 requests that fit the document (positive) and requests that break it (negative), a few hundred in all, under a
 time limit. No answer is a 500; each has a documented status, content type, headers and body; a request the
 document refuses is refused; afterwards a normal request succeeds and no slot is left busy. The raw bodies
-the JSON parser sees are fuzzed in tests/test_fuzz_body.py."""
+the JSON parser sees are fuzzed in tests/serve/test_fuzz_body.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.serving import Served, serve, wait_idle
+from tests.support.serving import Served, serve, wait_idle
 
 SLOTS = 2
 MAX_TOKENS = 4  # the document allows any max_tokens >= 1 (generation stops at n_ctx); the fuzz run caps it

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from gptport.serve import fields
 from gptport.serve.app import Settings
-from tests.openapi_check import Conformance
-from tests.serving import Served, serve, wait_idle
+from tests.support.openapi_check import Conformance
+from tests.support.serving import Served, serve, wait_idle
 
 LIMIT = Settings(Path(".")).max_body  # `gptport serve` has no option for it: the default
 CHAT = "/v1/chat/completions"

@@ -27,9 +27,9 @@ from gptport.serve.chat import plain
 from gptport.serve.engine.events import Finish, Piece
 from gptport.serve.openapi_schemas import CODES_400, REQUESTS, Limits, request_body
 from gptport.serve.responses import Collector, stream_chunks
-from tests import openapi_check
-from tests.openapi_check import Conformance
-from tests.serving import LONG, Raw, Served, attempts, serve, wait_idle
+from tests.support import openapi_check
+from tests.support.openapi_check import Conformance
+from tests.support.serving import LONG, Raw, Served, attempts, serve, wait_idle
 
 SLOTS = 2
 CTX = 1024  # the in-process parser's context: room for a tool block

@@ -4,26 +4,17 @@ the API returns, shows its stats and the server's errors, and sends the API key 
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.serving import Served, serve
+from tests.support.chromium import CHROMIUM_ARGS, chromium_path
+from tests.support.serving import Served, serve
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 WAIT_MS = 30_000  # the longest any step may take
 PROMPT = "the ka"
-
-
-def chromium_path() -> str | None:
-    """$GPTPORT_CHROMIUM, else `chromium` on the PATH."""
-    return os.environ.get("GPTPORT_CHROMIUM") or shutil.which("chromium")
-
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     chromium_path() is None, reason="no Chromium: `apt-get install chromium` (Debian), or set GPTPORT_CHROMIUM")]

@@ -13,7 +13,7 @@ import openai  # a dev dependency: its absence is a failure, not a skip
 import pytest
 
 from gptport import tokenizer as bpe
-from tests.serving import (
+from tests.support.serving import (
     N_CTX,
     Served,
     assert_error,

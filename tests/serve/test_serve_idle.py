@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.serving import Served, assert_error, serve, wait_idle
+from tests.support.serving import Served, assert_error, serve, wait_idle
 
 SLOTS, QUEUE, MAX_CONNECTIONS = 2, 2, 100
 TIMEOUT = 1.0  # the server's --header-timeout and --body-timeout, seconds

@@ -20,7 +20,7 @@ import httpx
 import openai  # a dev dependency: its absence is a failure, not a skip
 import pytest
 
-from tests.serving import (
+from tests.support.serving import (
     LONG,
     N_CTX,
     Raw,

@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.serving import cli_generate, serve
+from tests.support.serving import cli_generate, serve
 
 HEAD = "to be or not to be that is the question whether tis nobler in the mind"
 

@@ -1,4 +1,4 @@
-"""Structured outputs, tool calls, /tokenize and the fields policy over HTTP (issue 24): a real
+"""Structured outputs, tool calls, /tokenize and the fields policy over HTTP: a real
 `gptport serve` driven with the `openai` client and httpx."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from gptport import tokenizer as bpe
 from gptport.serve import fields
-from tests.serving import Served, assert_error, events, serve, wait_idle
+from tests.support.serving import Served, assert_error, events, serve, wait_idle
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 150},

@@ -1,6 +1,6 @@
 """The package's layers, read from the tree: which folder a module belongs to, which layers it may
 import, and every gptport import a module makes (at the top or inside a function). The tests of
-test_imports.py check the tree against these rules; nothing here lists modules by hand."""
+tests/project/test_imports.py check the tree against these rules; nothing here lists modules by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "gptport"
+PACKAGE = Path(__file__).resolve().parents[2] / "gptport"
 
 # The layers from the bottom up, one per folder of the package (a subfolder is a layer of its own; the
 # top-level modules are base). A module imports its own layer and the layers below it, never one above
@@ -60,7 +60,7 @@ def layer(module: str) -> str:
         folders.append(part)
     name = "/".join(folders) or "base"
     if name not in BELOW:
-        raise AssertionError(f"gptport/{name}/ is a folder that tests/layout.py gives no layer")
+        raise AssertionError(f"gptport/{name}/ is a folder that tests/support/layout.py gives no layer")
     return name
 
 

@@ -22,7 +22,7 @@ from gptport.corpus import CorpusReader, resolve_sources
 from gptport.training import shards as data
 from gptport.training.checkpoint import read_resume_state
 from gptport.training.train import Trainer
-from tests.test_cli import _assert_one_line_error, gptport
+from tests.support.cli import assert_one_line_error, gptport
 
 SHAPE = ["--set", "n_ctx=32", "--set", "d_model=32", "--set", "n_layer=2", "--set", "n_head=2",
          "--set", "eval_batches=2", "--batch-size", "4", "--device", "cpu"]
@@ -102,7 +102,7 @@ def test_cli_trains_and_refuses_to_overwrite(model_dir: Path, corpus_file: Path)
     r = gptport(*args)
     assert r.returncode == 0, r.stderr
     assert "bpb" in r.stderr and (model_dir / "model.safetensors").exists()
-    _assert_one_line_error(gptport(*args), 1, "already holds a trained model", "--resume")
+    assert_one_line_error(gptport(*args), 1, "already holds a trained model", "--resume")
     r = gptport(*args[:5], "6", *args[6:], "--resume")
     assert r.returncode == 0, r.stderr
     assert json.loads((model_dir / "config.json").read_text())["step"] == 6
@@ -112,21 +112,21 @@ def test_cli_bad_inputs(tmp_path: Path, model_dir: Path, corpus_file: Path) -> N
     base = ["--steps", "2", *SHAPE]
     empty_dir = tmp_path / "no_tokenizer"
     empty_dir.mkdir()
-    _assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(empty_dir), *base), 1,
+    assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(empty_dir), *base), 1,
                            "no tokenizer.json")
     short = tmp_path / "short.txt"
     short.write_text("too short\n")
-    _assert_one_line_error(gptport("train", str(short), "--model-dir", str(model_dir), *base), 1, "corpus too short")
+    assert_one_line_error(gptport("train", str(short), "--model-dir", str(model_dir), *base), 1, "corpus too short")
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes(b"caf\xe9\n")
-    _assert_one_line_error(gptport("train", str(latin1), "--model-dir", str(model_dir), *base), 1,
+    assert_one_line_error(gptport("train", str(latin1), "--model-dir", str(model_dir), *base), 1,
                            "latin1.txt", "byte offset 3")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    _assert_one_line_error(gptport("train", str(empty), "--model-dir", str(model_dir), *base), 1, "empty corpus")
-    _assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(model_dir), *base,
+    assert_one_line_error(gptport("train", str(empty), "--model-dir", str(model_dir), *base), 1, "empty corpus")
+    assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(model_dir), *base,
                                    "--preset", "huge"), 2, "--preset 'huge'")
-    _assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(model_dir), *base,
+    assert_one_line_error(gptport("train", str(corpus_file), "--model-dir", str(model_dir), *base,
                                    "--set", "d_model=33"), 2, "divisible")
     assert not (model_dir / "model.safetensors").exists()
 

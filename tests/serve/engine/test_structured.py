@@ -1,4 +1,4 @@
-"""Constrained decoding in the scheduler (issue 24), without HTTP: JSON schemas, regexes and choices
+"""Constrained decoding in the scheduler, without HTTP: JSON schemas, regexes and choices
 hold, a masked token is never sampled, and a constrained request's tokens do not depend on its
 neighbours."""
 
@@ -225,7 +225,7 @@ def test_bad_constraints_name_their_origin(grammars: Grammars) -> None:
 
 
 def test_generate_cli_takes_a_schema_a_regex_or_a_grammar(structured_dir: Path, tmp_path: Path) -> None:
-    from tests.test_cli import _assert_one_line_error, gptport
+    from tests.support.cli import assert_one_line_error, gptport
 
     schema = {"type": "object", "properties": {"w": {"type": "string", "maxLength": 6},
                                                "n": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -245,11 +245,11 @@ def test_generate_cli_takes_a_schema_a_regex_or_a_grammar(structured_dir: Path, 
     assert r.returncode == 0 and re.fullmatch(r"[a-z]{2}-[0-9]{2}\n", r.stdout), (r.stdout, r.stderr)
     r = gptport("generate", d, "ri", "--grammar", str(tmp_path / "g.gbnf"), "--temperature", "1", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["text"] in ("yes", "no"), r.stderr
-    _assert_one_line_error(gptport("generate", d, "ri", "--grammar", str(tmp_path / "bad.lark")), 2,
+    assert_one_line_error(gptport("generate", d, "ri", "--grammar", str(tmp_path / "bad.lark")), 2,
                            "--grammar", "bad.lark", "nothing_here")
-    _assert_one_line_error(gptport("generate", d, "ri", "--json-schema", str(tmp_path / "none.json")), 2,
+    assert_one_line_error(gptport("generate", d, "ri", "--json-schema", str(tmp_path / "none.json")), 2,
                            "--json-schema", "none.json")
-    _assert_one_line_error(gptport("generate", d, "ri", "--regex", "a", "--grammar", str(tmp_path / "g.gbnf")), 2,
+    assert_one_line_error(gptport("generate", d, "ri", "--regex", "a", "--grammar", str(tmp_path / "g.gbnf")), 2,
                            "one output constraint")
 
 

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from gptport.serve.ray.proxy_errors import OpenAIErrors
-from tests.serving import assert_error
+from tests.support.serving import assert_error
 
 
 def call(inner: Any) -> tuple[int, dict[bytes, bytes], bytes]:

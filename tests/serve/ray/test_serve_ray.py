@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serving import (
+from tests.support.serving import (
     Raw,
     Served,
     assert_error,
