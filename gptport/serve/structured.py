@@ -1,6 +1,7 @@
 """A request's output constraint: OpenAI's `response_format`, and beside it, as vLLM and llama-server
 offer, `json_schema`, `regex`, `grammar` (Lark or GBNF) and `choice`, or vLLM's `structured_outputs`
-object holding one of json, regex, grammar, choice. At most one per request. No torch here.
+object holding one of json, regex, grammar, choice. At most one per request. Their JSON schemas, whose
+keys the checks here take, are in shapes.py. No torch here.
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from gptport.runtime.constraint import Spec
+from gptport.serve import shapes
 from gptport.serve.api_error import bad
 
 TOP_LEVEL = {"json_schema": "json_schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}
-STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}
-RESPONSE_FORMAT_KEYS = {"type", "json_schema"}
-JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+# structured_outputs' keys (shapes.py) and the kind of constraint each is: json holds a JSON schema
+STRUCTURED_OUTPUTS = {key: "json_schema" if key == "json" else key for key in shapes.keys(shapes.STRUCTURED_OUTPUTS)}
+RESPONSE_FORMAT_KEYS = set(shapes.keys(shapes.RESPONSE_FORMAT))
+JSON_SCHEMA_KEYS = set(shapes.keys(shapes.JSON_SCHEMA_FORMAT))
 
 
 def output_spec(body: dict[str, Any]) -> Spec | None:

@@ -1,5 +1,6 @@
-"""Tool calls: OpenAI's `tools` and `tool_choice` checked, the grammar a reply must follow, and the reply
-read back into `message.tool_calls`. No torch here.
+"""Tool calls: OpenAI's `tools` and `tool_choice` checked (their JSON schemas, whose keys and name
+pattern the checks here take, are in shapes.py), the grammar a reply must follow, and the reply read back
+into `message.tool_calls`. No torch here.
 
 A call is written as `<tool_call>{"name": NAME, "arguments": {...}}</tool_call>` at the start of the
 reply (the format of Hermes-style chat templates), one call per reply. `required` and a named function
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptport.runtime.constraint import JSON_OPTIONS, Spec
+from gptport.serve import shapes
 from gptport.serve.api_error import bad
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+NAME = re.compile(shapes.FUNCTION_NAME)
+FUNCTION_KEYS = set(shapes.keys(shapes.FUNCTION))
 FREE_TEXT = r"/(?s:.*)/ & ~/<tool_call>(?s:.*)/"  # any text that does not start a call
 
 
