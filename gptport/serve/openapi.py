@@ -1,7 +1,8 @@
 """GET /openapi.json: an OpenAPI 3.1 document of the server as it runs. Its paths are the app's own
-routes (each must have an entry in OPERATIONS), its request schemas exactly the fields the parser
-honours (openapi_schemas.py), its limits this server's (slots, vocabulary, body limit, model name).
-tests/test_openapi.py and tests/test_fuzz.py check it against the implementation. No torch here.
+routes (each must have an entry in OPERATIONS), its request schemas made from the definitions the parser
+reads each field by (fields.py, through openapi_schemas.py), its limits this server's (slots,
+vocabulary, body limit, model name). tests/serve/test_openapi.py and tests/serve/test_fuzz.py check it
+against the implementation. No torch here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""OpenAI's request and response shapes: a request body checked field by field into a `Job`, and the
-JSON objects the routes send back. Every refusal is an `ApiError` in OpenAI's error shape, naming the
-field at fault. No torch here.
+"""OpenAI's request and response shapes: a request body checked field by field into a `Job` (each field
+read by its definition in fields.py), and the JSON objects the routes send back. Every refusal is an
+`ApiError` in OpenAI's error shape, naming the field at fault. No torch here.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import time
 from collections.abc import Sequence
@@ -18,14 +17,12 @@ from gptport.runtime.sampling import Sampling
 from gptport.serve import fields as request_fields
 from gptport.serve.api_error import ApiError, bad
 from gptport.serve.engine.events import TokenLogprob
+from gptport.serve.field_spec import Reader
+from gptport.serve.fields import MIN_TEMPERATURE
+from gptport.serve.shapes import MAX_STOPS
 from gptport.serve.structured import output_spec
 from gptport.serve.tools import Tools, call_text, parse_tools, reply_spec
 from gptport.tokenizer import BPETokenizer
-
-MAX_STOPS = 4
-MAX_LOGPROBS = 5
-MIN_PENALTY = 0.01
-MIN_TEMPERATURE = 1e-5  # below it, sampling is greedy (as vLLM): 1/temperature would overflow the logits
 
 
 @dataclass
@@ -70,65 +67,21 @@ def parse_body(data: bytes | bytearray) -> Any:
     return body
 
 
-class Fields:
-    """Typed getters over a request body; each names the field it refuses."""
-
-    def __init__(self, body: Any) -> None:
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object", None, "invalid_json")
-        self.body = body
-
-    def get(self, name: str, kinds: tuple[type, ...], default: Any, what: str) -> Any:
-        value = self.body.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-            raise bad(name, f"expected {what}, got {type(value).__name__} {value!r:.40}", "invalid_type")
-        return value
-
-    def integer(self, name: str, default: int | None, lo: int, hi: int | None = None) -> int | None:
-        value = self.get(name, (int,), default, "an integer")
-        if value is not None and (value < lo or (hi is not None and value > hi)):
-            bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-            raise bad(name, f"must be {bounds}, not {value}", "invalid_value")
-        return value
-
-    def number(self, name: str, default: float) -> float:
-        value = self.get(name, (int, float), default, "a number")
-        try:
-            value = float(value)
-        except OverflowError:  # an integer past float's range
-            value = math.inf
-        if not math.isfinite(value):  # Python's json reads NaN and Infinity
-            raise bad(name, f"must be a finite number, not {value}", "invalid_value")
-        return value
-
-    def flag(self, name: str, default: bool = False) -> bool:
-        return bool(self.get(name, (bool,), default, "true or false"))
-
-
-def _sampling(f: Fields, vocab: int) -> tuple[Sampling, int]:
-    temperature, top_p = f.number("temperature", 1.0), f.number("top_p", 1.0)
-    if temperature < 0:
-        raise bad("temperature", f"must be >= 0 (0 is greedy), not {temperature}", "invalid_value")
+def _sampling(f: Reader, vocab: int) -> tuple[Sampling, int]:
+    temperature, top_p = f.typed("temperature"), f.typed("top_p")  # both typed before either is bounded
+    temperature, top_p = f.bounded("temperature", temperature), f.bounded("top_p", top_p)
     if temperature < MIN_TEMPERATURE:
         temperature = 0.0
-    if not 0.0 < top_p <= 1.0:
-        raise bad("top_p", f"must be in (0, 1], not {top_p}", "invalid_value")
-    top_k = f.integer("top_k", 0, 0) or 0
-    penalty = f.number("repetition_penalty", 1.0)
-    if not MIN_PENALTY <= penalty <= 1 / MIN_PENALTY:  # beyond, dividing a logit by it overflows float32
-        raise bad("repetition_penalty", f"must be between {MIN_PENALTY} and {1 / MIN_PENALTY:g} (1 is off), "
-                  f"not {penalty}", "invalid_value")
+    top_k = f.read("top_k")
+    penalty = f.read("repetition_penalty")
     for name in ("presence_penalty", "frequency_penalty"):
-        if f.number(name, 0.0) != 0.0:
-            raise bad(name, "is not supported; use repetition_penalty", "unsupported")
-    seed = f.integer("seed", None, -(2**63))
+        f.read(name)
+    seed = f.read("seed")
     base = secrets.randbits(63) if seed is None else seed % 2**63
-    return Sampling(temperature, min(top_k, vocab), top_p, penalty, base), f.integer("n", 1, 1) or 1
+    return Sampling(temperature, min(top_k, vocab), top_p, penalty, base), f.read("n")
 
 
-def _stops(f: Fields) -> list[str]:
+def _stops(f: Reader) -> list[str]:
     stop = f.body.get("stop")
     if stop is None:
         return []
@@ -168,7 +121,7 @@ def _prompts(value: Any, tok: BPETokenizer) -> tuple[list[list[int]], list[str]]
     return prompts, texts
 
 
-def _common(f: Fields, tok: BPETokenizer, chat: bool, prompts: list[list[int]], texts: list[str], n_ctx: int,
+def _common(f: Reader, tok: BPETokenizer, chat: bool, prompts: list[list[int]], texts: list[str], n_ctx: int,
             slots: int) -> Job:
     sampling, n = _sampling(f, tok.vocab_size)
     for i, ids in enumerate(prompts):
@@ -179,13 +132,12 @@ def _common(f: Fields, tok: BPETokenizer, chat: bool, prompts: list[list[int]], 
     if n * len(prompts) > slots:
         raise bad("n", f"{len(prompts)} prompt(s) x n={n} = {n * len(prompts)} choices is more than the server's "
                   f"{slots} slots", "too_many_choices")
-    stream = f.flag("stream")
-    options = f.get("stream_options", (dict,), {}, "an object")
-    include_usage = Fields(options).flag("include_usage") and stream
+    stream = f.read("stream")
+    include_usage = bool((f.read("stream_options") or {}).get("include_usage")) and stream
     max_name = "max_completion_tokens" if chat and f.body.get("max_completion_tokens") is not None else "max_tokens"
-    job = Job(chat, prompts, texts, f.integer(max_name, 16, 1) or 16, sampling, n, _stops(f), stream,
-              include_usage, ignore_eos=f.flag("ignore_eos"), id=("chatcmpl-" if chat else "cmpl-") +
-              secrets.token_hex(12), created=int(time.time()))
+    job = Job(chat, prompts, texts, f.read(max_name), sampling, n, _stops(f), stream, include_usage,
+              ignore_eos=f.read("ignore_eos"), id=("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12),
+              created=int(time.time()))
     job.logit_bias = request_fields.logit_bias(f.body.get("logit_bias"), tok.vocab_size)
     job.spec = output_spec(f.body)
     return job
@@ -201,20 +153,19 @@ def _constrained(job: Job) -> Job:
 
 def completion_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int) -> Job:
     """POST /v1/completions."""
-    f = Fields(body)
+    f = request_fields.reader(body, "completions")
     request_fields.check_fields(f.body, chat=False)
     prompts, texts = _prompts(f.body.get("prompt"), tok)
     job = _common(f, tok, False, prompts, texts, n_ctx, slots)
-    job.logprobs = f.integer("logprobs", None, 0, MAX_LOGPROBS)
-    job.echo = f.flag("echo")
-    if f.get("suffix", (str,), "", "a string"):
-        raise bad("suffix", "is not supported", "unsupported")
+    job.logprobs = f.read("logprobs")
+    job.echo = f.read("echo")
+    f.read("suffix")
     return _constrained(job)
 
 
 def chat_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, render: Any) -> Job:
     """POST /v1/chat/completions; `render(messages, tools) -> (prompt text, extra stop strings)`."""
-    f = Fields(body)
+    f = request_fields.reader(body, "chat")
     request_fields.check_fields(f.body, chat=True)
     messages = f.body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -225,8 +176,8 @@ def chat_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, render: Any) 
     ids = tok.encode(text) or [tok.eot_id]
     job = _common(f, tok, True, [ids], [text], n_ctx, slots)
     job.stops += [s for s in stops if s not in job.stops]
-    top = f.integer("top_logprobs", 0, 0, MAX_LOGPROBS)
-    if f.flag("logprobs"):
+    top = f.read("top_logprobs")
+    if f.read("logprobs"):
         job.logprobs = top
     if tools is not None and tools.active:
         job.tools = tools
