@@ -87,6 +87,8 @@ def _notes(schema: Schema) -> str:
             notes.append(f"default {_json(alt['default'])}")
         if alt.get("description"):
             notes.append(_cell(alt["description"]))
+        if alt.get("x-gptport-extra"):
+            notes.append("gptport's extra (not in OpenAI's API)")
     if schema.get("description") and "anyOf" in schema:
         notes.append(_cell(schema["description"]))
     return "; ".join(dict.fromkeys(notes))
@@ -153,7 +155,8 @@ def _operation(path: str, method: str, op: Schema) -> list[str]:
 
 
 def refused_fields() -> list[str]:
-    """The OpenAI fields the server refuses whenever they are set, with its reason (gptport.serve.fields)."""
+    """The OpenAI fields the server refuses whenever they are set, with its reason (their definitions in
+    gptport.serve.fields)."""
     from gptport.serve import fields
 
     rows = [f"| `{name}` | {_cell(why)} |" for name, why in sorted(fields.REFUSED.items())]
