@@ -10,6 +10,7 @@ import typer
 
 from gptport.cli.common import Force, ModelDir, err, human_bytes
 from gptport.errors import UsageError
+from gptport.export.agreement import TIE_NATS
 from gptport.export.tolerance import ATOL, RTOL, Tolerance
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ def export(
                                         "quantities near zero).")] = ATOL,
     force: Force = False,
     gate: Annotated[bool, typer.Option("--gate/--no-gate", help="Check each variant against fp32 torch on "
-                                       "held-out text (top-1 ≥ 98%). --no-gate writes them unchecked, "
+                                       "held-out text (top-1 ≥ 98%, a near-tie of torch's counting as agreement). "
+                                       "--no-gate writes them unchecked, "
                                        "recorded as ungated (gptport.gated = false): for speed measurements "
                                        "on untrained weights, which cannot pass it.")] = True,
     heldout: Annotated[Path | None, typer.Option("--heldout", metavar="FILE", help="UTF-8 text the model was not "
@@ -101,8 +103,9 @@ def export(
         text = (f"on {report.heldout} (no held-out text; --gate-on-sampled-text)" if report.sampled
                 else f"on held-out text ({escape(report.heldout)})")
         gates = Table("variant", "scheme", "top-1 agreement", "mean KL (nats)", "positions", "written",
-                      title=f"variants against fp32 torch {text} (gate: top-1 ≥ 98%; "
-                            "a scheme that misses it gives way to the next)")
+                      title=f"variants against fp32 torch {text} (gate: top-1 ≥ 98%, a pick within "
+                            f"{TIE_NATS:g} nats of torch's best agreeing; a scheme that misses it gives way to the "
+                            "next)")
         for g in report.gates:
             gates.add_row(g.precision, g.scheme or "—", f"{g.top1:.2%}", f"{g.mean_kl:.2e}", str(g.positions),
                           "✓" if g.ok else "✗")
@@ -111,7 +114,8 @@ def export(
         kv = Table("graph", "scales", "top-1 agreement", "bits/byte (float32 → int8 cache)", "positions",
                    "16-row step (float32 → int8 cache)", "passed",
                    title="int8 KV cache against the float32 cache, decoding the gate's text "
-                         "(gate: top-1 ≥ 98%, bits/byte within 1%; the faster passing kind is written)")
+                         f"(gate: top-1 ≥ 98%, a pick within {TIE_NATS:g} nats of the float32 cache's best "
+                         "agreeing, bits/byte within 1%; the faster passing kind is written)")
         for k in report.kv_gates:
             kv.add_row(k.label, k.kind.lower().replace("_", "-"), f"{k.top1:.2%}",
                        f"{k.bpb_fp32:.4f} → {k.bpb_int8:.4f} ({k.bpb_change:+.2%})", str(k.positions),

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from gptport.errors import InputError, UsageError, ValidationError
+from gptport.export.agreement import agrees
 from gptport.export.tolerance import Check, Tolerance, cache_quantities, compare, merge, worst
 from gptport.paths import VAL_SHARD
 from gptport.runtime import static_cache
@@ -290,7 +291,8 @@ def sampled_windows(model: GPT, count: int = 8) -> np.ndarray:
 
 
 def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str) -> GateRow:
-    """Top-1 agreement and mean KL(torch fp32 || variant) over every position of the windows."""
+    """Top-1 agreement (a pick within agreement.TIE_NATS of torch's best agrees) and mean KL(torch fp32 ||
+    variant) over every position of the windows."""
     step = variant.step()
     agree, kl, total = 0, 0.0, 0
     for row in windows:
@@ -300,7 +302,7 @@ def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str) ->
             want = model(torch.from_numpy(ids))[0].float().numpy()[0]  # (T, V)
         past = variant.empty_past(1)
         got = step(ids, mask, positions(mask), past)[0].astype(np.float32)[0]  # (T, V)
-        agree += int((want.argmax(-1) == got.argmax(-1)).sum())
+        agree += int(agrees(want, got.argmax(-1)).sum())
         log_p, log_q = _log_softmax(want), _log_softmax(got)
         kl += float((np.exp(log_p) * (log_p - log_q)).sum())
         total += len(row)
