@@ -25,9 +25,10 @@ from gptport.runtime.engine import Past, StepFn
 
 _ORT = ort.capi.onnxruntime_pybind11_state
 # what InferenceSession raises on a file it cannot load (damaged bytes: a bad protobuf, a graph without
-# nodes, an operator name that no kernel has, tensor data cut short)
+# nodes, an operator name that no kernel has, tensor data cut short); UnicodeDecodeError where the damaged
+# bytes reach onnxruntime's message, which pybind11 then cannot decode
 ORT_FAILURES = (_ORT.Fail, _ORT.InvalidArgument, _ORT.InvalidGraph, _ORT.InvalidProtobuf, _ORT.NoModel,
-                _ORT.NoSuchFile, _ORT.NotImplemented, _ORT.RuntimeException)
+                _ORT.NoSuchFile, _ORT.NotImplemented, _ORT.RuntimeException, UnicodeDecodeError)
 
 
 @dataclass
