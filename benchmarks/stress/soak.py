@@ -2,7 +2,7 @@
 completions and chat completions, n > 1, stop strings, logprobs, clients that leave mid-stream or mid-body,
 malformed bodies and over-long prompts, each kind with the statuses it may get), the server process's
 RSS, open fds and threads and its busy slots sampled every few seconds. The loop, the mix and the
-verdicts are gptport/load/soak.py's (tests/test_soak.py runs them for a minute).
+verdicts are gptport/load/soak.py's (tests/load/test_soak.py runs them for a minute).
 
 Checks (PASS/FAIL): RSS grows < 5% after warm-up (the first 10% of the time), fds and threads back to
 their baseline once idle, no slot left busy, no unexpected status, the requests done, every kind sent.

@@ -1,6 +1,6 @@
 """A soak of a running `gptport serve`: the request mix of `soak_mix` from `concurrency` clients for a while,
 the server process sampled all along, and the verdicts. `benchmarks/soak_serve.py` runs it for 20
-minutes; tests/test_soak.py for one. No torch; aiohttp, and psutil (a dev dependency) for the sampling.
+minutes; tests/load/test_soak.py for one. No torch; aiohttp, and psutil (a dev dependency) for the sampling.
 
 The run: warm-up load (the first `warmup` of the time), a pause until the server is idle (the baseline
 sample), the load until both `requests` requests are done and `minutes` have passed (never past

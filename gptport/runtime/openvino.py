@@ -16,7 +16,7 @@ STRICT = {"session.disable_cpu_ep_fallback": "1"}  # a node OpenVINO cannot take
 TAKES = {("com.microsoft", "MatMulNBits")}  # onnxruntime contrib ops OpenVINO runs (8-bit weights, as float32)
 LACKS = {("", "IsNaN")}  # standard ops its ONNX frontend lacks (the NaN guard of graphs exported before 0.x)
 INSTALL = ("install onnxruntime-openvino in an environment of its own: it replaces onnxruntime's module "
-           "(README, OpenVINO)")
+           "(docs/guide/openvino-ort.md)")
 
 
 def foreign_nodes(path: Path) -> Counter[tuple[str, str]]:

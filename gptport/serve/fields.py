@@ -136,7 +136,7 @@ def honoured(route: str) -> dict[str, Field]:
 
 ROUTE_FIELDS = {route: honoured(route) for route in ROUTES}
 REFUSED = {f.name: f.refused for f in FIELDS if f.refused}
-# by origin (README "Fields"): OpenAI's fields gptport implements, and its own extras
+# by origin (the site's HTTP reference is made from this table): OpenAI's fields gptport implements, and its extras
 COMPLETION = {name for name, f in ROUTE_FIELDS["completions"].items() if not f.extra("completions")}
 CHAT = {name for name, f in ROUTE_FIELDS["chat"].items() if not f.extra("chat")}
 EXTRAS_COMPLETION = set(ROUTE_FIELDS["completions"]) - COMPLETION

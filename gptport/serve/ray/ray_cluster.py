@@ -34,7 +34,7 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
         autoscale: str | None = None, address: str | None = None) -> int:
     """Deploy and serve until SIGTERM/SIGINT; the exit code."""
     # Set before Ray is imported (it reads them then), and inherited by the processes of a cluster started
-    # here (a joined cluster must have been started with them, see the README): the proxy turns its own
+    # here (a joined cluster must have been started with them, see docs/guide/ray-serve.md): the proxy turns its own
     # errors (a replica died, a timeout) into OpenAI's error shape; and a cluster of one machine takes the
     # loopback address as its node's, so that its servers listen there only.
     os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", PROXY_CALLBACK)
