@@ -28,12 +28,14 @@ from benchmarks.harness import cli, results
 from benchmarks.harness.run import Run
 
 
-def perturbed(src: Path, dst: Path, d_model: int) -> None:
-    """One weight of a key channel in layer 0's query/key/value matrix moved by 10% of the matrix's max |w|."""
+def perturbed(src: Path, dst: Path, d_model: int, layer: int = 0) -> None:
+    """A copy of the graph at `src` in which one weight of a key channel in layer `layer`'s query/key/value
+    matrix (the `layer`-th initializer of shape (d_model, 3 d_model): the contract and the static-cache
+    graphs store them in layer order) moved by 10% of that matrix's largest |w|."""
     import onnx
 
     proto = onnx.load(str(src))
-    init = next(i for i in proto.graph.initializer if list(i.dims) == [d_model, 3 * d_model])
+    init = [i for i in proto.graph.initializer if list(i.dims) == [d_model, 3 * d_model]][layer]
     arr = onnx.numpy_helper.to_array(init).copy()  # (d_model, 3 d_model): q | k | v
     arr[d_model // 2, d_model + d_model // 3] += 0.1 * float(np.abs(arr).max())
     init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
@@ -41,6 +43,7 @@ def perturbed(src: Path, dst: Path, d_model: int) -> None:
 
 
 def mask_off_by_one(step: Callable) -> Callable:
+    """A graph whose attention sees one position fewer: each row's first real position masked."""
     def run(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Any) -> Any:
         m = mask.copy()
         if m.shape[1] > 1:
@@ -50,6 +53,7 @@ def mask_off_by_one(step: Callable) -> Callable:
 
 
 def positions_off_by_one(step: Callable) -> Callable:
+    """A graph that places every token one position early (learned positions' counterpart of a wrong rotation)."""
     return lambda ids, mask, pos, past: step(ids, mask, np.maximum(pos - 1, 0), past)
 
 

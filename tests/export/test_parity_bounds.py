@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 import torch
 
+from benchmarks.export.parity_bounds import mask_off_by_one, perturbed, positions_off_by_one
 from gptport import tokenizer as bpe
 from gptport.errors import ValidationError
 from gptport.export import exporter, validate
@@ -81,34 +81,6 @@ def test_scaled_model_exports_every_graph(scaled: tuple[Path, Any, OnnxModel], t
     assert {"fp32", "int8", "fp32 static", "int8 static", "fp32 static.kv8"} <= set(report.files), report.files
     assert all(r.ok for r in report.parity + report.static_parity)
     assert report.ort and all("greedy" in row.check for row in report.ort if row.path.name == "model.ort")
-
-
-def perturbed(src: Path, dst: Path, d_model: int, layer: int) -> None:
-    """A copy of the graph at `src` in which one weight of a key channel in layer `layer`'s query/key/value
-    matrix (the `layer`-th initializer of shape (d_model, 3 d_model), in both graphs' layer order) moved
-    by 10% of that matrix's largest |w|."""
-    proto = onnx.load(str(src))
-    qkv = [i for i in proto.graph.initializer if list(i.dims) == [d_model, 3 * d_model]]
-    init = qkv[layer]
-    arr = onnx.numpy_helper.to_array(init).copy()
-    arr[d_model // 2, d_model + d_model // 3] += 0.1 * float(np.abs(arr).max())  # (d_model, 3 d_model): q | k | v
-    init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
-    onnx.save(proto, str(dst))
-
-
-def mask_off_by_one(step: StepFn) -> StepFn:
-    """A graph whose attention sees one position fewer: each row's first real position masked."""
-    def run(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Any) -> Any:
-        m = mask.copy()
-        if m.shape[1] > 1:
-            m[np.arange(len(m)), m.argmax(axis=1)] = 0
-        return step(ids, m, pos, past)
-    return run
-
-
-def positions_off_by_one(step: StepFn) -> StepFn:
-    """A graph that places every token one position early (the learned positions' counterpart of a wrong rotation)."""
-    return lambda ids, mask, pos, past: step(ids, mask, np.maximum(pos - 1, 0), past)
 
 
 def assert_refused(rows: list[validate.ParityRow]) -> str:
