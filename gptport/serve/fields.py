@@ -17,7 +17,7 @@ from gptport.serve.field_spec import ROUTES, Field, Limits, Reader
 
 BOTH = ("completions", "chat")
 COMPLETIONS, CHAT_ONLY, TOKENIZE_ONLY = ("completions",), ("chat",), ("tokenize",)
-MAX_LOGPROBS = 5
+MAX_LOGPROBS = 20  # OpenAI's bound of top_logprobs
 MIN_PENALTY = 0.01
 MIN_TEMPERATURE = 1e-5  # below it, sampling is greedy (as vLLM): 1/temperature would overflow the logits
 CONSTRAINT = "an output constraint: at most one per request, and not beside ignore_eos"
@@ -53,7 +53,9 @@ FIELDS: tuple[Field, ...] = (
           limit=_slots),
     Field("stream", "boolean", BOTH, examples=(True,), default=False),
     Field("stream_options", "object", BOTH, examples=({"include_usage": True},), shape=shapes.STREAM_OPTIONS),
-    Field("stop", "any", BOTH, examples=(["\n"],), shape=shapes.STOP),
+    Field("stop", "any", BOTH, f"a string or a list: at most {shapes.MAX_STOPS} stop sequences, of at most "
+          f"{shapes.MAX_STOP_BYTES} UTF-8 bytes together; the text ends before the first one generated",
+          (["\n"],), shape=shapes.STOP),
     Field("seed", "integer", BOTH, "taken modulo 2**63; choice j of a prompt samples with seed + j", (42,),
           lo=-(2**63)),
     Field("user", "string", BOTH, examples=("u-1",), brief=True),

@@ -19,7 +19,7 @@ from gptport.serve.api_error import ApiError, bad
 from gptport.serve.engine.events import TokenLogprob
 from gptport.serve.field_spec import Reader
 from gptport.serve.fields import MIN_TEMPERATURE
-from gptport.serve.shapes import MAX_STOPS
+from gptport.serve.shapes import MAX_STOP_BYTES, MAX_STOPS
 from gptport.serve.structured import output_spec
 from gptport.serve.tools import Tools, call_text, parse_tools, reply_spec
 from gptport.tokenizer import BPETokenizer
@@ -90,6 +90,9 @@ def _stops(f: Reader) -> list[str]:
         raise bad("stop", "expected a string or a list of strings", "invalid_type")
     if len(stops) > MAX_STOPS:
         raise bad("stop", f"at most {MAX_STOPS} stop sequences, not {len(stops)}", "invalid_value")
+    size = sum(len(s.encode("utf-8")) for s in stops)
+    if size > MAX_STOP_BYTES:
+        raise bad("stop", f"at most {MAX_STOP_BYTES} bytes of stop sequences together, not {size}", "invalid_value")
     return [s for s in stops if s]
 
 

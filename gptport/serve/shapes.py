@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from gptport.serve.field_spec import Limits, Schema, nullable
 
-MAX_STOPS = 4
+MAX_STOPS = 256  # stop sequences per request (vLLM and llama-server take any number; this bounds the work)
+MAX_STOP_BYTES = 16 * 1024  # their UTF-8 bytes together
 MAX_BIAS = 100  # a logit_bias is in [-MAX_BIAS, MAX_BIAS]
 FUNCTION_NAME = "^[A-Za-z0-9_-]{1,64}$"
 

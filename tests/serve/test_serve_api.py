@@ -329,9 +329,10 @@ def test_invalid_requests(server: Served, model: str, tokenizer: bpe.BPETokenize
     bad({"prompt": "ka", "temperature": -0.5}, "temperature")
     bad({"prompt": "ka", "top_p": 0}, "top_p")
     bad({"prompt": "ka", "top_p": 1.5}, "top_p")
-    bad({"prompt": "ka", "logprobs": 6}, "logprobs")
+    bad({"prompt": "ka", "logprobs": 21}, "logprobs")
     bad({"prompt": "ka", "max_tokens": 0}, "max_tokens")
-    bad({"prompt": "ka", "stop": ["a", "b", "c", "d", "e"]}, "stop")
+    bad({"prompt": "ka", "stop": [f"s{i}" for i in range(257)]}, "stop")
+    bad({"prompt": "ka", "stop": ["x" * 8192, "é" * 4097]}, "stop")  # 16,386 bytes together
     bad({"prompt": [1, tokenizer.vocab_size]}, "prompt")
     bad({"prompt": [[1, 2], [-1]]}, "prompt")
     for field in ("temperature", "top_p", "repetition_penalty"):  # Python's json reads NaN and Infinity

@@ -25,7 +25,7 @@ class Choice:
     max_tokens: int
     sampling: Sampling = field(default_factory=Sampling)
     stops: Sequence[str] = ()
-    logprobs: int | None = None  # top alternatives per token (0-5); None: no log-probabilities
+    logprobs: int | None = None  # top alternatives per token (0-20); None: no log-probabilities
     prompt_logprobs: bool = False
     ignore_eos: bool = False
     matcher: Matcher | None = None  # a constraint on the output (runtime/constraint.py)

@@ -1,0 +1,68 @@
+"""What clients other than OpenAI's send, against a real `gptport serve`: many stop sequences
+(lm-evaluation-harness sends 9 for HumanEval), up to 20 log-probability alternatives (OpenAI's bound)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gptport.serve.shapes import MAX_STOP_BYTES, MAX_STOPS
+from tests.support.serving import Served, assert_error, events, serve, streamed_text
+
+BASE = {"prompt": "ka to", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serve(trained_dir, tmp_path_factory.mktemp("compat") / "serve.log", "--slots", "2") as s:
+        yield s
+
+
+def completion(server: Served, **body: Any) -> dict[str, Any]:
+    status, out = server.post("/v1/completions", {**BASE, **body})
+    assert status == 200, out
+    return out
+
+
+def test_many_stop_sequences_cut_at_the_first_generated(server: Served) -> None:
+    full = completion(server)["choices"][0]["text"]
+    assert len(full) > 8
+    humaneval = ["\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif", "\n```", "<file_sep>", full[5:8]]
+    cut = full.index(full[5:8])
+    r = completion(server, stop=humaneval)["choices"][0]
+    assert (r["text"], r["finish_reason"]) == (full[:cut], "stop")
+    assert streamed_text(events(server, "/v1/completions", {**BASE, "stop": humaneval})) == full[:cut]
+    many = [f"never{i}" for i in range(MAX_STOPS - 1)] + [full[5:8]]
+    assert completion(server, stop=many)["choices"][0]["text"] == full[:cut]
+    unseen = completion(server, stop=["#" * (MAX_STOP_BYTES // 2)] * 2)["choices"][0]  # exactly the byte bound
+    assert (unseen["text"], unseen["finish_reason"]) == (full, "length")
+
+
+def test_stop_bounds_are_400s_naming_stop(server: Served) -> None:
+    for stop, words in ([str(i) for i in range(MAX_STOPS + 1)], f"at most {MAX_STOPS} stop sequences, not 257"), \
+            (["é" * (MAX_STOP_BYTES // 2), "x"], f"at most {MAX_STOP_BYTES} bytes of stop sequences together"), \
+            ("y" * (MAX_STOP_BYTES + 1), f"not {MAX_STOP_BYTES + 1}"):
+        err = assert_error(*server.post("/v1/completions", {**BASE, "stop": stop}), 400, "stop")
+        assert words in err["message"]
+        assert_error(*server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "ka"}],
+                                                           "stop": stop}), 400, "stop")
+
+
+def test_twenty_log_probability_alternatives(server: Served) -> None:
+    msgs = [{"role": "user", "content": "ka to"}]
+    status, r = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
+                                                     "logprobs": True, "top_logprobs": 20, "ignore_eos": True})
+    assert status == 200, r
+    content = r["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4 and all(len(t["top_logprobs"]) == 20 for t in content)
+    for t in content:
+        values = [a["logprob"] for a in t["top_logprobs"]]
+        assert values == sorted(values, reverse=True) and t["logprob"] >= values[-1]
+    top = completion(server, max_tokens=4, logprobs=20)["choices"][0]["logprobs"]["top_logprobs"]
+    assert len(top) == 4 and all(len(alts) == 20 or any("\ufffd" in a for a in alts) for alts in top)
+    assert_error(*server.post("/v1/chat/completions", {"messages": msgs, "logprobs": True, "top_logprobs": 21}),
+                 400, "top_logprobs")
+    assert_error(*server.post("/v1/completions", {**BASE, "logprobs": 21}), 400, "logprobs")
