@@ -281,6 +281,12 @@ def create_app(settings: Settings) -> Starlette:
         state.ready()
         return JSONResponse(run_detokenize(body, state.tok))
 
+    async def tokenizer_info(request: Request) -> Response:
+        from gptport.serve.tokenizer_info import tokenizer_info as info
+
+        state.ready()
+        return JSONResponse(info(settings.model_dir, state.n_ctx))
+
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(settings.model_name, state.created)]})
 
@@ -327,7 +333,7 @@ def create_app(settings: Settings) -> Starlette:
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
-              openapi.route(state, PUBLIC)]
+              Route("/tokenizer_info", tokenizer_info), openapi.route(state, PUBLIC)]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: api_error, HTTPException: http_error})
     app.state.gptport = state

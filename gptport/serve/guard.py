@@ -42,7 +42,7 @@ class Guard:
             return
         path = scope["path"]
         route = path if path in ("/", "/health", "/metrics", "/v1/models", "/v1/completions",
-                                 "/v1/chat/completions", "/tokenize", "/detokenize") else "other"
+                                 "/v1/chat/completions", "/tokenize", "/detokenize", "/tokenizer_info") else "other"
         status = [500]
 
         async def counted(message: Any) -> None:

@@ -87,6 +87,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/tokenize", "post"): Operation("Text or a chat to token ids (vLLM's and llama-server's shapes)",
                                      {JSON: ref("Tokens")}, "TokenizeRequest", POST),
     ("/detokenize", "post"): Operation("Token ids to text", {JSON: ref("Text")}, "DetokenizeRequest", POST),
+    ("/tokenizer_info", "get"): Operation("The tokenizer's configuration (vLLM's shape): tokenizer_config.json "
+                                          "with its special tokens, chat template and the served context",
+                                          {JSON: ref("TokenizerInfo")}, errors=(401, 503)),
 }
 
 

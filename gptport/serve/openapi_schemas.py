@@ -120,5 +120,9 @@ def components() -> dict[str, Schema]:
                      ("id", "object", "created", "owned_by")),
         "ModelList": obj({"object": {"const": "list"}, "data": {"type": "array", "items": ref("Model")}},
                          ("object", "data")),
+        "TokenizerInfo": obj({"tokenizer_class": STRING, "bos_token": nullable(STRING), "eos_token": STRING,
+                              "pad_token": nullable(STRING), "chat_template": nullable(STRING),
+                              "model_max_length": INDEX}, ("tokenizer_class", "bos_token", "eos_token", "pad_token",
+                                                           "chat_template", "model_max_length"), closed=False),
         "Health": obj({"status": {"enum": ["ok", "loading", "error"]}, "message": STRING}, ("status",)),
     }

@@ -155,6 +155,7 @@ def test_answers_without_a_model_conform() -> None:
         ("/tokenize", "POST", {"prompt": "x" * 2000}, key, 413), ("/detokenize", "POST", b"{", key, 400),
         ("/v1/completions", "POST", {"prompt": "ka"}, key, 503), ("/tokenize", "POST", {"prompt": "ka"}, key, 503),
         ("/detokenize", "POST", {"tokens": [1]}, key, 503), ("/v1/chat/completions", "POST", {"n": 1}, key, 503),
+        ("/tokenizer_info", "GET", None, {}, 401), ("/tokenizer_info", "GET", None, key, 503),
     ]
     for path, method, body, headers, status in cases:
         url = path.replace("{name}", "other")
@@ -218,7 +219,7 @@ def test_served_answers_conform(server: Served) -> None:
         (chat, "POST", {"messages": msgs, "max_tokens": 4, "stream": True, "logprobs": True}, 200),
         ("/tokenize", "POST", {"prompt": "ka to", "return_token_strs": True}, 200),
         ("/tokenize", "POST", {"messages": msgs, "with_pieces": True}, 200),
-        ("/detokenize", "POST", {"tokens": [5, 6]}, 200),
+        ("/detokenize", "POST", {"tokens": [5, 6]}, 200), ("/tokenizer_info", "GET", None, 200),
         (c, "POST", {"prompt": "ka", "n": 3}, 400), (c, "POST", {"prompt": "ka " * 200}, 400),
         (c, "POST", {"prompt": "ka", "frobnicate": 1}, 400), (chat, "POST", {"messages": msgs, "audio": {}}, 400),
         (c, "POST", {"prompt": "ka", "regex": "("}, 400), ("/detokenize", "POST", {"tokens": [10**6]}, 400),
