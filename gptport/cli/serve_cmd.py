@@ -44,8 +44,10 @@ def serve(
     threads: Annotated[int, typer.Option(help="CPU intra-op threads (0: onnxruntime's default).")] = 0,
     api_key: Annotated[str | None, typer.Option(envvar="GPTPORT_API_KEY", help="Require 'Authorization: Bearer "
                                                 "KEY' on every route but /health and the page.")] = None,
-    model_name: Annotated[str | None, typer.Option(help="The model's id in the API (default: the directory's "
-                                                   "name).")] = None,
+    model_name: Annotated[list[str] | None, typer.Option(
+        "--served-model-name", "--model-name", help="The model's id in the API (default: the directory's name); "
+        "repeated or comma-separated, several names the server answers to, each listed by /v1/models, the first "
+        "its primary name.")] = None,
     prefill_chunk: Annotated[int, typer.Option(help="Prompt tokens prefilled per scheduler iteration: decoding "
                                                "requests wait at most this long a prefill.")] = 512,
     prefix_cache: Annotated[bool, typer.Option("--prefix-cache/--no-prefix-cache", help="A finished request's "
@@ -93,10 +95,12 @@ def serve(
     from gptport.errors import UsageError
     from gptport.serve.app import Settings
     from gptport.serve.connections import Limits
+    from gptport.serve.names import served_names
     from gptport.serve.server import run
 
+    primary, *aliases = served_names(model_name, model_dir.resolve().name)
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,
-                        model_name or model_dir.resolve().name, prefill_chunk, spin=spin, body_timeout=body_timeout,
+                        primary, prefill_chunk, aliases=tuple(aliases), spin=spin, body_timeout=body_timeout,
                         draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup,
                         draft_precision=draft_precision, draft_threads=draft_threads, prefix_cache=prefix_cache,
                         kv_dtype=kv_dtype)

@@ -53,7 +53,7 @@ class Settings:
     max_queue: int = 64
     threads: int = 0
     api_key: str | None = None
-    model_name: str = ""
+    model_name: str = ""  # the primary name (serve/names.py)
     prefill_chunk: int = 512
     max_body: int = 1 << 20
     body_timeout: float = 30.0  # seconds a request's body may take to arrive (then 408): a slow sender holds no task
@@ -65,6 +65,7 @@ class Settings:
     prefix_cache: bool = True  # freed slots keep their cache for prompts that start the same way
     kv_dtype: str = "float32"  # int8: the static graph with an int8 KV cache (export --kv-dtype int8)
     spin: str = "step"  # onnxruntime's workers spin during a step and sleep between: the HTTP side needs the cores
+    aliases: tuple[str, ...] = ()  # other names the server answers to, each listed by /v1/models
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
     on_ready: Callable[[str], None] = field(default=lambda line: None)
@@ -196,11 +197,19 @@ def create_app(settings: Settings) -> Starlette:
     """The app; it starts loading the model when the server starts."""
     state = State(settings)
 
-    def check_model(body: Any) -> None:
+    names = (settings.model_name, *settings.aliases)
+
+    def check_model(body: Any) -> str:
+        """The name the request gave (a 404 for one the server does not answer to), or the primary name.
+        Responses echo it, as vLLM's do."""
         name = body.get("model") if isinstance(body, dict) else None
-        if name is not None and name != settings.model_name:
-            raise ApiError(404, f"The model '{name}' does not exist; this server runs '{settings.model_name}'",
+        if name is None:
+            return settings.model_name
+        if name not in names:
+            also = f" (also {', '.join(map(repr, settings.aliases))})" if settings.aliases else ""
+            raise ApiError(404, f"The model '{name}' does not exist; this server runs '{settings.model_name}'{also}",
                            "model", "model_not_found")
+        return str(name)
 
     def queue_full() -> ApiError:
         return ApiError(429, f"the queue is full ({settings.max_queue} choices wait for a slot); retry shortly",
@@ -250,19 +259,19 @@ def create_app(settings: Settings) -> Starlette:
     async def completions(request: Request) -> Response:
         admit()
         body = await _body(request, settings.max_body)
-        check_model(body)
+        name = check_model(body)
         state.ready()
         job = protocol.completion_job(body, state.tok, state.n_ctx, settings.slots)
-        job.model = settings.model_name
+        job.model = name
         return await run(request, job)
 
     async def chat(request: Request) -> Response:
         admit()
         body = await _body(request, settings.max_body)
-        check_model(body)
+        name = check_model(body)
         state.ready()
         job = protocol.chat_job(body, state.tok, state.n_ctx, settings.slots, state.render)  # template: chat.py
-        job.model = settings.model_name
+        job.model = name
         return await run(request, job)
 
     async def tokenize(request: Request) -> Response:
@@ -288,11 +297,10 @@ def create_app(settings: Settings) -> Starlette:
         return JSONResponse(info(settings.model_dir, state.n_ctx))
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(settings.model_name, state.created)]})
+        return JSONResponse({"object": "list", "data": [_model_card(name, state.created) for name in names]})
 
     async def model(request: Request) -> Response:
-        check_model({"model": request.path_params["name"]})
-        return JSONResponse(_model_card(settings.model_name, state.created))
+        return JSONResponse(_model_card(check_model({"model": request.path_params["name"]}), state.created))
 
     async def health(request: Request) -> Response:
         try:

@@ -43,7 +43,7 @@ FLAG = Field("with_pieces", "boolean", TOKENIZE_ONLY, examples=(True,), default=
 
 FIELDS: tuple[Field, ...] = (
     Field("model", "string", ("completions", "chat", "tokenize", "detokenize"),
-          "this server's model (another name is a 404)", limit=_model),
+          "one of this server's names for its model (another name is a 404); responses echo it", limit=_model),
     # ---- completions and chat: OpenAI's
     Field("max_tokens", "integer", BOTH, "generation also stops at the model's context", (8,), 16, lo=1),
     Field("temperature", "number", BOTH, f"0 (or below {MIN_TEMPERATURE:g}) is greedy", (0.7,), 1, lo=0,

@@ -75,7 +75,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/openapi.json", "get"): Operation("This document", {JSON: {"type": "object"}}),
     ("/metrics", "get"): Operation("Prometheus metrics (text exposition format 0.0.4)",
                                    {PROMETHEUS: {"type": "string"}}, errors=(401,)),
-    ("/v1/models", "get"): Operation("The one model this server runs", {JSON: ref("ModelList")}, errors=(401,)),
+    ("/v1/models", "get"): Operation("The model this server runs, once per name it answers to",
+                                     {JSON: ref("ModelList")}, errors=(401,)),
     ("/v1/models/{name}", "get"): Operation("A model by name", {JSON: ref("Model")}, errors=(401, 404)),
     ("/v1/completions", "post"): Operation(
         "Text completions (OpenAI's legacy API)", {JSON: ref("Completion"), SSE: _events("CompletionChunk")},

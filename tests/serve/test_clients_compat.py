@@ -1,6 +1,6 @@
 """What clients other than OpenAI's send, against a real `gptport serve` (with an API key): many stop
 sequences (lm-evaluation-harness sends 9 for HumanEval), up to 20 log-probability alternatives (OpenAI's
-bound), vLLM's GET /tokenizer_info."""
+bound), vLLM's GET /tokenizer_info, several served model names (vLLM's --served-model-name)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+from gptport.errors import UsageError
+from gptport.serve.app import Settings
+from gptport.serve.names import served_names
 from gptport.serve.shapes import MAX_STOP_BYTES, MAX_STOPS
 from gptport.serve.tokenizer_info import tokenizer_info
 from tests.support.serving import Served, assert_error, events, serve, streamed_text
@@ -21,7 +24,8 @@ KEY = {"Authorization": "Bearer k"}
 
 @pytest.fixture(scope="module")
 def server(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serve(trained_dir, tmp_path_factory.mktemp("compat") / "serve.log", "--slots", "2", "--api-key", "k") as s:
+    with serve(trained_dir, tmp_path_factory.mktemp("compat") / "serve.log", "--slots", "2", "--api-key", "k",
+               "--served-model-name", "gpt-a, gpt-b", "--served-model-name", "gpt-c") as s:
         yield s
 
 
@@ -95,3 +99,33 @@ def test_tokenizer_info_of_a_directory(tmp_path: Path) -> None:
     assert info == {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": "{{ messages[0].content }}",
                     "eos_token": "</s>", "bos_token": None, "pad_token": "<pad>", "add_bos_token": False,
                     "model_max_length": 128}
+
+
+def test_every_served_name_is_answered_and_echoed(server: Served) -> None:
+    """/v1/models lists each name, the first first; a request's model is echoed in its response (the first name
+    when it gives none); a name not served is the usual 404."""
+    status, listed = server.get("/v1/models", KEY)
+    assert status == 200 and [m["id"] for m in listed["data"]] == ["gpt-a", "gpt-b", "gpt-c"]
+    for name in ("gpt-a", "gpt-c"):
+        assert server.get(f"/v1/models/{name}", KEY)[1]["id"] == name
+    assert completion(server, max_tokens=2)["model"] == "gpt-a"
+    assert completion(server, max_tokens=2, model="gpt-b")["model"] == "gpt-b"
+    chat = {"model": "gpt-c", "messages": [{"role": "user", "content": "ka"}], "max_tokens": 2}
+    assert server.post("/v1/chat/completions", chat, KEY)[1]["model"] == "gpt-c"
+    assert {c["model"] for c in events(server, "/v1/chat/completions", chat, KEY)[:-1]} == {"gpt-c"}
+    assert server.post("/tokenize", {"model": "gpt-b", "prompt": "ka"}, KEY)[0] == 200
+    err = assert_error(*server.post("/v1/completions", {**BASE, "model": "gpt-d"}, KEY), 404, "model")
+    assert err["code"] == "model_not_found" and "'gpt-a' (also 'gpt-b', 'gpt-c')" in err["message"]
+    assert_error(*server.get("/v1/models/gpt-d", KEY), 404, "model")
+
+
+def test_served_names_are_checked(tmp_path: Path) -> None:
+    assert served_names(None, "dir") == ("dir",)
+    assert served_names(["a,b", " c "], "dir") == ("a", "b", "c")
+    for values, words in ((["a,,b"], "name 2 is empty"), (["a", "b,a"], "'a' is given twice")):
+        with pytest.raises(UsageError, match=words):
+            served_names(values, "dir")
+    from gptport.serve.ray.ray_app import settings_dict  # what a Ray replica is built from keeps the names
+
+    travelled = settings_dict(Settings(tmp_path, model_name="a", aliases=("b", "c")))
+    assert (travelled["model_name"], travelled["aliases"]) == ("a", ("b", "c"))

@@ -120,8 +120,9 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 
 def app(args: dict[str, str]) -> Application:
     """The application builder for `serve run gptport.serve.ray.ray_app:app model_dir=DIR [replicas=N |
-    autoscale=MIN:MAX] [threads=N slots=N max_queue=N precision=... kv_cache=... model_name=... api_key=...
+    autoscale=MIN:MAX] [threads=N slots=N max_queue=N precision=... kv_cache=... model_name=A[,B...] api_key=...
     spin=step|always|never]`."""
+    from gptport.serve.names import served_names
     from gptport.serve.server import check
 
     args = dict(args)
@@ -130,8 +131,9 @@ def app(args: dict[str, str]) -> Application:
     model_dir = Path(args.pop("model_dir"))
     replicas = int(args.pop("replicas", "1"))
     autoscale = parse_autoscale(args.pop("autoscale")) if "autoscale" in args else None
-    settings = Settings(model_dir, model_name=args.pop("model_name", "") or model_dir.resolve().name,
-                        threads=int(args.pop("threads", "1")))
+    given = args.pop("model_name", "")
+    primary, *aliases = served_names([given] if given else None, model_dir.resolve().name)
+    settings = Settings(model_dir, model_name=primary, aliases=tuple(aliases), threads=int(args.pop("threads", "1")))
     for name, kind in (("precision", str), ("provider", str), ("kv_cache", str), ("slots", int),
                        ("max_queue", int), ("prefill_chunk", int), ("api_key", str), ("spin", str)):
         if name in args:
