@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,26 +19,9 @@ from benchmarks.harness import cli, results
 from benchmarks.harness.models import serve_model
 from benchmarks.harness.run import Run
 from gptport.export import kv_quant
-from gptport.runtime.onnx_engine import OnnxModel, load_cpu
-from gptport.runtime.slots import StaticSlots
+from gptport.runtime.onnx_engine import load_cpu
 
 ROWS, LENGTHS = 16, (64, 128, 192, 256, 512, 1000)
-
-
-def step_ms(model: OnnxModel, held: int, repeat: int = 20) -> float:
-    """Median ms of a ROWS-row decode step with `held` positions in every row."""
-    cfg = model.config
-    slots = StaticSlots(model.session, cfg, ROWS, model.kv_dtype)
-    ids = np.arange(1, held + 1, dtype=np.int64) % cfg.vocab_size
-    for r in range(ROWS):
-        slots.append(r, ids)
-    times = []
-    for _ in range(repeat + 5):
-        slots.lengths[:] = held
-        t0 = time.perf_counter()
-        slots.decode(list(range(ROWS)), np.ones(ROWS, dtype=np.int64))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[5:]) * 1e3)
 
 
 def main() -> None:
@@ -64,7 +46,8 @@ def main() -> None:
             lengths[shape] = [n for n in LENGTHS if n < cfg.n_ctx]
             for rnd in run.series(args.rounds, shape=shape):
                 for name in rnd.order(list(graphs)):
-                    rnd.data[name] = {str(held): step_ms(graphs[name], held) for held in lengths[shape]}
+                    rnd.data[name] = {str(held): kv_quant.step_ms(graphs[name], ROWS, 20, held)
+                                      for held in lengths[shape]}
     for shape, held_lengths in lengths.items():  # once every round is judged
         for held in held_lengths:
             times = {name: statistics.median(v[str(held)] for v in run.values(name, shape=shape))

@@ -131,11 +131,11 @@ def decode_scores(model: OnnxModel, windows: np.ndarray, nats_bytes: np.ndarray
     return picks, nats, float(nats_bytes[windows[:, 1:]].sum()), (top_vals, top_ids)
 
 
-def step_ms(model: OnnxModel, rows: int = 16, repeat: int = 30) -> float:
-    """Median ms of a decode step of `rows` rows holding about half the context."""
+def step_ms(model: OnnxModel, rows: int = 16, repeat: int = 30, held: int | None = None) -> float:
+    """Median ms of a decode step of `rows` rows holding `held` positions each (default: half the context)."""
     cfg = model.config
     slots = StaticSlots(model.session, cfg, rows, model.kv_dtype)
-    held = cfg.n_ctx // 2
+    held = cfg.n_ctx // 2 if held is None else held
     ids = np.arange(1, held + 1, dtype=np.int64) % cfg.vocab_size
     for r in range(rows):
         slots.append(r, ids)
