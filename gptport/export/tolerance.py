@@ -51,7 +51,7 @@ GPU_TOL = Tolerance(GPU_RTOL)
 @dataclass(frozen=True)
 class Check:
     """One quantity compared: the largest |got - want|, the reference's magnitude, its own float32 error
-    (torch float32 against float64; 0 when not measured) and the bound it met."""
+    (torch float32 against float64; None when not measured) and the bound it met."""
 
     quantity: str  # "logits", "layer 3 keys", "layer 3 values"
     diff: float
