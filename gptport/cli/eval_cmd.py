@@ -17,6 +17,8 @@ EXAMPLES = """Examples:
   gptport eval models/mymodel heldout.txt --precision int8 --stride 128 --json
 
   gptport eval models/mymodel heldout.txt --engine torch
+
+  gptport eval models/mymodel sample.txt --json --tokens
 """
 
 
@@ -36,10 +38,16 @@ def eval_(
     glob: Annotated[str, typer.Option(help="Which files to take from directories.")] = "*.txt",
     encoding_errors: Annotated[EncodingErrors, typer.Option(help="strict or replace.")] = EncodingErrors.strict,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    tokens: Annotated[bool, typer.Option("--tokens", help="With --json: add each scored token's id, text and "
+                                         "log-probability (natural log) as `token_logprobs`.")] = False,
 ) -> None:
     """Perplexity and bits per byte of text, over a sliding window of n_ctx tokens."""
     from gptport.corpus import CorpusReader, resolve_sources
+    from gptport.errors import UsageError
     from gptport.runtime.evaluate import evaluate
+
+    if tokens and not as_json:
+        raise UsageError("--tokens needs --json (the per-token log-probabilities are printed as JSON)")
 
     reader = CorpusReader(resolve_sources(text, glob), encoding_errors.value)
     body = "".join(reader.chunks())
@@ -52,11 +60,15 @@ def eval_(
             def progress(done: int, total: int, label: str = one) -> None:
                 status.update(f"evaluating {label}: {done:,}/{total:,} tokens")
 
-            result = evaluate(opened.engine, opened.tok, body, stride, progress=progress)
-        payload = {**asdict(result), "engine": opened.engine_name, "provider": opened.provider,
+            result = evaluate(opened.engine, opened.tok, body, stride, progress=progress, per_token=tokens)
+        summary = {k: v for k, v in asdict(result).items() if k not in ("token_ids", "token_logprobs")}
+        payload = {**summary, "engine": opened.engine_name, "provider": opened.provider,
                    "precision": opened.precision, "kv_dtype": kv_dtype,
                    "stride": opened.engine.n_ctx // 2 if stride is None else stride,
                    "sources": [s.name for s in reader.sources]}
+        if tokens:
+            payload["token_logprobs"] = [{"id": t, "text": opened.tok.decode([t]), "logprob": lp}
+                                 for t, lp in zip(result.token_ids, result.token_logprobs, strict=True)]
         if as_json:
             print(json.dumps(payload))
         else:

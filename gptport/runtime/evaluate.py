@@ -3,6 +3,8 @@
 The text is encoded after one <|endoftext|>, so that every text token is predicted from something.
 Windows of n_ctx tokens advance by `stride`; each scores only the tokens no earlier window scored, so
 every token is scored once, with at least n_ctx - stride tokens of context (all of it in the first window).
+With `per_token`, the result also holds each scored token's id and natural-log probability, in text order
+(what a server's `echo` + `logprobs` reports for the same tokens after <|endoftext|>).
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ class EvalResult:
     tokens: int
     bytes: int
     windows: int
+    token_ids: tuple[int, ...] = ()  # the scored tokens (with per_token; empty otherwise)
+    token_logprobs: tuple[float, ...] = ()  # log p(token | the tokens before it), natural log
 
 
 def evaluate(engine: Engine, tok: BPETokenizer, text: str, stride: int | None = None,
-             progress: Callable[[int, int], None] | None = None) -> EvalResult:
-    """Score `text` with `engine` (onnx or torch) and return its perplexity and bits per byte."""
+             progress: Callable[[int, int], None] | None = None, per_token: bool = False) -> EvalResult:
+    """Score `text` with `engine` (onnx or torch) and return its perplexity and bits per byte (and, with
+    `per_token`, each token's log-probability)."""
     n_ctx = engine.n_ctx
     stride = n_ctx // 2 if stride is None else stride
     if not 0 < stride <= n_ctx:
@@ -41,6 +46,7 @@ def evaluate(engine: Engine, tok: BPETokenizer, text: str, stride: int | None = 
     sizes = token_bytes(tok)
     step = engine.step()
     nats, scored, n_bytes, windows = 0.0, 0, 0, 0
+    logprobs: list[float] = []
     end = 0  # targets ids[1:end + 1] are scored
     total = len(ids) - 1
     while end < total:
@@ -55,11 +61,16 @@ def evaluate(engine: Engine, tok: BPETokenizer, text: str, stride: int | None = 
         rows = logits[first:first + len(targets)]  # (S, V)
         top = rows.max(-1, keepdims=True)
         log_z = (top[:, 0] + np.log(np.exp(rows - top).sum(-1)))  # (S,)
-        nats += float((log_z - rows[np.arange(len(targets)), targets]).sum())
+        token_nats = log_z - rows[np.arange(len(targets)), targets]  # (S,)
+        nats += float(token_nats.sum())
+        if per_token:
+            logprobs.extend(float(-x) for x in token_nats)
         scored += len(targets)
         n_bytes += int(sizes[targets].sum())
         end, windows = new_end, windows + 1
         if progress:
             progress(end, total)
-    per_token = nats / scored
-    return EvalResult(math.exp(per_token), nats / math.log(2) / max(n_bytes, 1), per_token, scored, n_bytes, windows)
+    mean = nats / scored
+    kept = tuple(int(t) for t in ids[1:]) if per_token else ()
+    return EvalResult(math.exp(mean), nats / math.log(2) / max(n_bytes, 1), mean, scored, n_bytes, windows,
+                      kept, tuple(logprobs))

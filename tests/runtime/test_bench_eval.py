@@ -145,11 +145,14 @@ def test_eval_scores_the_models_next_token_cross_entropy(trained_dir: Path) -> N
     with torch.no_grad():
         logits = model(torch.tensor([ids[:-1]]))[0][0].double()
     want = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])).item()
+    each = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
     for engine in ("onnx", "torch"):
-        got = evaluate(open_engine(trained_dir, engine).engine, tok, text)
+        got = evaluate(open_engine(trained_dir, engine).engine, tok, text, per_token=True)
         assert got.tokens == len(ids) - 1 and abs(got.nats_per_token - want) < 1e-4, (engine, got, want)
         assert got.bits_per_byte == pytest.approx(want * (len(ids) - 1) / math.log(2) / len(text.encode()),
                                                   rel=1e-4), engine
+        assert list(got.token_ids) == ids[1:] and np.abs(np.array(got.token_logprobs) - each).max() < 1e-4, engine
+    assert evaluate(open_engine(trained_dir, "onnx").engine, tok, text).token_logprobs == ()  # only when asked
 
 
 def test_stride_covers_every_token_once(trained_dir: Path, heldout: Path) -> None:
@@ -181,6 +184,20 @@ def test_cli_eval_json_and_variants(trained_dir: Path, heldout: Path, tmp_path: 
     copy = tmp_path / "m"
     shutil.copytree(trained_dir, copy)
     assert_one_line_error(gptport("eval", str(copy), str(heldout), "--stride", "0"), 2, "--stride")
+
+
+def test_cli_eval_tokens_prints_each_tokens_log_probability(trained_dir: Path, heldout: Path) -> None:
+    """--tokens adds each scored token (id, text, natural-log probability) to --json's line; over several
+    windows too, each text token once, summing to the reported nats."""
+    r = gptport("eval", str(trained_dir), str(heldout), "--json", "--tokens", "--stride", "32")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    tok = bpe.load(trained_dir)
+    assert out["windows"] > 1 and [t["id"] for t in out["token_logprobs"]] == tok.encode(heldout.read_text())
+    assert all(t["text"] == tok.decode([t["id"]]) and t["logprob"] <= 0 for t in out["token_logprobs"])
+    total = -sum(t["logprob"] for t in out["token_logprobs"])
+    assert total == pytest.approx(out["nats_per_token"] * out["tokens"], rel=1e-9)
+    assert_one_line_error(gptport("eval", str(trained_dir), str(heldout), "--tokens"), 2, "--tokens needs --json")
 
 
 @pytest.mark.slow
