@@ -80,6 +80,10 @@ def serve(
                                                         "It speeds drafting only; replies are the model's either "
                                                         "way.")] = None,
     draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
+    allowed_origins: Annotated[list[str] | None, typer.Option(
+        "--allowed-origins", metavar="ORIGIN", help="Pages on these origins (scheme://host[:port], or * "
+        "for any) may call the API from a browser (CORS); repeated or comma-separated. The API key is still "
+        "required. Default: none.")] = None,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
                                              "load).")] = False,
     ray: Annotated[bool, typer.Option("--ray", help="Serve on Ray Serve (pip install 'gptport[ray]'): replicas, "
@@ -95,6 +99,7 @@ def serve(
     from gptport.errors import UsageError
     from gptport.serve.app import Settings
     from gptport.serve.connections import Limits
+    from gptport.serve.cors import parse_origins
     from gptport.serve.names import served_names
     from gptport.serve.server import run
 
@@ -103,7 +108,7 @@ def serve(
                         primary, prefill_chunk, aliases=tuple(aliases), spin=spin, body_timeout=body_timeout,
                         draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup,
                         draft_precision=draft_precision, draft_threads=draft_threads, prefix_cache=prefix_cache,
-                        kv_dtype=kv_dtype)
+                        kv_dtype=kv_dtype, allowed_origins=parse_origins(allowed_origins))
     limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:

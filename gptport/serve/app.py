@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from gptport.errors import GptportError
 from gptport.page_style import styled
-from gptport.serve import guard, openapi, protocol, startup
+from gptport.serve import cors, guard, openapi, protocol, startup
 from gptport.serve.engine.drafting import Drafting
 from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 from gptport.serve.metrics import Metrics
@@ -68,6 +68,7 @@ class Settings:
     aliases: tuple[str, ...] = ()  # other names the server answers to, each listed by /v1/models
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
+    allowed_origins: tuple[str, ...] = ()  # pages on these origins may call the API (CORS; "*": any); serve/cors.py
     on_ready: Callable[[str], None] = field(default=lambda line: None)
     on_failure: Callable[[str], None] = field(default=lambda message: None)
 
@@ -346,7 +347,10 @@ def create_app(settings: Settings) -> Starlette:
                     exception_handlers={ApiError: api_error, HTTPException: http_error})
     app.state.gptport = state
     replica = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
-    return guard.Guard(app, settings.api_key, state.metrics, replica, queue_full(), PUBLIC)  # type: ignore[return-value]
+    guarded = guard.Guard(app, settings.api_key, state.metrics, replica, queue_full(), PUBLIC)
+    outer = cors.with_cors(guarded, settings.allowed_origins)  # outside the key: preflights carry none
+    outer.state = app.state  # what callers read (the loaded model's State), whichever layer is outermost
+    return outer  # type: ignore[no-any-return]
 
 
 def _matchers(grammars: Any, job: Job, count: int) -> list[Any]:

@@ -14,6 +14,7 @@ from gptport.errors import InputError, UsageError
 from gptport.runtime import loader
 from gptport.runtime.onnx_engine import check_spin
 from gptport.runtime.providers import TRT_MAX_BATCH
+from gptport.serve import cors
 from gptport.serve.app import Settings, create_app
 from gptport.serve.connections import Limits, fit_open_files
 
@@ -34,6 +35,7 @@ def check(settings: Settings, limits: Limits | None = None) -> None:
             raise UsageError(f"--max-connections {limits.max_connections} must be more than --slots + --max-queue "
                              f"({settings.slots + settings.max_queue}): a full queue answers 429 before connections "
                              "run out")
+    cors.parse_origins(settings.allowed_origins)
     check_drafting(settings)
     check_spin(settings.spin)
     if settings.provider == "tensorrt" and settings.slots > TRT_MAX_BATCH:

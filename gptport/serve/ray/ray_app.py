@@ -121,7 +121,8 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 def app(args: dict[str, str]) -> Application:
     """The application builder for `serve run gptport.serve.ray.ray_app:app model_dir=DIR [replicas=N |
     autoscale=MIN:MAX] [threads=N slots=N max_queue=N precision=... kv_cache=... model_name=A[,B...] api_key=...
-    spin=step|always|never]`."""
+    spin=step|always|never allowed_origins=ORIGIN[,ORIGIN...]]`."""
+    from gptport.serve.cors import parse_origins
     from gptport.serve.names import served_names
     from gptport.serve.server import check
 
@@ -133,7 +134,9 @@ def app(args: dict[str, str]) -> Application:
     autoscale = parse_autoscale(args.pop("autoscale")) if "autoscale" in args else None
     given = args.pop("model_name", "")
     primary, *aliases = served_names([given] if given else None, model_dir.resolve().name)
-    settings = Settings(model_dir, model_name=primary, aliases=tuple(aliases), threads=int(args.pop("threads", "1")))
+    origins = parse_origins([args.pop("allowed_origins")] if "allowed_origins" in args else None, "allowed_origins")
+    settings = Settings(model_dir, model_name=primary, aliases=tuple(aliases), threads=int(args.pop("threads", "1")),
+                        allowed_origins=origins)
     for name, kind in (("precision", str), ("provider", str), ("kv_cache", str), ("slots", int),
                        ("max_queue", int), ("prefill_chunk", int), ("api_key", str), ("spin", str)):
         if name in args:
