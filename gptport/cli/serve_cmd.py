@@ -84,8 +84,9 @@ def serve(
         "--allowed-origins", metavar="ORIGIN", help="Pages on these origins (scheme://host[:port], or * "
         "for any) may call the API from a browser (CORS); repeated or comma-separated. The API key is still "
         "required. Default: none.")] = None,
-    access_log: Annotated[bool, typer.Option("--access-log", help="Log every request (costs CPU under "
-                                             "load).")] = False,
+    access_log: Annotated[bool, typer.Option("--access-log", help="One line per request on stderr when its "
+                                             "response ends: client, method, path, status, milliseconds (costs "
+                                             "CPU under load).")] = False,
     ray: Annotated[bool, typer.Option("--ray", help="Serve on Ray Serve (pip install 'gptport[ray]'): replicas, "
                                       "each with its own slots and --threads CPUs, behind Ray's proxy.")] = False,
     replicas: Annotated[int, typer.Option(help="With --ray: replicas of the engine.", min=1)] = 1,
@@ -108,7 +109,7 @@ def serve(
                         primary, prefill_chunk, aliases=tuple(aliases), spin=spin, body_timeout=body_timeout,
                         draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup,
                         draft_precision=draft_precision, draft_threads=draft_threads, prefix_cache=prefix_cache,
-                        kv_dtype=kv_dtype, allowed_origins=parse_origins(allowed_origins))
+                        kv_dtype=kv_dtype, allowed_origins=parse_origins(allowed_origins), access_log=access_log)
     limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:
@@ -118,10 +119,13 @@ def serve(
         if limits != Limits():
             raise UsageError("--max-connections, --header-timeout and --keep-alive bound gptport's own HTTP server, "
                              "not Ray's proxy")
+        if access_log:
+            raise UsageError("--access-log logs gptport's own HTTP server; Ray Serve logs each request in its "
+                             "replicas' logs")
         from gptport.serve.ray import ray_cluster
 
         settings.threads = settings.threads or 1  # a replica's CPUs
         sys.exit(ray_cluster.run(settings, host, port, say, replicas, autoscale, ray_address))
     if replicas != 1 or autoscale or ray_address:
         raise UsageError("--replicas, --autoscale and --ray-address go with --ray")
-    sys.exit(run(settings, host, port, say, shutdown_timeout, access_log, limits))
+    sys.exit(run(settings, host, port, say, shutdown_timeout, limits))

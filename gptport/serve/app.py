@@ -31,6 +31,7 @@ from starlette.routing import Route
 from gptport.errors import GptportError
 from gptport.page_style import styled
 from gptport.serve import cors, guard, openapi, protocol, startup
+from gptport.serve.access_log import AccessLog
 from gptport.serve.engine.drafting import Drafting
 from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 from gptport.serve.metrics import Metrics
@@ -69,6 +70,7 @@ class Settings:
     url: str = ""
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
     allowed_origins: tuple[str, ...] = ()  # pages on these origins may call the API (CORS; "*": any); serve/cors.py
+    access_log: bool = False  # one line per request, when its response ends (serve/access_log.py)
     on_ready: Callable[[str], None] = field(default=lambda line: None)
     on_failure: Callable[[str], None] = field(default=lambda message: None)
 
@@ -348,7 +350,8 @@ def create_app(settings: Settings) -> Starlette:
     app.state.gptport = state
     replica = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
     guarded = guard.Guard(app, settings.api_key, state.metrics, replica, queue_full(), PUBLIC)
-    outer = cors.with_cors(guarded, settings.allowed_origins)  # outside the key: preflights carry none
+    served = cors.with_cors(guarded, settings.allowed_origins)  # outside the key: preflights carry none
+    outer = AccessLog(served) if settings.access_log else served
     outer.state = app.state  # what callers read (the loaded model's State), whichever layer is outermost
     return outer  # type: ignore[no-any-return]
 

@@ -14,7 +14,7 @@ from gptport.errors import InputError, UsageError
 from gptport.runtime import loader
 from gptport.runtime.onnx_engine import check_spin
 from gptport.runtime.providers import TRT_MAX_BATCH
-from gptport.serve import cors
+from gptport.serve import access_log, cors
 from gptport.serve.app import Settings, create_app
 from gptport.serve.connections import Limits, fit_open_files
 
@@ -66,8 +66,9 @@ def check_drafting(settings: Settings) -> None:
 
 
 def run(settings: Settings, host: str, port: int, say: Callable[[str], None], shutdown_timeout: float = 30.0,
-        access_log: bool = False, limits: Limits | None = None) -> int:
-    """Serve until SIGTERM/SIGINT; the exit code (1 when the model could not be loaded)."""
+        limits: Limits | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; the exit code (1 when the model could not be loaded). With
+    settings.access_log, one line per request on stderr (serve/access_log.py: uvicorn's own stays off)."""
     import uvicorn
 
     limits = limits or Limits()
@@ -87,8 +88,10 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], sh
     settings.on_ready = lambda line: say(f"gptport serve: {line}")
     settings.on_failure = on_failure
     logging.getLogger("gptport.serve").setLevel(logging.INFO)
+    if settings.access_log:
+        access_log.to_stderr()
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
-                            access_log=access_log, timeout_graceful_shutdown=int(shutdown_timeout),
+                            access_log=False, timeout_graceful_shutdown=int(shutdown_timeout),
                             lifespan="on", server_header=False, **limits.uvicorn_options())
     listener = bind(host, port)
     server = uvicorn.Server(config)
