@@ -113,9 +113,41 @@ def _choice(choice: Any, functions: list[Function]) -> tuple[str, tuple[Function
     raise bad("tool_choice", f"{kind!r} is not supported; use none, auto, required or a function", "unsupported")
 
 
+def generation_schema(schema: Any, close: bool = True) -> Any:
+    """A function's `parameters` as its calls are generated: an object schema that lists `properties` and
+    says nothing of `additionalProperties` (nor `unevaluatedProperties`) takes no other property, as
+    llama.cpp's and vLLM's (xgrammar's strict mode) grammars read it; an explicit `additionalProperties`
+    (true, or a schema) is kept. Where several schemas describe the same object (`properties` beside an
+    anyOf, oneOf, allOf or $ref, the members of an allOf of several) none is closed: closed, one would
+    refuse what another lists. What sits under `not`, `if`, `then`, `else` and `dependentSchemas` is left
+    as it is. No bound is added (design record 0033)."""
+    if isinstance(schema, list):
+        return [generation_schema(s, close) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: generation_schema(sub) for name, sub in out[key].items()}
+    for key in ("items", "prefixItems", "additionalProperties", "contains"):
+        if key in out:
+            out[key] = generation_schema(out[key])
+    listed = isinstance(out.get("properties"), dict)
+    for key in ("anyOf", "oneOf", "allOf"):  # members that describe the value by themselves are closed
+        members = out.get(key)
+        if isinstance(members, list):
+            out[key] = generation_schema(members, not listed and (key != "allOf" or len(members) == 1))
+    beside = ("additionalProperties", "unevaluatedProperties", "anyOf", "oneOf", "allOf", "$ref")
+    if close and listed and not any(key in out for key in beside):
+        out["additionalProperties"] = False
+    return out
+
+
 def call_schema(functions: tuple[Function, ...]) -> dict[str, Any]:
-    """The JSON schema of one call of any of these functions."""
-    branches = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+    """The JSON schema of one call of any of these functions, `name` first (llguidance keeps the order of
+    `properties`, which the stream's reader of a call relies on)."""
+    branches = [{"type": "object", "properties": {"name": {"const": f.name},
+                                                  "arguments": generation_schema(f.parameters)},
                  "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
     schema: dict[str, Any] = branches[0] if len(branches) == 1 else {"anyOf": branches}
     return {**schema, "x-guidance": JSON_OPTIONS}
