@@ -64,8 +64,12 @@ CHAT_LOGPROBS = obj({"content": {"type": "array", "items": obj(
 TOOL_CALL = obj({"id": STRING, "type": {"const": "function"},
                  "function": obj({"name": STRING, "arguments": {"type": "string", "description": "JSON text"}},
                                  ("name", "arguments"))}, ("id", "type", "function"))
-TOOL_CALL_DELTA = {**TOOL_CALL, "properties": {**TOOL_CALL["properties"], "index": {"type": "integer"}},
-                   "required": ["index", "id", "type", "function"]}
+# a streamed call: the first delta carries index, id, type and function.name (arguments ""), the next ones
+# index and a piece of function.arguments (OpenAI's shape)
+TOOL_CALL_DELTA = obj({**TOOL_CALL["properties"], "index": {"type": "integer", "minimum": 0},
+                       "function": obj({"name": STRING, "arguments": {"type": "string",
+                                                                      "description": "a piece of the JSON text"}})},
+                      ("index",))
 INDEX = {"type": "integer", "minimum": 0}
 REASONS = ["stop", "length"]
 
