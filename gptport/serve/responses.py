@@ -11,7 +11,7 @@ from typing import Any
 
 from gptport.serve.engine.events import Failure, Finish, Piece, PromptLogprobs, TokenLogprob
 from gptport.serve.protocol import ApiError, Job, chat_logprobs, completion_logprobs, envelope, usage
-from gptport.serve.tools import maybe_call, read_call
+from gptport.serve.tool_stream import ReplyStream, whole_message
 from gptport.tokenizer import BPETokenizer
 
 
@@ -29,8 +29,9 @@ class Collector:
         self.cached = [0] * count  # each choice's prompt positions from a kept cache
         self.offsets = [0] * count  # text offsets of streamed logprobs; with echo, the prompt's tokens come first
         self.error: str | None = None
-        self.held = [""] * count  # a stream's reply text held back while it may be a tool call
-        self.plain_text = [job.tools is None] * count  # the reply is text, not a call (streams decide early)
+        # with tools, each streamed chat reply's text or call as it arrives (tool_stream.py)
+        self.replies = [ReplyStream(job.tools) if job.tools is not None and job.chat else None for _ in range(count)]
+        self.held_entries: list[list[TokenLogprob]] = [[] for _ in range(count)]  # logprobs of held text
 
     def add(self, index: int, event: Any) -> None:
         if isinstance(event, Piece):
@@ -66,9 +67,8 @@ class Collector:
             if job.chat:
                 lp = {"content": chat_logprobs(self.entries[i], self.tok)} if job.logprobs is not None else None
                 message: dict[str, Any] = {"role": "assistant", "content": text}
-                call = read_call(text) if job.tools is not None and reason == "stop" else None
-                if call is not None:
-                    message, reason = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+                if job.tools is not None and reason is not None:
+                    message, reason = whole_message(text, reason, job.tools)
                 choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
                 continue
             prompt = job.prompt_texts[i // job.n] if job.echo else ""
@@ -77,37 +77,36 @@ class Collector:
             choices.append({"index": i, "text": prompt + text, "logprobs": lp, "finish_reason": reason})
         return {**envelope(job, False), "choices": choices, "usage": self.usage()}
 
-    def chunk_choice(self, index: int, text: str, entries: list[TokenLogprob], reason: str | None,
-                     first: bool = False) -> dict[str, Any]:
-        """One choice of a stream chunk."""
-        job = self.job
-        if job.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else ({"content": text} if text
-                                                                                        or reason is None else {})
-            if not first and not self.plain_text[index]:
-                delta, reason = self._tool_delta(index, text, reason)
-            lp = {"content": chat_logprobs(entries, self.tok)} if job.logprobs is not None and entries else None
-            return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}
-        lp = None
-        if job.logprobs is not None and entries:
-            lp = completion_logprobs(entries, self.tok, self.offsets[index])
-            self.offsets[index] += sum(len(t) for t in lp["tokens"])
-        return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+    def role_choice(self, index: int) -> dict[str, Any]:
+        """A chat stream's first choice: the assistant's role, as OpenAI sends it."""
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
-    def _tool_delta(self, index: int, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
-        """A stream's delta where the reply may be a tool call: text is held while it could still open a
-        call; a call goes out whole, as one tool_calls delta, when the choice finishes."""
-        self.held[index] += text
-        held = self.held[index]
-        if not maybe_call(held):  # text after all: everything held goes out now
-            self.plain_text[index], self.held[index] = True, ""
-            return {"content": held}, reason
-        if reason is None:
-            return {}, None
-        call = read_call(held) if reason == "stop" else None
-        if call is None:
-            return ({"content": held} if held else {}), reason
-        return {"tool_calls": [{"index": 0, **call}]}, "tool_calls"
+    def chunk_choices(self, index: int, text: str, entries: list[TokenLogprob], reason: str | None
+                      ) -> list[dict[str, Any]]:
+        """The choices of the stream chunks that say what a choice produced since the last: one, or with
+        tools none while its text is held (a prefix of the call's tag, a call whose name is not whole) and
+        several where a call's first delta and its arguments go out together (a chunk each)."""
+        job = self.job
+        if not job.chat:
+            lp = None
+            if job.logprobs is not None and entries:
+                lp = completion_logprobs(entries, self.tok, self.offsets[index])
+                self.offsets[index] += sum(len(t) for t in lp["tokens"])
+            return [{"index": index, "text": text, "logprobs": lp, "finish_reason": reason}]
+        reply = self.replies[index]
+        if reply is None:
+            deltas: list[dict[str, Any]] = [{"content": text} if text or reason is None else {}]
+        else:
+            deltas, reason = reply.step(text, reason)
+            self.held_entries[index] += entries
+            if not deltas and reason is None:
+                return []  # held: the entries go out with the next chunk
+            entries, self.held_entries[index] = self.held_entries[index], []
+        lp = {"content": chat_logprobs(entries, self.tok)} if job.logprobs is not None and entries else None
+        out = [{"index": index, "delta": delta, "logprobs": lp if k == 0 else None, "finish_reason": None}
+               for k, delta in enumerate(deltas or [{}])]
+        out[-1]["finish_reason"] = reason
+        return out
 
 
 def _sse(obj: dict[str, Any]) -> str:
@@ -121,9 +120,9 @@ async def stream_chunks(job: Job, col: Collector, queue: asyncio.Queue[tuple[int
     finished = 0
     try:
         if job.chat:  # the assistant's role comes first, as OpenAI sends it
-            yield "".join(_sse({**head, "choices": [col.chunk_choice(i, "", [], None, first=True)]}) for i in range(n))
+            yield "".join(_sse({**head, "choices": [col.role_choice(i)]}) for i in range(n))
         elif job.echo and job.logprobs is None:
-            yield "".join(_sse({**head, "choices": [col.chunk_choice(i, job.prompt_texts[i // job.n], [], None)]})
+            yield "".join(_sse({**head, "choices": col.chunk_choices(i, job.prompt_texts[i // job.n], [], None)})
                           for i in range(n))
         while finished < n:
             items = [await queue.get()]
@@ -146,8 +145,8 @@ async def stream_chunks(job: Job, col: Collector, queue: asyncio.Queue[tuple[int
                 elif isinstance(event, Failure):
                     failure = event.message
                     finished += 1
-            out = [_sse({**head, "choices": [col.chunk_choice(i, "".join(t), e, r[0])]})
-                   for i, (t, e, r) in order.items() if t or e or r[0]]
+            out = [_sse({**head, "choices": [choice]}) for i, (t, e, r) in order.items() if t or e or r[0]
+                   for choice in col.chunk_choices(i, "".join(t), e, r[0])]
             if failure is not None:
                 out.append(_sse(ApiError(500, failure, None, "generation_failed").body()))
                 yield "".join(out)

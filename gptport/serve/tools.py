@@ -1,6 +1,6 @@
 """Tool calls: OpenAI's `tools` and `tool_choice` checked (their JSON schemas, whose keys and name
-pattern the checks here take, are in shapes.py), the grammar a reply must follow, and the reply read back
-into `message.tool_calls`. No torch here.
+pattern the checks here take, are in shapes.py), and the grammar a reply must follow (tool_stream.py reads
+the reply back into `tool_calls`). No torch here.
 
 A call is written as `<tool_call>{"name": NAME, "arguments": {...}}</tool_call>` at the start of the
 reply (the format of Hermes-style chat templates), one call per reply. `required` and a named function
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,26 +172,6 @@ def reply_spec(tools: Tools, text_spec: Spec | None) -> Spec | None:
         raise bad("tools", "tools with tool_choice auto combine with response_format only, not with a regex, "
                   "grammar or choice", "invalid_value")
     return Spec("lark", f"start: {opened} | {free}\n{call}", "'tools'")
-
-
-def read_call(text: str) -> dict[str, Any] | None:
-    """The reply as OpenAI's tool_calls item, if it is a whole call; else None."""
-    body = text.strip()
-    if not (body.startswith(OPEN) and body.endswith(CLOSE)):
-        return None
-    try:
-        call = json.loads(body[len(OPEN):-len(CLOSE)])
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
-        return None
-    return {"id": "call_" + secrets.token_hex(12), "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
-
-
-def maybe_call(text: str) -> bool:
-    """The reply so far could still become a call (it is a prefix of the opening tag, or starts with it)."""
-    return OPEN.startswith(text) or text.startswith(OPEN)
 
 
 def plain_block(tools: Tools) -> str:

@@ -147,8 +147,11 @@ def test_tool_choice_required_always_calls_with_valid_arguments(client: Any, mod
         deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
         reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         assert reasons == ["tool_calls"]
-        assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].function.name == name
-        assert json.loads(deltas[0].function.arguments) == args  # the same seed: the same call
+        # OpenAI's shape: the call's name first (arguments ""), then the arguments in pieces as they come
+        assert deltas[0].index == 0 and deltas[0].function.name == name and deltas[0].function.arguments == ""
+        assert all(d.index == 0 and d.id is None and d.function.name is None for d in deltas[1:])
+        arguments = "".join(d.function.arguments for d in deltas[1:])
+        assert json.loads(arguments) == args  # the same seed: the same call
         assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert names == {"get_weather", "add"}, "both functions get called across seeds"
 
@@ -169,8 +172,8 @@ def test_named_function_auto_and_none(client: Any, model: str) -> None:
         if choice.finish_reason == "tool_calls":
             name, args = tool_call_of(choice)
             jsonschema.validate(args, PARAMS[name])
-        else:
-            assert not (choice.message.content or "").startswith("<tool_call>") or choice.finish_reason == "length"
+        else:  # text, or a call cut short: never the call's markup
+            assert "<tool_call" not in (choice.message.content or ""), choice
 
 
 def test_tool_history_reaches_the_template(server: Served, model: str, structured_dir: Path) -> None:
@@ -246,8 +249,7 @@ PLAUSIBLE: dict[str, Any] = {
     "suffix": "end", "temperature": 0.5, "tool_choice": "none", "tools": TOOLS, "top_logprobs": 2, "top_p": 0.9,
     "user": "u1", "verbosity": "low", "web_search_options": {"search_context_size": "low"}}
 # values that gptport refuses although it reads the field (the rest of the field is honoured)
-REFUSED_VALUES = {"best_of", "frequency_penalty", "presence_penalty", "modalities", "service_tier", "store",
-                  "suffix"}
+REFUSED_VALUES = {"best_of", "modalities", "service_tier", "store", "suffix"}
 
 
 def openai_fields(params: Any) -> set[str]:
