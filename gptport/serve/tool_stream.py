@@ -102,9 +102,13 @@ class CallReader:
     @property
     def arguments(self) -> str:
         """The arguments' text so far (the whole value once it is complete)."""
+        return self.arguments_since(0)
+
+    def arguments_since(self, sent: int) -> str:
+        """The arguments' text after its first `sent` characters (what a stream has not sent yet)."""
         if self._start is None:
             return ""
-        return self.text[self._start:self._end if self._end is not None else len(self.text)]
+        return self.text[self._start + sent:self._end if self._end is not None else len(self.text)]
 
     @property
     def complete(self) -> bool:
@@ -192,8 +196,8 @@ class ReplyStream:
             self.id = call_id()
             out.append({"tool_calls": [{"index": 0, "id": self.id, "type": "function",
                                         "function": {"name": reader.name, "arguments": ""}}]})
-        args = reader.arguments
-        if len(args) > self.sent:
-            out.append({"tool_calls": [{"index": 0, "function": {"arguments": args[self.sent:]}}]})
-            self.sent = len(args)
+        piece = reader.arguments_since(self.sent)
+        if piece:
+            out.append({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+            self.sent += len(piece)
         return out
