@@ -18,61 +18,142 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PRESETS_DIR = Path(__file__).parent / "presets"
-PosEncoding = Literal["learned", "sinusoidal"]
+PosEncoding = Literal["learned", "sinusoidal", "rope"]
 Gelu = Literal["tanh", "exact"]
+Norm = Literal["layernorm", "rmsnorm"]
+Mlp = Literal["gelu", "swiglu"]
+RopeScaling = Literal["none", "linear", "llama3"]
+MODEL_FORMAT_VERSION = 2  # config.json's format_version: 2 added the Llama family's keys (design record 0035)
+MODEL_FORMAT_VERSIONS = (1, 2)  # what this gptport reads: a version-1 file is a version-2 one at the defaults
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "pos_encoding": ("learned", "sinusoidal", "rope"), "gelu": ("tanh", "exact"), "norm": ("layernorm", "rmsnorm"),
+    "mlp": ("gelu", "swiglu"), "rope_scaling": ("none", "linear", "llama3")}
+
+
+def swiglu_width(d_model: int) -> int:
+    """SwiGLU's default hidden width: 8/3 d_model (its three matrices hold as many weights as GELU's two of
+    4 d_model), rounded up to a multiple of 64."""
+    return -(-8 * d_model // 192) * 64
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The GPT's shape. Defaults are GPT-2's choices where GPT-2 made one."""
+    """The model's shape. Defaults are GPT-2's choices where GPT-2 made one; the keys after `gelu`
+    (format_version 2) add the Llama family's choices, and at their defaults the model is GPT-2's."""
 
     vocab_size: int
     n_ctx: int = 256  # longest sequence the positions cover
     d_model: int = 384
     n_layer: int = 6
     n_head: int = 6
-    d_ff: int = 0  # 0 means 4 * d_model, the classic width
+    d_ff: int = 0  # 0: 4 * d_model for GELU (the classic width), swiglu_width(d_model) for SwiGLU
     dropout: float = 0.0  # small models on small corpora overfit late; 0 is right for short runs
-    bias: bool = True  # GPT-2 has biases in Linear and LayerNorm
+    bias: bool = True  # GPT-2 has biases in every Linear and LayerNorm; false: none but the three below
     pos_encoding: PosEncoding = "learned"
     tie_embeddings: bool = True  # the head reuses the token embedding: fewer parameters, better at small scale
-    ln_eps: float = 1e-5
-    gelu: Gelu = "tanh"  # GPT-2's approximation; "exact" is erf-based
+    ln_eps: float = 1e-5  # the epsilon of every norm, LayerNorm or RMSNorm
+    gelu: Gelu = "tanh"  # GPT-2's approximation; "exact" is erf-based (mlp "gelu" only)
+    n_kv_head: int = 0  # key/value heads, each shared by n_head / n_kv_head query heads (GQA; 1: MQA); 0: n_head
+    head_dim: int = 0  # 0: d_model // n_head; explicit where n_head * head_dim != d_model (Qwen3)
+    norm: Norm = "layernorm"  # "rmsnorm": no mean subtracted, no bias (Llama)
+    mlp: Mlp = "gelu"  # "swiglu": c_proj(silu(c_gate(x)) * c_fc(x)) (Llama)
+    qkv_bias: bool = False  # q, k and v have biases even when bias is false (Qwen2)
+    out_bias: bool = False  # the attention's output projection has a bias even when bias is false
+    mlp_bias: bool = False  # the MLP's projections have biases even when bias is false (Llama's mlp_bias)
+    qk_norm: bool = False  # RMSNorm over head_dim on each head's q and k, before the rotation (Qwen3)
+    rope_theta: float = 10000.0  # RoPE's base wavelength (pos_encoding "rope")
+    rope_scaling: RopeScaling = "none"  # "linear": frequencies / rope_factor; "llama3": Llama 3.1's smoothing
+    rope_factor: float = 1.0  # linear and llama3
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_n_ctx: int = 8192  # llama3: the context the model was pretrained with
+    bos_id: int | None = None  # the beginning-of-sequence token, if the model has one
+    add_bos: bool = False  # prompts start with bos_id (Llama's tokenizers add it)
+    eos_ids: tuple[int, ...] = ()  # the tokens that end a sequence, a set; (): the tokenizer's <|endoftext|>
 
     def __post_init__(self) -> None:
+        if self.n_kv_head == 0:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.head_dim == 0 and self.n_head > 0:
+            if self.d_model % self.n_head:
+                raise UsageError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
+            object.__setattr__(self, "head_dim", self.d_model // self.n_head)
         if self.d_ff == 0:
-            object.__setattr__(self, "d_ff", 4 * self.d_model)
+            object.__setattr__(self, "d_ff", 4 * self.d_model if self.mlp == "gelu" else swiglu_width(self.d_model))
+        object.__setattr__(self, "eos_ids", tuple(sorted(set(self.eos_ids))))
         self.validate()
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
+    def has_qkv_bias(self) -> bool:
+        return self.bias or self.qkv_bias
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.bias or self.out_bias
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.bias or self.mlp_bias
+
+    @property
+    def q_width(self) -> int:
+        """Width of all query heads together: n_head * head_dim."""
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of all key (or value) heads together: n_kv_head * head_dim."""
+        return self.n_kv_head * self.head_dim
 
     def validate(self) -> None:
         """Refuse shapes the model cannot have, naming the field."""
-        positive = ("vocab_size", "n_ctx", "d_model", "n_layer", "n_head", "d_ff")
+        positive = ("vocab_size", "n_ctx", "d_model", "n_layer", "n_head", "d_ff", "n_kv_head", "head_dim")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UsageError(f"model.{name} must be positive, not {getattr(self, name)}")
-        if self.d_model % self.n_head:
-            raise UsageError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise UsageError(f"model.{name} must be {' or '.join(repr(a) for a in allowed)}, "
+                                 f"not {getattr(self, name)!r}")
+        if self.n_head % self.n_kv_head:
+            raise UsageError(f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head ({self.n_kv_head})")
         if self.pos_encoding == "sinusoidal" and self.d_model % 2:
             raise UsageError("model.d_model must be even for sinusoidal positions")
-        if self.pos_encoding not in ("learned", "sinusoidal"):
-            raise UsageError(f"model.pos_encoding must be 'learned' or 'sinusoidal', not {self.pos_encoding!r}")
-        if self.gelu not in ("tanh", "exact"):
-            raise UsageError(f"model.gelu must be 'tanh' or 'exact', not {self.gelu!r}")
+        if self.pos_encoding == "rope" and self.head_dim % 2:
+            raise UsageError(f"model.head_dim must be even for rope positions, not {self.head_dim}")
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"model.dropout must be in [0, 1), not {self.dropout}")
+        self._validate_rope()
+        self._validate_tokens()
+
+    def _validate_rope(self) -> None:
+        for name in ("rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                     "rope_original_n_ctx"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"model.{name} must be positive, not {getattr(self, name)}")
+        if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise UsageError(f"model.rope_high_freq_factor ({self.rope_high_freq_factor}) must exceed "
+                             f"model.rope_low_freq_factor ({self.rope_low_freq_factor})")
+
+    def _validate_tokens(self) -> None:
+        for name, ids in (("bos_id", () if self.bos_id is None else (self.bos_id,)), ("eos_ids", self.eos_ids)):
+            bad = [i for i in ids if not 0 <= i < self.vocab_size]
+            if bad:
+                raise UsageError(f"model.{name}: token {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if self.add_bos and self.bos_id is None:
+            raise UsageError("model.add_bos is true but model.bos_id is not set")
 
     def n_params(self) -> int:
         """Parameter count, tied weights counted once."""
-        d, f, v = self.d_model, self.d_ff, self.vocab_size
-        b = 1 if self.bias else 0
-        per_layer = (3 * d * d + 3 * d * b) + (d * d + d * b) + (d * f + f * b) + (f * d + d * b) + 2 * (d + d * b)
+        d, f, v, q, kv = self.d_model, self.d_ff, self.vocab_size, self.q_width, self.kv_width
+        qkv_b, out_b, mlp_b = int(self.has_qkv_bias), int(self.has_out_bias), int(self.has_mlp_bias)
+        norm = d + (d if self.norm == "layernorm" and self.bias else 0)
+        attn = d * (q + 2 * kv) + qkv_b * (q + 2 * kv) + q * d + out_b * d
+        attn += 2 * self.head_dim if self.qk_norm else 0
+        mlp = (3 if self.mlp == "swiglu" else 2) * d * f + mlp_b * ((2 if self.mlp == "swiglu" else 1) * f + d)
         emb = v * d + (self.n_ctx * d if self.pos_encoding == "learned" else 0)
         head = 0 if self.tie_embeddings else v * d
-        return emb + self.n_layer * per_layer + (d + d * b) + head
+        return emb + self.n_layer * (attn + mlp + 2 * norm) + norm + head
 
 
 @dataclass(frozen=True)
@@ -163,72 +244,100 @@ def _check_keys(values: dict[str, Any], cls: type, where: str) -> None:
         raise UsageError(f"{where}: unknown key(s) {', '.join(bad)}")
 
 
-def _coerce(raw: str, current: Any, key: str) -> Any:
-    """Parse a --set value to the type of the field it sets."""
+def _field_types(cls: type) -> dict[str, str]:
+    """Each field's declared type as written (`from __future__ import annotations` keeps them as strings)."""
+    return {f.name: str(f.type) for f in fields(cls)}
+
+
+def _coerce(raw: str, kind: str, key: str) -> Any:
+    """Parse a --set value to the declared type `kind` of the field it sets."""
     try:
-        if isinstance(current, bool):
+        if kind == "bool":
             if raw.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(raw)
             return raw.lower() in ("true", "1")
-        if isinstance(current, int):
+        if kind == "int":
             return int(raw)
-        if isinstance(current, float):
+        if kind == "int | None":
+            return None if raw.lower() in ("none", "") else int(raw)
+        if kind == "float":
             return float(raw)
+        if kind == "tuple[int, ...]":
+            return tuple(int(x) for x in raw.split(",") if x.strip())
     except ValueError:
-        raise UsageError(f"--set {key}={raw}: expected a {type(current).__name__}") from None
+        words = {"int | None": "an integer or none", "tuple[int, ...]": "comma-separated integers"}
+        raise UsageError(f"--set {key}={raw}: expected {words.get(kind, 'a ' + kind)}") from None
     return raw
 
 
 def apply_overrides(preset: Preset, overrides: list[str]) -> Preset:
     """Apply `--set key=value` (key as `model.d_model`, `train.lr`, or a bare field name)."""
     model, train = dict(preset.model), dict(preset.train)
-    model_defaults = {f.name: f.default for f in fields(ModelConfig)}
-    train_defaults = {f.name: f.default for f in fields(TrainConfig)}
+    model_kinds, train_kinds = _field_types(ModelConfig), _field_types(TrainConfig)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep:
             raise UsageError(f"--set {item!r}: expected key=value")
         section, _, name = key.rpartition(".")
-        if section in ("", "model") and name in model_defaults and name != "vocab_size":
-            model[name] = _coerce(raw, model.get(name, model_defaults[name]), key)
-        elif section in ("", "train") and name in train_defaults:
-            train[name] = _coerce(raw, train.get(name, train_defaults[name]), key)
+        if section in ("", "model") and name in model_kinds and name != "vocab_size":
+            model[name] = _coerce(raw, model_kinds[name], key)
+        elif section in ("", "train") and name in train_kinds:
+            train[name] = _coerce(raw, train_kinds[name], key)
         else:
             raise UsageError(f"--set {key}: unknown setting; model keys: "
-                             f"{', '.join(k for k in model_defaults if k != 'vocab_size')}")
+                             f"{', '.join(k for k in model_kinds if k != 'vocab_size')}")
     return replace(preset, model=model, train=train)
 
 
 def model_config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
-    return asdict(cfg)
+    """Every field at its value, as JSON has it (eos_ids a list)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
 
 
 # the JSON types each ModelConfig field takes (bool is no int here; a float field takes an int)
 _JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
-    "PosEncoding": ((str,), "a string"), "Gelu": ((str,), "a string")}
+    "int | None": ((int, type(None)), "an integer or null"), "tuple[int, ...]": ((list,), "a list of integers"),
+    **{kind: ((str,), "a string") for kind in ("PosEncoding", "Gelu", "Norm", "Mlp", "RopeScaling")}}
 
 
 def model_config_from_dict(data: Mapping[str, Any], where: str = CONFIG) -> ModelConfig:
     """A ModelConfig from a JSON object (config.json's "model", a graph's gptport.config metadata), or an
-    ArtifactError naming `where`: no vocab_size, a value of the wrong type, a shape the model cannot have."""
+    ArtifactError naming `where`: no vocab_size, a key gptport does not know, a value of the wrong type, a
+    shape the model cannot have. Format 1's objects (no Llama-family keys) read as the defaults."""
     if not isinstance(data, Mapping):
         raise ArtifactError(f"{where}: the model config is not a JSON object")
-    known = {f.name: str(f.type) for f in fields(ModelConfig)}
+    known = _field_types(ModelConfig)
     missing = {"vocab_size"} - set(data)
     if missing:
         raise ArtifactError(f"{where}: model has no {', '.join(sorted(missing))}")
-    values = {k: v for k, v in data.items() if k in known}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ArtifactError(f"{where}: unknown model config key {unknown[0]!r} (written by a newer gptport, or "
+                            "edited by hand)")
+    values = dict(data)
     for name, value in values.items():
         kinds, words = _JSON_TYPES[known[name]]
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise ArtifactError(f"{where}: invalid model config (model.{name} must be {words}, not {value!r})")
         if known[name] == "float":
             values[name] = float(value)
+        elif known[name] == "tuple[int, ...]":
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ArtifactError(f"{where}: invalid model config (model.{name} must be {words}, not {value!r})")
+            values[name] = tuple(value)
     try:
         return ModelConfig(**values)
     except UsageError as e:
         raise ArtifactError(f"{where}: invalid model config ({e})") from e
+
+
+def check_format_version(data: Mapping[str, Any], where: str) -> None:
+    """Refuse a config.json whose format_version this gptport does not read (a newer one's); none is 1."""
+    version = data.get("format_version", 1)
+    if version not in MODEL_FORMAT_VERSIONS or isinstance(version, bool):
+        raise ArtifactError(f"{where}: format_version {version!r} is not one this gptport reads "
+                            f"({', '.join(map(str, MODEL_FORMAT_VERSIONS))}); upgrade gptport")
 
 
 def read_json(path: Path) -> dict[str, Any]:

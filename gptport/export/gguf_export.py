@@ -19,7 +19,7 @@ import numpy as np
 
 from gptport import atomic, provenance
 from gptport import tokenizer as bpe
-from gptport.config import ModelConfig, model_config_from_dict, read_json
+from gptport.config import ModelConfig, check_format_version, model_config_from_dict, read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.export.hf import mismatches
 from gptport.paths import CONFIG, WEIGHTS
@@ -148,6 +148,7 @@ def read_model(model_dir: Path) -> tuple[ModelConfig, str]:
     for key in ("model", "tokenizer_sha256"):
         if key not in data:
             raise ArtifactError(f"{path}: missing {key!r}")
+    check_format_version(data, str(path))
     cfg = model_config_from_dict(data["model"], str(path))
     problems = mismatches(cfg)
     if problems:

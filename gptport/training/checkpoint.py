@@ -14,7 +14,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 from gptport import __version__, atomic, provenance
-from gptport.config import ModelConfig, model_config_from_dict, model_config_to_dict, read_json
+from gptport.config import (
+    MODEL_FORMAT_VERSION,
+    ModelConfig,
+    check_format_version,
+    model_config_from_dict,
+    model_config_to_dict,
+    read_json,
+)
 from gptport.errors import ArtifactError, first_line
 from gptport.paths import CONFIG, OPTIMIZER, TRAINER, WEIGHTS
 from gptport.tokenizer import BPETokenizer, check_trained_with
@@ -39,7 +46,7 @@ def write_config(model_dir: Path, cfg: ModelConfig, tok: BPETokenizer, step: int
     """config.json, recording the sha256 of the model.safetensors in place (save_model's last write)."""
     data = {
         "format": "gptport-model",
-        "format_version": 1,
+        "format_version": MODEL_FORMAT_VERSION,
         "gptport_version": __version__,
         "model": model_config_to_dict(cfg),
         "n_params": cfg.n_params(),
@@ -60,6 +67,7 @@ def read_card(model_dir: Path) -> ModelCard:
     for key in ("model", "tokenizer_sha256", "eot_id"):
         if key not in data:
             raise ArtifactError(f"{path}: missing {key!r}")
+    check_format_version(data, str(path))
     return ModelCard(model_config_from_dict(data["model"], str(path)), data["tokenizer_sha256"],
                      dict(data.get("special_tokens", {})), int(data["eot_id"]), int(data.get("step", 0)), model_dir)
 
