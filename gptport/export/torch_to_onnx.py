@@ -42,7 +42,7 @@ def to_onnx(model: GPT, opset: int) -> onnx.ModelProto:
     ids = torch.randint(0, cfg.vocab_size, (B, T))
     mask = torch.ones(B, P + T, dtype=torch.long)
     pos = torch.arange(P, P + T).expand(B, T).contiguous()
-    past = [(torch.zeros(B, cfg.n_head, P, cfg.head_dim), torch.zeros(B, cfg.n_head, P, cfg.head_dim))
+    past = [(torch.zeros(B, cfg.n_kv_head, P, cfg.head_dim), torch.zeros(B, cfg.n_kv_head, P, cfg.head_dim))
             for _ in range(cfg.n_layer)]
     batch, seq = Dim(contract.BATCH), Dim(contract.SEQUENCE)
     past_len, total = Dim(contract.PAST), Dim(contract.TOTAL)

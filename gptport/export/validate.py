@@ -84,7 +84,7 @@ def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, n
         return rng.integers(0, V, size=(b, t), dtype=np.int64)
 
     def empty(b: int) -> Past:
-        return empty_past(b, cfg.n_layer, cfg.n_head, cfg.head_dim)
+        return empty_past(b, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
 
     out = []
     for b, t in ((1, 1), (1, n)):
@@ -158,7 +158,7 @@ def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0) 
     for name, mask, steps in cases:
         B = mask.shape[0]
         ids, pos = rng.integers(0, cfg.vocab_size, size=mask.shape, dtype=np.int64), positions(mask)
-        empty = empty_past(B, cfg.n_layer, cfg.n_head, cfg.head_dim)
+        empty = empty_past(B, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
         want, want_past = ref(ids, mask, pos, empty)
         exact_logits, exact_past = exact(ids, mask, pos, empty)
         got, got_past = step(ids, mask, pos, engine.empty_past(B))

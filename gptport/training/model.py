@@ -1,8 +1,10 @@
-"""The GPT in torch: pre-LN decoder blocks, causal attention with an explicit KV cache.
+"""The GPT in torch: pre-norm decoder blocks, causal attention with an explicit KV cache.
 
 `GPT.forward(input_ids, attention_mask, position_ids, past)` has the ONNX graph's contract: it
 returns the logits and the present KV cache, so export and the torch reference path share it.
-Module names follow GPT-2's (wte, wpe, h.{i}.ln_1, attn.c_attn, attn.c_proj, mlp.c_fc, ...).
+Module names follow GPT-2's (wte, wpe, h.{i}.ln_1, attn.c_attn, attn.c_proj, mlp.c_fc, ...). The Llama
+family's choices (RMSNorm, RoPE, grouped key/value heads, SwiGLU, q/k norms) come from layers.py; at
+ModelConfig's defaults the module and its graph are GPT-2's.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptport.config import ModelConfig
+from gptport.training.layers import RMSNorm, SwiGLU, apply_rope, make_norm, repeat_kv, rope_cos_sin, rope_inv_freq
 
-KV = tuple[Tensor, Tensor]  # (B, H, T, hd) each
+KV = tuple[Tensor, Tensor]  # (B, Hkv, T, hd) each: n_kv_head heads (n_head unless grouped)
+Rope = tuple[Tensor, Tensor]  # cos, sin: (B, T, hd) each
 
 
 def attention_mask_4d(attention_mask: Tensor, q_len: int) -> Tensor:
@@ -50,54 +54,78 @@ def sinusoidal(position_ids: Tensor, d_model: int) -> Tensor:
 
 
 class CausalSelfAttention(nn.Module):
+    """Causal attention over n_head query heads and n_kv_head key/value heads (each shared by n_head /
+    n_kv_head query heads); q, k and v from one fused projection c_attn, [q | k | v] along its output."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.widths = [cfg.q_width, cfg.kv_width, cfg.kv_width]
+        self.c_attn = nn.Linear(cfg.d_model, sum(self.widths), bias=cfg.has_qkv_bias)
+        self.c_proj = nn.Linear(cfg.q_width, cfg.d_model, bias=cfg.has_out_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.ln_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.ln_eps) if cfg.qk_norm else None
         self.dropout = cfg.dropout
 
-    def forward(self, x: Tensor, mask: Tensor | None, past: KV | None) -> tuple[Tensor, KV]:
+    def forward(self, x: Tensor, mask: Tensor | None, past: KV | None, rope: Rope | None = None) -> tuple[Tensor, KV]:
         """mask None: plain causal attention without padding or cache (the training path, where
-        SDPA's fused causal kernel applies)."""
-        B, T, D = x.shape
-        q, k, v = self.c_attn(x).split(D, dim=2)  # (B, T, D) each
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        SDPA's fused causal kernel applies). Returns the output and this layer's cache (B, Hkv, P+T, hd)."""
+        B, T, _ = x.shape
+        qkv = self.c_attn(x)  # (B, T, H*hd + 2*Hkv*hd)
+        if self.n_kv_head == self.n_head:
+            q, k, v = qkv.split(self.widths[0], dim=2)  # (B, T, H*hd) each
+        else:
+            q, k, v = qkv.split(self.widths, dim=2)  # (B, T, H*hd), (B, T, Hkv*hd) twice
+        q = self._heads(q, self.n_head, self.q_norm)  # (B, H, T, hd)
+        k = self._heads(k, self.n_kv_head, self.k_norm)  # (B, Hkv, T, hd)
+        v = self._heads(v, self.n_kv_head, None)  # (B, Hkv, T, hd)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # (B, H, T, hd), (B, Hkv, T, hd)
         if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (B, H, P+T, hd)
-            v = torch.cat([past[1], v], dim=2)  # (B, H, P+T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+            k = torch.cat([past[0], k], dim=2)  # (B, Hkv, P+T, hd)
+            v = torch.cat([past[1], v], dim=2)  # (B, Hkv, P+T, hd)
+        n_rep = self.n_head // self.n_kv_head
+        y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask,
+                                           is_causal=mask is None,
                                            dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, H*hd)
         return self.c_proj(y), (k, v)
+
+    def _heads(self, x: Tensor, n: int, norm: nn.Module | None) -> Tensor:
+        """(B, T, n*hd) -> (B, n, T, hd), each head normalised over hd first when `norm` (q/k norm)."""
+        B, T, _ = x.shape
+        x = x.view(B, T, n, self.head_dim)  # (B, T, n, hd)
+        if norm is not None:
+            x = norm(x)
+        return x.transpose(1, 2)  # (B, n, T, hd)
 
 
 class MLP(nn.Module):
+    """GPT-2's MLP: c_proj(gelu(c_fc(x))), d_ff wide."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.has_mlp_bias)
         self.gelu = nn.GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
-        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.has_mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.c_proj(self.gelu(self.c_fc(x)))  # (B, T, D)
 
 
 class Block(nn.Module):
-    """Pre-LN: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """Pre-norm: x + attn(ln_1(x)), then x + mlp(ln_2(x)); the norms LayerNorm or RMSNorm, the MLP GELU or SwiGLU."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps, bias=cfg.bias)
+        self.ln_1 = make_norm(cfg, cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        self.ln_2 = make_norm(cfg, cfg.d_model)
+        self.mlp: nn.Module = SwiGLU(cfg) if cfg.mlp == "swiglu" else MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, past: KV | None) -> tuple[Tensor, KV]:
-        a, present = self.attn(self.ln_1(x), mask, past)
+    def forward(self, x: Tensor, mask: Tensor | None, past: KV | None, rope: Rope | None = None) -> tuple[Tensor, KV]:
+        a, present = self.attn(self.ln_1(x), mask, past, rope)
         x = x + self.drop(a)
         x = x + self.drop(self.mlp(self.ln_2(x)))
         return x, present
@@ -111,7 +139,9 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.pos_encoding == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps, bias=cfg.bias)
+        self.ln_f = make_norm(cfg, cfg.d_model)
+        if cfg.pos_encoding == "rope":  # not a weight: computed from the config, never saved
+            self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # (hd/2,)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -134,7 +164,7 @@ class GPT(nn.Module):
         input_ids: Tensor,  # (B, T) int64
         attention_mask: Tensor | None = None,  # (B, P+T), 1 = real token
         position_ids: Tensor | None = None,  # (B, T)
-        past: list[KV] | None = None,  # per layer (B, H, P, hd) each
+        past: list[KV] | None = None,  # per layer (B, Hkv, P, hd) each
         last_only: bool = False,  # logits of the last position only (left padding: every row's last token)
     ) -> tuple[Tensor, list[KV]]:
         B, T = input_ids.shape
@@ -165,15 +195,18 @@ class GPT(nn.Module):
 
     def _trunk(self, input_ids: Tensor, position_ids: Tensor, mask: Tensor | None,
                past: list[KV] | None) -> tuple[Tensor, list[KV]]:
-        """Embeddings, blocks and the final LayerNorm: (B, T) ids -> (B, T, D) and the present cache."""
+        """Embeddings, blocks and the final norm: (B, T) ids -> (B, T, D) and the present cache."""
         x = self.wte(input_ids)  # (B, T, D)
+        rope: Rope | None = None
         if self.wpe is not None:
             x = x + self.wpe(position_ids)
-        else:
+        elif self.cfg.pos_encoding == "sinusoidal":
             x = x + sinusoidal(position_ids, self.cfg.d_model).to(x.dtype)
+        else:  # rope: each attention rotates its q and k by these
+            rope = rope_cos_sin(position_ids, self.inv_freq, x.dtype)  # (B, T, hd) each
         x = self.drop(x)
         present: list[KV] = []
         for i, block in enumerate(self.h):
-            x, kv = block(x, mask, past[i] if past else None)
+            x, kv = block(x, mask, past[i] if past else None, rope)
             present.append(kv)
         return self.ln_f(x), present

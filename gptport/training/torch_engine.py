@@ -49,7 +49,7 @@ class TorchEngine:
 
     def empty_past(self, batch: int) -> Past:
         cfg = self.model.cfg
-        return [np.zeros((batch, cfg.n_head, 0, cfg.head_dim), dtype=np.float32) for _ in range(2 * cfg.n_layer)]
+        return [np.zeros((batch, cfg.n_kv_head, 0, cfg.head_dim), dtype=np.float32) for _ in range(2 * cfg.n_layer)]
 
 
 def open_torch(model_dir: Path, provider: str = "cpu", threads: int = 0) -> Opened:
