@@ -49,7 +49,7 @@ def train(
     tokenizer_from: Annotated[Path | None, typer.Option(
         "--tokenizer-from", help="Copy the tokenizer of this model directory into --model-dir first (a draft "
         "model for `generate --draft` shares its target's tokenizer).")] = None,
-    preset: Annotated[str, typer.Option(help="tiny, small, gpt2-124m, or a .toml file.")] = "tiny",
+    preset: Annotated[str, typer.Option(help="tiny, small, gpt2-124m, llama-tiny, or a .toml file.")] = "tiny",
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key=value "
                                                    "(d_model=256, model.dropout=0.1, train.lr=3e-4).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps to train, in all.")] = None,

@@ -108,6 +108,31 @@ def test_cli_trains_and_refuses_to_overwrite(model_dir: Path, corpus_file: Path)
     assert json.loads((model_dir / "config.json").read_text())["step"] == 6
 
 
+def test_llama_tiny_trains_on_the_cpu(model_dir: Path, corpus_file: Path) -> None:
+    """The llama-tiny preset (RMSNorm, SwiGLU, RoPE, 2 kv heads for 4, untied) trains in the same loop, its
+    --set choices recorded in config.json; the loss falls and the cache it gives has n_kv_head heads."""
+    from gptport.training.checkpoint import load_model
+
+    args = ["train", str(corpus_file), "--model-dir", str(model_dir), "--preset", "llama-tiny", "--steps", "12",
+            "--eval-every", "6", "--lr", "1e-2", "--set", "n_ctx=32", "--set", "d_model=32", "--set", "n_layer=2",
+            "--set", "warmup_steps=2", "--set", "eval_batches=2", "--set", "qk_norm=true", "--set", "rope_theta=5e5",
+            "--batch-size", "8", "--device", "cpu"]
+    r = gptport(*args)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((model_dir / "config.json").read_text())
+    assert saved["format_version"] == 2
+    assert {k: saved["model"][k] for k in ("norm", "mlp", "pos_encoding", "n_head", "n_kv_head", "head_dim",
+                                            "tie_embeddings", "qk_norm", "rope_theta")} == {
+        "norm": "rmsnorm", "mlp": "swiglu", "pos_encoding": "rope", "n_head": 4, "n_kv_head": 2, "head_dim": 8,
+        "tie_embeddings": False, "qk_norm": True, "rope_theta": 500000.0}
+    record = losses(model_dir)
+    assert record[-1][2] < record[0][2] and all(math.isfinite(x) for row in record for x in row[1:])
+    model, _ = load_model(model_dir, bpe.load(model_dir))
+    with torch.no_grad():
+        _, present = model(torch.tensor([[1, 2, 3]]))
+    assert present[0][0].shape == (1, 2, 3, 8)  # (B, Hkv, T, hd)
+
+
 def test_cli_bad_inputs(tmp_path: Path, model_dir: Path, corpus_file: Path) -> None:
     base = ["--steps", "2", *SHAPE]
     empty_dir = tmp_path / "no_tokenizer"
