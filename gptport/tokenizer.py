@@ -4,6 +4,10 @@ The 256 byte symbols are the initial alphabet, pre-tokenization is GPT-2's regex
 byte-level, so `decode(encode(s)) == s` for every Unicode string. `<|endoftext|>` is always a special
 token. A model directory holds `tokenizer.json` (HF format), the same BPE as GPT-2's `vocab.json` +
 `merges.txt`, and `tokenizer_meta.json` with the sha256 of `tokenizer.json` that later stages check.
+
+An imported model's tokenizer.json (import-hf) is any BPE `tokenizers` reads: byte-level (Llama 3, Qwen)
+or SentencePiece-style with byte fallback and Metaspace (Llama 2, Mistral). Encoding and decoding go
+through `tokenizers` either way; its end-of-text token is the one tokenizer_meta.json's eot_id names.
 """
 
 from __future__ import annotations
@@ -57,13 +61,16 @@ class TrainReport:
 class BPETokenizer:
     """A trained byte-level BPE tokenizer and the sha256 of its serialized form."""
 
-    def __init__(self, tokenizer: Tokenizer, json_text: str | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, json_text: str | None = None, eot_id: int | None = None) -> None:
+        """`eot_id`: the end-of-text token of an imported tokenizer (None: the id of <|endoftext|>)."""
         self.backend = tokenizer
         self.json = tokenizer.to_str(pretty=True) if json_text is None else json_text
         self.sha256 = hashlib.sha256(self.json.encode("utf-8")).hexdigest()
-        eot = tokenizer.token_to_id(EOT)
+        eot = tokenizer.token_to_id(EOT) if eot_id is None else eot_id
         if eot is None:
             raise ArtifactError(f"tokenizer has no {EOT} token")
+        if not 0 <= eot < self.vocab_size:
+            raise ArtifactError(f"tokenizer: end-of-text id {eot} is outside its vocabulary of {self.vocab_size}")
         self.eot_id: int = eot
 
     @property
@@ -283,14 +290,19 @@ def load(model_dir: str | os.PathLike[str]) -> BPETokenizer:
     path = Path(model_dir) / TOKENIZER_FILE
     if not path.is_file():
         raise ArtifactError(f"{model_dir}: no {TOKENIZER_FILE}; run `gptport train-tokenizer` first")
+    meta_path = Path(model_dir) / META_FILE
+    meta = read_json(meta_path) if meta_path.is_file() else {}
+    eot_id = meta.get("eot_id")
+    if eot_id is not None and (not isinstance(eot_id, int) or isinstance(eot_id, bool)):
+        raise ArtifactError(f"{meta_path}: eot_id must be an integer, not {eot_id!r}")
     try:
         text = path.read_text(encoding="utf-8")
-        tok = BPETokenizer(Tokenizer.from_str(text), text)
+        backend = Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises a plain Exception on a malformed file
         raise ArtifactError(f"{path}: not a valid tokenizer file ({e})") from e
-    meta_path = Path(model_dir) / META_FILE
+    tok = BPETokenizer(backend, text, eot_id)
     if meta_path.is_file():
-        expected = read_json(meta_path).get("sha256")
+        expected = meta.get("sha256")
         if not isinstance(expected, str):
             raise ArtifactError(f"{meta_path}: no sha256 of {TOKENIZER_FILE} (a string under 'sha256')")
         if expected != tok.sha256:
@@ -299,11 +311,26 @@ def load(model_dir: str | os.PathLike[str]) -> BPETokenizer:
     return tok
 
 
+def byte_level(tok: BPETokenizer) -> bool:
+    """Whether the tokenizer's token strings are byte-level (one character per byte): its decoder is ByteLevel."""
+    decoder = json.loads(tok.json).get("decoder") or {}
+    return "ByteLevel" in [d.get("type") for d in decoder.get("decoders", [decoder]) if isinstance(d, dict)]
+
+
 def token_bytes(tok: BPETokenizer) -> np.ndarray:
     """Bytes of text each token id stands for (special tokens: 0). A byte-level BPE token's string
-    has one character per byte, so its length is its byte count."""
+    has one character per byte, so its length is its byte count; a SentencePiece-style token stands for its
+    UTF-8 with "▁" read as a space, a byte-fallback token <0xAB> for one byte."""
     special = set(tok.special_tokens.values())
     out = np.zeros(tok.vocab_size, dtype=np.int64)
+    plain = byte_level(tok)
     for token, i in tok.backend.get_vocab().items():
-        out[i] = 0 if i in special else len(token)
+        if i in special or i >= tok.vocab_size:
+            continue
+        if plain:
+            out[i] = len(token)
+        elif len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+            out[i] = 1
+        else:
+            out[i] = len(token.replace("\u2581", " ").encode("utf-8"))
     return out

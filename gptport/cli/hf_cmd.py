@@ -1,13 +1,17 @@
-"""`gptport export-hf` and `gptport import-hf`: to and from a local transformers GPT-2 directory."""
+"""`gptport export-hf` and `gptport import-hf`: to a local transformers GPT-2 directory, and from one of GPT-2
+or the Llama family (Llama, Mistral, Qwen2, Qwen3)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gptport.cli.common import Force, ModelDir, err
+
+if TYPE_CHECKING:
+    from gptport.config import ModelConfig
 
 EXPORT_EXAMPLES = """Example:
 
@@ -16,6 +20,7 @@ EXPORT_EXAMPLES = """Example:
 IMPORT_EXAMPLES = """Example:
 
   gptport import-hf path/to/gpt2 --out models/gpt2
+  gptport import-hf path/to/qwen3 --out models/qwen3
 """
 
 
@@ -32,13 +37,22 @@ def export_hf(
 
 
 def import_hf(
-    hf_dir: Annotated[Path, typer.Argument(help="A local transformers GPT-2 directory.", show_default=False)],
+    hf_dir: Annotated[Path, typer.Argument(help="A local transformers directory: GPT2LMHeadModel, LlamaForCausalLM, "
+                                           "MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM.",
+                                           show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="gptport model directory to create.")],
     force: Force = False,
 ) -> None:
-    """Turn a local transformers GPT-2 checkpoint into a gptport model directory."""
+    """Turn a local transformers checkpoint (GPT-2 or the Llama family) into a gptport model directory."""
     from gptport.export.hf import import_hf as run
 
     cfg = run(hf_dir, out, force)
-    err.print(f"wrote {out}: {cfg.n_params() / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}, n_ctx {cfg.n_ctx}; "
-              f"next: gptport export {out}")
+    err.print(f"wrote {out}: {cfg.n_params() / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}, n_ctx {cfg.n_ctx}, "
+              f"{cfg.n_head} heads ({cfg.n_kv_head} key/value); next: {_next(cfg, out)}")
+
+
+def _next(cfg: ModelConfig, out: Path) -> str:
+    """What to run next: export, or for the Llama family (whose ONNX export is not finished) the torch engine."""
+    if cfg.pos_encoding == "rope":
+        return f"gptport generate {out} 'Hello' --engine torch"
+    return f"gptport export {out}"

@@ -1,7 +1,8 @@
-"""Moving models to and from the Hugging Face transformers GPT-2 format, without transformers itself:
-the format is a config.json and a safetensors file whose Conv1D weights are the transposes of
-gptport's Linear weights. Only safetensors are read (no pickles). torch is imported inside the
-functions that need it, so that `mismatches` (which export-gguf reuses) stays torch-free."""
+"""Moving models to and from the Hugging Face transformers format, without transformers itself. Out
+(export-hf): GPT-2, a config.json and a safetensors file whose Conv1D weights are the transposes of
+gptport's Linear weights. In (import-hf): GPT-2, and the Llama family (hf_llama.py maps it), read by
+hf_files.py. Only safetensors are read (no pickles). torch is imported inside the functions that need it,
+so that `mismatches` (which export-gguf reuses) stays torch-free."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from safetensors import SafetensorError
-
 from gptport import atomic
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError
+from gptport.export import hf_files, hf_llama
 from gptport.paths import WEIGHTS
 
 if TYPE_CHECKING:
+    import torch
+
     from gptport.training.model import GPT
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -36,6 +38,15 @@ def mismatches(cfg: ModelConfig) -> list[str]:
         out.append(f"gelu is {cfg.gelu!r} (GPT-2 uses the tanh approximation)")
     if not cfg.bias:
         out.append("bias is false (GPT-2 has biases in every Linear and LayerNorm)")
+    for name, gpt2 in (("norm", "layernorm"), ("mlp", "gelu")):
+        if getattr(cfg, name) != gpt2:
+            out.append(f"{name} is {getattr(cfg, name)!r} (GPT-2's is {gpt2!r})")
+    if cfg.n_kv_head != cfg.n_head:
+        out.append(f"n_kv_head is {cfg.n_kv_head} (GPT-2 has a key and value head per query head)")
+    if cfg.q_width != cfg.d_model:
+        out.append(f"n_head * head_dim is {cfg.q_width}, not d_model {cfg.d_model}")
+    if cfg.qk_norm:
+        out.append("qk_norm is true (GPT-2 does not normalise q and k)")
     return out
 
 
@@ -104,10 +115,19 @@ def _hf_tokenizer(hf_dir: Path) -> bpe.BPETokenizer:
     return bpe.BPETokenizer(backend)
 
 
+def architecture(hf: dict[str, Any], where: Path) -> str:
+    """"gpt2" or the Llama-family architecture config.json declares; any other is refused naming it."""
+    if hf.get("model_type") == "gpt2" or "GPT2LMHeadModel" in (hf.get("architectures") or []):
+        return "gpt2"
+    arch = hf_llama.family(hf)
+    if arch is None:
+        kind = ", ".join(map(str, hf.get("architectures") or [])) or hf.get("model_type") or "unknown"
+        raise InputError(f"{where}: architecture {kind} is not one gptport imports (GPT2LMHeadModel, "
+                         f"{', '.join(hf_llama.FAMILY.values())})")
+    return arch
+
+
 def _model_config(hf: dict[str, Any], vocab_size: int, where: Path) -> ModelConfig:
-    if hf.get("model_type") != "gpt2" and "GPT2LMHeadModel" not in hf.get("architectures", []):
-        kind = hf.get("model_type") or ", ".join(hf.get("architectures", [])) or "unknown"
-        raise InputError(f"{where}: a {kind} checkpoint, not GPT-2 (model_type gpt2 / GPT2LMHeadModel)")
     act = hf.get("activation_function", "gelu_new")
     if act not in GELU_NAMES:
         raise InputError(f"{where}: activation_function {act!r} is not a GELU gptport has")
@@ -120,67 +140,89 @@ def _model_config(hf: dict[str, Any], vocab_size: int, where: Path) -> ModelConf
                        ln_eps=hf.get("layer_norm_epsilon", 1e-5), gelu=GELU_NAMES[act])  # type: ignore[arg-type]
 
 
-def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
-    """Turn a local transformers GPT-2 directory into a gptport model directory."""
-    from safetensors.torch import load_file
-
-    from gptport.training.model import GPT
-
-    config_path, weights = hf_dir / "config.json", hf_dir / "model.safetensors"
-    if not config_path.is_file():
-        raise InputError(f"{hf_dir}: no config.json")
-    if not weights.is_file():
-        pickled = [p.name for p in hf_dir.glob("*.bin")]
-        hint = f" ({', '.join(pickled)} is a pickle, which gptport does not load)" if pickled else ""
-        raise InputError(f"{hf_dir}: no model.safetensors{hint}")
-    if (out / bpe.TOKENIZER_FILE).exists() and not force:
-        raise InputError(f"{out}: already holds a model; pass --force to replace it")
-    hf = read_json(config_path)
-    tok = _hf_tokenizer(hf_dir)
-    model_vocab = int(hf.get("vocab_size", 0))
-    if tok.vocab_size > model_vocab:
-        raise InputError(f"{hf_dir}: the tokenizer has {tok.vocab_size} tokens but the model's vocabulary only "
-                         f"{model_vocab}: the tokenizer does not fit the model")
-    cfg = _model_config(hf, tok.vocab_size, config_path)
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError) as e:
-        raise ArtifactError(f"{weights}: unreadable ({e})") from e
-    model = GPT(cfg)
+def _gpt2_weights(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """transformers' GPT-2 tensors under gptport's names: Conv1D transposed, a padded vocabulary cut."""
     mapped = {}
     for name, tensor in state.items():
         key = name.removeprefix("transformer.")
         if key.endswith(HF_BUFFERS):
             continue
         if key in ("wte.weight", "lm_head.weight"):
-            tensor = tensor[: tok.vocab_size]  # a padded vocabulary keeps the tokenizer's rows
+            tensor = tensor[: cfg.vocab_size]  # a padded vocabulary keeps the tokenizer's rows
         mapped[key] = tensor.t() if key.endswith(CONV1D) else tensor
     if cfg.tie_embeddings:
         mapped.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(mapped, strict=False)
+    return mapped
+
+
+def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
+    """Turn a local transformers directory (GPT-2 or the Llama family) into a gptport model directory. Every
+    check runs before anything is written; the directory is then written in one move (write_model_dir)."""
+    config_path = hf_dir / "config.json"
+    if not config_path.is_file():
+        raise InputError(f"{hf_dir}: no config.json")
+    hf_files.weight_files(hf_dir)  # no weights, or pickles only: said before anything is read
+    if (out / bpe.TOKENIZER_FILE).exists() and not force:
+        raise InputError(f"{out}: already holds a model; pass --force to replace it")
+    hf = read_json(config_path)
+    arch = architecture(hf, config_path)
+    kept: dict[str, bytes] = {}
+    if arch == "gpt2":
+        tok = _hf_tokenizer(hf_dir)
+    else:
+        backend, text = hf_files.read_tokenizer_json(hf_dir)
+        tokens = hf_files.specials(hf_dir, backend, hf)
+        tok = bpe.BPETokenizer(backend, text, tokens.eot_id)
+        kept = hf_files.kept_files(hf_dir)
+    model_vocab = hf.get("vocab_size", 0)
+    if not isinstance(model_vocab, int) or tok.vocab_size > model_vocab:
+        raise InputError(f"{hf_dir}: the tokenizer has {tok.vocab_size} tokens but the model's vocabulary only "
+                         f"{model_vocab}: the tokenizer does not fit the model")
+    cfg = (_model_config(hf, tok.vocab_size, config_path) if arch == "gpt2"
+           else hf_llama.model_config(hf, arch, tok.vocab_size, tokens, config_path))
+    state = hf_files.read_weights(hf_dir)
+    mapped = _gpt2_weights(state, cfg) if arch == "gpt2" else hf_llama.gptport_weights(state, cfg, hf_dir)
+    from gptport.training.model import GPT
+
+    model = GPT(cfg)
+    try:
+        missing, unexpected = model.load_state_dict(mapped, strict=False)
+    except RuntimeError as e:  # a tensor of another shape than config.json says
+        raise ArtifactError(f"{hf_dir}: its weights do not fit its config.json ({str(e).splitlines()[-1].strip()})"
+                            ) from e
     missing = [k for k in missing if not (cfg.tie_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ArtifactError(f"{weights}: does not fit its config.json "
+        raise ArtifactError(f"{hf_dir}: its weights do not fit its config.json "
                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    _write(out, tok, model, cfg)
+    write_model_dir(out, tok, model, cfg, kept)
     return cfg
 
 
-def _write(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig) -> None:
-    """Stage the tokenizer and the weights next to `out`, then move them in: the tokenizer's files, the
-    weights (once config.json accepts their sha256 as pending), and last config.json recording it, as
-    checkpoint.save_model does."""
+def write_model_dir(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig, kept: dict[str, bytes]) -> None:
+    """The tokenizer's files, `kept` (transformers' files kept byte for byte, tokenizer_config.json among
+    them), the weights and config.json, staged in a temporary directory. A new (or empty) `out` is that
+    directory renamed into place: nothing half-written is ever seen. Into a directory holding other files,
+    the staged files move in one by one, config.json last and accepting the weights' sha256 before they
+    land (as checkpoint.save_model does), so a crash never pairs a config.json with weights it did not see."""
     import torch
 
     from gptport.training import checkpoint
 
-    out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".import-", dir=out))
+    whole = not out.exists() or (out.is_dir() and not any(out.iterdir()))
+    parent = out.parent if whole else out
+    parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=parent))
     try:
         bpe.save(tok, stage, force=True)
+        for name, data in kept.items():
+            (stage / name).write_bytes(data)
         staged = stage / WEIGHTS
         with torch.no_grad():
             sha = checkpoint.write_weights(staged, model, 0)
+        if whole:
+            checkpoint.write_config(stage, cfg, tok, 0, sha)
+            atomic.replace_dir(stage, out)
+            return
         for path in stage.iterdir():
             if path != staged:
                 path.replace(out / path.name)
@@ -189,3 +231,4 @@ def _write(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig) -> No
         checkpoint.write_config(out, cfg, tok, 0, sha)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+

@@ -1,0 +1,149 @@
+"""Reading a local transformers model directory for import-hf: its weights (model.safetensors, or the shards
+model.safetensors.index.json lists; bf16 and fp16 widened to float32; pickles refused), its tokenizer.json
+as `tokenizers` reads it, its special tokens (tokenizer_config.json, generation_config.json, config.json)
+and the files a gptport model directory keeps as they are (tokenizer_config.json with its chat template,
+chat_template.jinja, generation_config.json)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from safetensors import SafetensorError
+
+from gptport import tokenizer as bpe
+from gptport.config import read_json
+from gptport.errors import ArtifactError, InputError
+
+if TYPE_CHECKING:
+    import torch
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+GENERATION_CONFIG = "generation_config.json"
+CHAT_TEMPLATE = "chat_template.jinja"
+KEPT = (bpe.HF_CONFIG_FILE, CHAT_TEMPLATE, GENERATION_CONFIG)  # copied byte for byte when present
+WIDENED = ("BF16", "F16", "F32")  # the float types read (and widened to float32)
+
+
+def weight_files(hf_dir: Path) -> list[Path]:
+    """model.safetensors, or each shard the index names once; pickles are refused by name."""
+    if (hf_dir / SINGLE).is_file():
+        return [hf_dir / SINGLE]
+    if (hf_dir / INDEX).is_file():
+        weight_map = read_json(hf_dir / INDEX).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ArtifactError(f"{hf_dir / INDEX}: no weight_map")
+        shards = sorted({str(v) for v in weight_map.values()})
+        missing = [s for s in shards if not (hf_dir / s).is_file() or Path(s).name != s]
+        if missing:
+            raise ArtifactError(f"{hf_dir / INDEX}: names shard {missing[0]}, which is not in {hf_dir}")
+        return [hf_dir / s for s in shards]
+    pickled = [p.name for p in hf_dir.glob("*.bin")]
+    hint = f" ({', '.join(pickled)} is a pickle, which gptport does not load)" if pickled else ""
+    raise InputError(f"{hf_dir}: no model.safetensors{hint}")
+
+
+def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's safetensors, float32; a tensor in two shards, or of a type that is
+    no float (a quantized checkpoint), is refused naming it."""
+    import torch
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for path in weight_files(hf_dir):
+        try:
+            with safe_open(str(path), "pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is no dict)
+                    kind = f.get_slice(name).get_dtype()
+                    if kind not in WIDENED:
+                        raise InputError(f"{path}: tensor {name} is {kind}, not a float (a quantized checkpoint?); "
+                                         "gptport imports bf16, fp16 and fp32 weights")
+                    if name in state:
+                        raise ArtifactError(f"{path}: tensor {name} is in another shard too")
+                    state[name] = f.get_tensor(name).to(torch.float32)
+        except (SafetensorError, OSError) as e:
+            raise ArtifactError(f"{path}: unreadable ({e})") from e
+    return state
+
+
+def read_tokenizer_json(hf_dir: Path) -> tuple[Any, str]:
+    """tokenizer.json as `tokenizers` reads it, and its text (kept byte for byte: its sha256 is the model's)."""
+    from tokenizers import Tokenizer
+
+    path = hf_dir / bpe.TOKENIZER_FILE
+    if not path.is_file():
+        raise InputError(f"{hf_dir}: no {bpe.TOKENIZER_FILE}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        backend = Tokenizer.from_str(text)
+    except Exception as e:  # tokenizers raises a plain Exception on a malformed file
+        raise ArtifactError(f"{path}: not a valid tokenizer file ({e})") from e
+    kind = type(backend.model).__name__
+    if kind != "BPE":
+        raise InputError(f"{path}: a {kind} tokenizer; gptport imports BPE tokenizers (byte-level or with byte "
+                         "fallback)")
+    return backend, text
+
+
+@dataclass(frozen=True)
+class Specials:
+    """The special tokens a transformers directory declares, as ids of its tokenizer."""
+
+    bos_id: int | None
+    add_bos: bool  # the tokenizer starts every encoding with bos_id
+    eos_ids: tuple[int, ...]  # every end-of-sequence id: generation_config's, config.json's, the tokenizer's
+    eot_id: int  # the one that ends a document in gptport's data (tokenizer_config's eos_token first)
+
+
+def _ids(value: object) -> list[int]:
+    """An eos_token_id / bos_token_id field: an int, a list of ints, or null."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _token_id(backend: Any, value: object, where: Path, field: str) -> int | None:
+    """The id of a tokenizer_config.json token field (its text, or an AddedToken object with "content")."""
+    text = value.get("content") if isinstance(value, dict) else value
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise ArtifactError(f"{where}: {field} must be a string, not {text!r}")
+    tid = backend.token_to_id(text)
+    if tid is None:
+        raise InputError(f"{where}: {field} {text!r} is not a token of {bpe.TOKENIZER_FILE}")
+    return int(tid)
+
+
+def specials(hf_dir: Path, backend: Any, hf_config: dict[str, Any]) -> Specials:
+    """bos and eos from tokenizer_config.json (bos_token, eos_token, add_bos_token), generation_config.json
+    (eos_token_id, a list or one) and config.json (bos_token_id, eos_token_id). Without add_bos_token, the
+    tokenizer adds bos when its post-processor puts it first (Llama 3's template)."""
+    tok_cfg_path, gen_path = hf_dir / bpe.HF_CONFIG_FILE, hf_dir / GENERATION_CONFIG
+    tok_cfg = read_json(tok_cfg_path) if tok_cfg_path.is_file() else {}
+    gen = read_json(gen_path) if gen_path.is_file() else {}
+    bos = _token_id(backend, tok_cfg.get("bos_token"), tok_cfg_path, "bos_token")
+    if bos is None:
+        bos = next(iter(_ids(gen.get("bos_token_id")) or _ids(hf_config.get("bos_token_id"))), None)
+    eos_token = _token_id(backend, tok_cfg.get("eos_token"), tok_cfg_path, "eos_token")
+    eos = [*([] if eos_token is None else [eos_token]), *_ids(gen.get("eos_token_id")),
+           *_ids(hf_config.get("eos_token_id"))]
+    if not eos:
+        raise InputError(f"{hf_dir}: no end-of-sequence token (eos_token in {bpe.HF_CONFIG_FILE}, eos_token_id in "
+                         f"{GENERATION_CONFIG} or config.json)")
+    add_bos = tok_cfg.get("add_bos_token")
+    if not isinstance(add_bos, bool):
+        first = backend.encode("a", add_special_tokens=True).ids[:1]
+        add_bos = bos is not None and first == [bos] and backend.encode("a", add_special_tokens=False).ids[:1] != [bos]
+    return Specials(bos, bool(add_bos and bos is not None), tuple(sorted(set(eos))), eos[0])
+
+
+def kept_files(hf_dir: Path) -> dict[str, bytes]:
+    """The files a gptport directory keeps as transformers wrote them, by name."""
+    return {name: (hf_dir / name).read_bytes() for name in KEPT if (hf_dir / name).is_file()}
