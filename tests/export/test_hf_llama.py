@@ -343,3 +343,17 @@ def test_into_a_model_directory_only_with_force_and_no_stage_left(tmp_path: Path
     _, card = load_model(out, bpe.load(out))
     assert not card.model.qk_norm and (out / "notes.txt").read_text() == "mine"
     assert [p.name for p in [*tmp_path.iterdir(), *out.iterdir()] if p.name.startswith(".")] == []
+
+
+def test_export_hf_and_gguf_name_what_keeps_a_llama_model_from_gpt2() -> None:
+    """export-hf and export-gguf write GPT-2 only: a Llama-family model is refused with each difference named."""
+    from gptport.config import ModelConfig
+    from gptport.export.hf import mismatches
+
+    cfg = ModelConfig(vocab_size=100, d_model=64, n_head=4, n_kv_head=2, head_dim=32, norm="rmsnorm", mlp="swiglu",
+                      pos_encoding="rope", bias=False, qk_norm=True)
+    said = "; ".join(mismatches(cfg))
+    for needle in ("pos_encoding is 'rope'", "norm is 'rmsnorm'", "mlp is 'swiglu'", "n_kv_head is 2",
+                   "n_head * head_dim is 128", "qk_norm is true", "bias is false"):
+        assert needle in said
+    assert mismatches(ModelConfig(vocab_size=100, d_model=64, n_head=4)) == []
