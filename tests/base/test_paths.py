@@ -8,10 +8,10 @@ from pathlib import Path
 from gptport import paths
 
 ROOT = Path(__file__).resolve().parents[2]
-# hf.py reads and writes Hugging Face's directory layout, whose config.json, model.safetensors, vocab.json
-# and merges.txt are Hugging Face's names (the same strings, another format); web.py writes that layout's
-# config.json into the browser bundle for transformers.js
-OTHER_FORMATS = {"gptport/export/hf.py", "gptport/export/web.py"}
+# hf.py and hf_files.py read and write Hugging Face's directory layout, whose config.json, model.safetensors,
+# vocab.json and merges.txt are Hugging Face's names (the same strings, another format); web.py writes that
+# layout's config.json into the browser bundle for transformers.js
+OTHER_FORMATS = {"gptport/export/hf.py", "gptport/export/hf_files.py", "gptport/export/web.py"}
 
 
 def test_file_names_are_literals_only_in_paths() -> None:
