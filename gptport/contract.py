@@ -22,6 +22,9 @@ CACHE_CONCAT, CACHE_STATIC = "concat", "static"
 # the static-cache graph with an int8 cache (export --kv-dtype int8): its file's cache part; at run time it is
 # a static-cache graph whose cache inputs are int8 (OnnxModel.kv_dtype), scales calibrated and stored in it
 CACHE_STATIC_KV8 = "static.kv8"
+# the multi-row append graph (export/scatter_graph.py): the static-cache graph's twin that appends several tokens
+# to several rows of the same cache buffers in one run (fp32, float32 cache); runtime/slots.py steps both
+CACHE_APPEND = "append"
 KV_DTYPES = ("float32", "int8")
 META_KV_SCALES = "gptport.kv_scales"  # an int8-cache graph's scale kind (per-tensor, per-channel) and its gate
 META_GATED = "gptport.gated"  # "true": the graph passed export's accuracy check for its precision (fp32: parity
@@ -53,6 +56,9 @@ def output_names(n_layer: int) -> list[str]:
 SEQLENS_K = "seqlens_k"  # static-cache graphs: (batch,) int32, each row's cached tokens after the call - 1
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"  # static-cache graphs: () int32, the longest row's tokens
 LOGITS_INDEX = "logits_index"  # static-cache graphs: (batch, L) int64, the new positions that get logits
+WRITE_INDEX = "write_index"  # the multi-row append graph: (batch,) int64, each row's first new position
+PACK_INDEX = "pack_index"  # the multi-row append graph: (batch, K) int64, each row's tokens in the packed sequence
+UNPACK_INDEX = "unpack_index"  # the multi-row append graph: (T,) int64, each packed token's place r * K + j
 
 
 def static_input_names(n_layer: int) -> list[str]:
@@ -60,10 +66,15 @@ def static_input_names(n_layer: int) -> list[str]:
     return [INPUT_IDS, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH, LOGITS_INDEX, *past_names(n_layer)]
 
 
+def append_input_names(n_layer: int) -> list[str]:
+    """The multi-row append graph's inputs (scatter_graph.py); its outputs are output_names()."""
+    return [INPUT_IDS, POSITION_IDS, WRITE_INDEX, PACK_INDEX, UNPACK_INDEX, LOGITS_INDEX, *past_names(n_layer)]
+
+
 def onnx_file(precision: str, cache: str = CACHE_CONCAT) -> str:
     """model.onnx for fp32, model.{precision}.onnx for the variants; model.static.onnx and
     model.{precision}.static.onnx for the static-cache graphs, model[.{precision}].static.kv8.onnx for
-    their int8-cache twins."""
+    their int8-cache twins, model.append.onnx for the multi-row append graph."""
     stem = "model" if precision == "fp32" else f"model.{precision}"
     return f"{stem}.onnx" if cache == CACHE_CONCAT else f"{stem}.{cache}.onnx"
 
@@ -74,6 +85,6 @@ def ort_file(precision: str) -> str:
 
 
 def graph_files() -> list[str]:
-    """Every graph file name export may write: each precision, both cache kinds, and the .ort files."""
+    """Every graph file name export may write: each precision, every cache kind, and the .ort files."""
     onnx = [onnx_file(p, c) for p in PRECISIONS for c in (CACHE_CONCAT, CACHE_STATIC, CACHE_STATIC_KV8)]
-    return onnx + [ort_file(p) for p in PRECISIONS]
+    return onnx + [onnx_file("fp32", CACHE_APPEND)] + [ort_file(p) for p in PRECISIONS]

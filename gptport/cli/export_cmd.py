@@ -93,6 +93,9 @@ def export(
     if report.static_parity:
         err.print(_parity_table(report.static_parity, "case (batch, prompt) + decode steps",
                                 "static-cache graph (model.static.onnx) against torch", tol))
+    if report.append_parity:
+        err.print(_parity_table(report.append_parity, "case (rows: chunk sizes per step)",
+                                "multi-row append graph (model.append.onnx) against torch", tol))
     if report.static_skipped:
         err.print(f"[yellow]no static-cache graph:[/] {report.static_skipped}; generate uses model.onnx")
     err.print(f"greedy decoding: {report.greedy_tokens} tokens identical in torch and ONNX; "

@@ -17,7 +17,7 @@ from gptport import __version__, atomic, contract, provenance
 from gptport import tokenizer as bpe
 from gptport.config import model_config_to_dict
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.export import genai, gqa_graph, kv_quant, validate, variants
+from gptport.export import append_check, genai, gqa_graph, kv_quant, scatter_graph, validate, variants
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import OrtRow, write_all
 from gptport.export.tolerance import Tolerance
@@ -47,6 +47,7 @@ class ExportReport:
     # rewrite -> why: a variant that missed its gate this time, or a graph of other weights (provenance.stale)
     static_parity: list[validate.ParityRow] = field(default_factory=list)
     static_skipped: str = ""  # why no static-cache graph was written, when one could not be
+    append_parity: list[validate.ParityRow] = field(default_factory=list)  # the multi-row append graph's
     fused: dict[str, int] = field(default_factory=dict)
     size_ratio: float = 0.0
     genai: Path | None = None
@@ -186,6 +187,7 @@ def export(
                 _variant(job, g, variants.LADDER.get(g.precision, ("",)))
         if any(g.cache == contract.CACHE_STATIC for g in job.graphs):
             _static_graphs(job)
+            _append_graph(job)
         if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
             _kv8_graphs(job)
         _rename_into_place(job)
@@ -224,6 +226,8 @@ def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool, kv_dt
     if static and not report.static_skipped:
         job.graphs += [Graph(p, contract.CACHE_STATIC, job.model_dir / contract.onnx_file(p, contract.CACHE_STATIC))
                        for p in precisions if p in STATIC_PRECISIONS]
+        append = contract.CACHE_APPEND  # its multi-row append twin (fp32, float32 cache)
+        job.graphs.append(Graph("fp32", append, job.model_dir / contract.onnx_file("fp32", append)))
         if kv_dtype == "int8":
             job.graphs += [Graph(g.precision, contract.CACHE_STATIC_KV8,
                                  job.model_dir / contract.onnx_file(g.precision, contract.CACHE_STATIC_KV8))
@@ -305,6 +309,22 @@ def _static_graphs(job: _Job) -> None:
         job.say(f"making the {g.precision} static-cache variant")
         ladder = variants.LADDER[g.precision]
         _variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=tmp)
+
+
+def _append_graph(job: _Job) -> None:
+    """The multi-row append graph (scatter_graph.py) beside the fp32 static-cache graph that passed, checked
+    against torch on appends of uneven chunks to several rows of one cache (append_check.py)."""
+    static, graph = job.graph("fp32", contract.CACHE_STATIC), job.graph("fp32", contract.CACHE_APPEND)
+    if graph is None or static not in job.passed:
+        return
+    job.say("building the multi-row append graph (TensorScatter + Attention over the static cache's buffers)")
+    tmp = atomic.temp_name(graph.path)
+    save_static(job.model, job.card, tmp, job.sources, contract.CACHE_APPEND)
+    onnx.checker.check_model(str(tmp), full_check=True)
+    rows = append_check.append_parity(job.model, load_cpu(job.passed[static]), load_cpu(tmp).session, job.tol)
+    job.report.append_parity = rows
+    validate.refuse("multi-row append graph parity", rows)
+    job.passed[graph] = tmp
 
 
 def _kv8_graphs(job: _Job) -> None:
@@ -402,11 +422,13 @@ def _remove_stale(model_dir: Path, sources: Mapping[str, str], written: set[Path
     return removed
 
 
-def save_static(model: GPT, card: ModelCard, path: Path, sources: Mapping[str, str] | None = None) -> None:
-    """The fp32 static-cache graph (gqa_graph.py) of the model's weights, with its metadata, at `path`."""
+def save_static(model: GPT, card: ModelCard, path: Path, sources: Mapping[str, str] | None = None,
+                cache: str = contract.CACHE_STATIC) -> None:
+    """The fp32 static-cache graph (gqa_graph.py) of the model's weights, or with `cache` append its multi-row
+    append twin (scatter_graph.py), with its metadata, at `path`."""
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    proto = gqa_graph.build(card.model, weights)
-    save(proto, path, metadata(card, "fp32", contract.CACHE_STATIC, sources))
+    build = scatter_graph.build if cache == contract.CACHE_APPEND else gqa_graph.build
+    save(build(card.model, weights), path, metadata(card, "fp32", cache, sources))
 
 
 def set_metadata(path: Path, meta: dict[str, str]) -> None:

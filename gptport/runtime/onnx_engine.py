@@ -240,8 +240,8 @@ def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tu
         hugepages.back_weights()
     meta = _metadata(session, path)
     cache = meta.get(contract.META_CACHE, contract.CACHE_CONCAT)
-    if cache == contract.CACHE_STATIC and provider != "cpu":
-        return None, "the static-cache graph runs on the CPU provider only (its GroupQueryAttention is float32)"
+    if cache in (contract.CACHE_STATIC, contract.CACHE_APPEND) and provider != "cpu":
+        return None, "the static-cache graphs run on the CPU provider only (GroupQueryAttention's is float32)"
     config = graph_config(path, meta)
     check_io(session, config, cache, path)
     return OnnxModel(session, config, meta.get(contract.META_PRECISION, "fp32"),
@@ -253,8 +253,8 @@ def check_io(session: ort.InferenceSession, config: ModelConfig, cache: str, pat
     damaged, or not written by gptport export): names per layer, heads and head size of the cache,
     vocabulary of the logits."""
     n_layer, n_head, d_model, vocab = config.n_layer, config.n_head, config.d_model, config.vocab_size
-    expected = {"input names": sorted(contract.static_input_names(n_layer) if cache == contract.CACHE_STATIC
-                                      else contract.input_names(n_layer)),
+    names = {contract.CACHE_STATIC: contract.static_input_names, contract.CACHE_APPEND: contract.append_input_names}
+    expected = {"input names": sorted(names.get(cache, contract.input_names)(n_layer)),
                 "cache heads": n_head, "head size": config.head_dim, "vocabulary": vocab}
     inputs = session.get_inputs()
     past = next((i.shape for i in inputs if i.name.startswith("past_key_values.")), [None] * 4)

@@ -8,7 +8,9 @@ about requests. No torch here.
   and value. A step over rows [lo, lo + n) binds views of those rows as both past and present, and
   GroupQueryAttention writes each row's new keys and values at that row's own length, in place.
   A freed slot keeps the tokens its cache holds: `reuse` lets a prompt that starts with them go on
-  from there (prefix caching), `copy` hands one slot's first positions to another.
+  from there (prefix caching), `copy` hands one slot's first positions to another. With the multi-row
+  append graph beside it (export/scatter_graph.py), `append_many` appends chunks of any length to several
+  rows, each at its own length, in one run over the same buffers (runtime/append.py).
 - `ConcatSlots`, over any `Engine` (the contract graph on any provider, or the torch model): the busy
   slots' caches form one left-padded batch; a slot joins it by padding and leaves by being cut out.
 """
@@ -23,6 +25,7 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import ModelConfig
+from gptport.runtime import append
 from gptport.runtime.engine import FLOAT32, Engine, Past
 from gptport.runtime.static_cache import DecodeStep
 
@@ -40,6 +43,8 @@ class SlotEngine(Protocol):
     supports_prefill_many: bool = False
     # decode takes a slot whose prompt is one token short, beside the decoding ones (its last token joins the step)
     supports_join: bool = False
+    # append_many: chunks of any length appended to several slots, each at its own length, in one step
+    supports_append_many: bool = False
 
     def length(self, slot: int) -> int:
         """Positions the slot holds."""
@@ -77,14 +82,21 @@ class SlotEngine(Protocol):
         """Whole prompts into the empty slots lo, lo+1, ... in one step: logits (k, V) (supports_prefill_many)."""
         raise NotImplementedError(f"{type(self).__name__} prefills one slot at a time")
 
+    def append_many(self, slots: Sequence[int], chunks: Sequence[np.ndarray], all_logits: bool = False
+                    ) -> list[np.ndarray]:
+        """append() of chunks[i] to slots[i] for every i, in one step (supports_append_many)."""
+        raise NotImplementedError(f"{type(self).__name__} appends to one slot at a time")
+
 
 class StaticSlots(SlotEngine):
     """Slots as rows of the static-cache graph's preallocated cache (CPU, float32). Its decode step takes
-    any rows that hold positions, so it does all the optional methods."""
+    any rows that hold positions, so it does all the optional methods; append_many needs `appender`, a
+    session of the multi-row append graph of the same weights."""
 
     supports_reuse = supports_prefill_many = supports_join = True
 
-    def __init__(self, session: Any, config: ModelConfig, slots: int, dtype: np.dtype = FLOAT32) -> None:
+    def __init__(self, session: Any, config: ModelConfig, slots: int, dtype: np.dtype = FLOAT32,
+                 appender: Any = None) -> None:
         self.session, self.slots = session, slots
         self.n_ctx, layers, self.vocab_size = config.n_ctx, config.n_layer, config.vocab_size
         self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
@@ -99,6 +111,10 @@ class StaticSlots(SlotEngine):
         # its own would hold ~S^3/6 rows of V floats (9 GB at 64 slots and GPT-2's vocabulary)
         self._logits = np.zeros((slots, 1, config.vocab_size), dtype=np.float32)  # (S, 1, V)
         self._views: list[Any] = []  # OrtValues over the buffers: they must live as long as their bindings
+        if appender is not None and np.dtype(dtype) != FLOAT32:
+            raise ValueError(f"the multi-row append graph's cache is float32, not {np.dtype(dtype)}")
+        self.appender = None if appender is None else append.Appender(appender, self.buffers, layers)
+        self.supports_append_many = self.appender is not None
 
     def length(self, slot: int) -> int:
         return int(self.lengths[slot])
@@ -166,6 +182,40 @@ class StaticSlots(SlotEngine):
         for r, p in enumerate(prompts):
             self.tokens[lo + r, :len(p)] = p
         return logits[:, 0]  # (k, V)
+
+    def append_many(self, slots: Sequence[int], chunks: Sequence[np.ndarray], all_logits: bool = False
+                    ) -> list[np.ndarray]:
+        """Write chunks[i] (T_i,) at slot slots[i]'s next positions for every i, in as few runs of the
+        multi-row append graph as the rows allow (one, unless a row is near n_ctx: append.plan): the
+        logits (T_i, V) of each chunk, or (1, V) of its last token."""
+        if self.appender is None:
+            raise NotImplementedError("append_many needs the multi-row append graph (StaticSlots(appender=...))")
+        sizes = [len(c) for c in chunks]
+        if len(set(slots)) != len(slots) or len(sizes) != len(slots) or min(sizes, default=1) < 1:
+            raise ValueError("append_many takes distinct slots with 1 or more tokens each")
+        over = [s for s, k in zip(slots, sizes, strict=True) if self.lengths[s] + k > self.n_ctx]
+        if over:
+            raise ValueError(f"slot {over[0]}: {self.lengths[over[0]]} + its tokens exceed n_ctx {self.n_ctx}")
+        out: list[np.ndarray] = [np.empty(0)] * len(slots)
+        runs, alone = append.plan(self.lengths, self.n_ctx, slots, sizes)
+        for run in runs:
+            rows = np.arange(run.lo, run.lo + run.n)  # (n,)
+            members = {slots[i] - run.lo: i for i in run.order}  # row in the span -> request index
+            write = self.lengths[rows].copy()  # (n,) where each row writes
+            free = write == 0
+            free[list(members)] = False
+            write[free] = np.minimum(self.kept[rows][free], self.n_ctx - run.width)  # past a kept prefix
+            self.kept[rows[free]] = write[free]
+            logits = self.appender.run(run.lo, write, {r: np.asarray(chunks[i]) for r, i in members.items()},
+                                       all_logits)
+            for r, i in members.items():
+                out[i] = logits[r]  # (T_i, V) or (1, V)
+                slot, start = run.lo + r, int(write[r])
+                self.tokens[slot, start:start + sizes[i]] = chunks[i]
+                self.lengths[slot] = self.kept[slot] = start + sizes[i]
+        for i in alone:
+            out[i] = self.append(slots[i], np.asarray(chunks[i], dtype=np.int64), all_logits)
+        return out
 
     def decode(self, slots: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         rows = np.asarray(slots, dtype=np.int64)  # (k,)
@@ -321,8 +371,9 @@ class ConcatSlots(SlotEngine):
             self._mask, self._past = np.zeros((0, 0), dtype=np.int64), []
 
 
-def open_slots(engine: Any, slots: int) -> SlotEngine:
-    """StaticSlots for a static-cache onnxruntime graph, ConcatSlots for any other engine."""
+def open_slots(engine: Any, slots: int, appender: Any = None) -> SlotEngine:
+    """StaticSlots for a static-cache onnxruntime graph (with `appender`, a session of the multi-row append
+    graph of the same weights: append_many), ConcatSlots for any other engine."""
     if getattr(engine, "cache", None) == contract.CACHE_STATIC:
-        return StaticSlots(engine.session, engine.config, slots, engine.kv_dtype)
+        return StaticSlots(engine.session, engine.config, slots, engine.kv_dtype, appender)
     return ConcatSlots(engine, slots)

@@ -1,0 +1,95 @@
+"""The multi-row append graph: the static-cache graph (gqa_graph.py) with its attention written in
+onnx's own opset-24 operators, so that one run appends several new tokens to each of several rows of
+the cache, each row at its own length. No torch here: it is built from the weights like its twin.
+
+Why a third graph: onnxruntime's CPU GroupQueryAttention refuses a batch of rows that each append
+several tokens after a cache ("batch_size must be 1 when sequence_length > 1 and past context is
+given"), so prefix-reuse rests, new chat turns and chunks of prompts are one-row runs of their own.
+Per layer, TensorScatter writes the new keys and values into the cache at each row's `write_index`
+(in place when the cache is bound as both past and present, as static_cache binds it), and Attention
+(opset 24) attends each row's new tokens to its first `write_index + K` positions (`nonpad_kv_seqlen`),
+causally, aligned at that row's end. The cache has the GQA graph's layout, so one set of buffers serves
+both graphs (runtime/slots.py): GroupQueryAttention for one-token decode steps, this graph for appends
+(docs/design/0036-multi-row-append.md measures which serves what).
+
+The new tokens of every row come packed into one sequence (1, T), so the matrix products, norms and
+MLP run on the T real tokens only; each layer's attention gathers them into rows padded to the longest
+(B, K) and scatters its output back. A row with fewer than K new tokens writes padding past its real
+ones, where no attention reads (each row attends causally to its first write_index + K positions,
+its real tokens first) until its next append writes over it. A row of the bound span that appends
+nothing writes padding at its own length (or past a free row's kept prefix: runtime/append.py). Every
+row needs write_index + K <= C.
+
+I/O, B = rows bound, T = new tokens in all, K = the most new tokens of a row, C = the cache's capacity:
+    input_ids (1, T) int64, position_ids (1, T) int64: the new tokens, row after row,
+    write_index (B,) int64: each row's first new position (the tokens it holds before this call),
+    pack_index (B, K) int64: the places in 0..T-1 of each row's new tokens (padding: any place),
+    unpack_index (T,) int64: each new token's place r * K + j among the padded rows,
+    logits_index (1, L) int64: the places in 0..T-1 of the tokens whose logits are wanted,
+    past_key_values.{i}.key/.value (B, H, C, hd) -> present.{i}.key/.value (B, H, C, hd), same buffer,
+    -> logits (1, L, V).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from gptport import contract
+from gptport.config import ModelConfig
+from gptport.export import graph_body
+from gptport.export.graph_body import Builder
+
+OPSET = 24  # TensorScatter and Attention with nonpad_kv_seqlen
+
+
+def build(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """The multi-row append graph of a GPT with this config and these weights (as gqa_graph.build)."""
+    n_layer, n_head, head_dim = config.n_layer, config.n_head, config.head_dim
+    d_model = n_head * head_dim
+    pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
+    lengths: list[str] = []  # each row's attended length and the longest, made once at the first layer
+
+    def valid_lengths(g: Builder) -> tuple[str, str]:
+        if not lengths:
+            width = g.op("Shape", [contract.PACK_INDEX], start=1, end=2)[0]  # (1,): K
+            lengths.append(g.op("Add", [contract.WRITE_INDEX, width])[0])  # (B,): write_index + K
+            lengths.append(g.op("ReduceMax", [lengths[0]], keepdims=1)[0])  # (1,): the longest
+        return lengths[0], lengths[1]
+
+    def attend(g: Builder, i: int, qkv: str) -> str:
+        flat = g.op("Reshape", [qkv, g.const("tokens_qkv", np.array([-1, 3 * d_model], dtype=np.int64))])[0]  # (T, 3D)
+        rows = g.op("Gather", [flat, contract.PACK_INDEX], axis=0)[0]  # (B, K, 3D): each row's tokens, padded
+        split = g.const("rows_heads", np.array([0, 0, 3 * n_head, head_dim], dtype=np.int64))
+        heads = g.op("Reshape", [rows, split])[0]  # (B, K, 3H, hd)
+        heads = g.op("Transpose", [heads], perm=[0, 2, 1, 3])[0]  # (B, 3H, K, hd)
+        q, k, v = g.op("Split", [heads], 3, axis=1, num_outputs=3)  # (B, H, K, hd) each
+        key = g.op("TensorScatter", [pasts[2 * i], k, contract.WRITE_INDEX], [presents[2 * i]], axis=2)[0]
+        value = g.op("TensorScatter", [pasts[2 * i + 1], v, contract.WRITE_INDEX], [presents[2 * i + 1]], axis=2)[0]
+        each, longest = valid_lengths(g)
+        start, axis = g.const("zero", np.array([0], dtype=np.int64)), g.const("seq_axis", np.array([2], dtype=np.int64))
+        key = g.op("Slice", [key, start, longest, axis])[0]  # (B, H, P, hd): the positions any row attends to
+        value = g.op("Slice", [value, start, longest, axis])[0]
+        y = g.op("Attention", [q, key, value, "", "", "", each], is_causal=1,
+                 scale=1.0 / math.sqrt(head_dim))[0]  # (B, H, K, hd)
+        y = g.op("Transpose", [y], perm=[0, 2, 1, 3])[0]  # (B, K, H, hd)
+        y = g.op("Reshape", [y, g.const("tokens_d", np.array([-1, d_model], dtype=np.int64))])[0]  # (B * K, D)
+        y = g.op("Gather", [y, contract.UNPACK_INDEX], axis=0)[0]  # (T, D): back to the packed order
+        return g.op("Unsqueeze", [y, g.const("first_axis", np.array([0], dtype=np.int64))], [f"h.{i}.attn"])[0]
+
+    g = graph_body.transformer(config, weights, attend)
+    past_values, outputs = graph_body.cache_values(config)
+    batch, width = contract.BATCH, "row_tokens"
+    inputs = [
+        *graph_body.token_inputs(),
+        helper.make_tensor_value_info(contract.WRITE_INDEX, TensorProto.INT64, [batch]),
+        helper.make_tensor_value_info(contract.PACK_INDEX, TensorProto.INT64, [batch, width]),
+        helper.make_tensor_value_info(contract.UNPACK_INDEX, TensorProto.INT64, [contract.SEQUENCE]),
+        graph_body.logits_index_input(),
+        *past_values,
+    ]
+    return graph_body.model(g, "gptport_multi_row_append", inputs, outputs, {"": OPSET, "com.microsoft": 1})
