@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from gptport import contract, provenance
 from gptport import tokenizer as bpe
 from gptport.config import read_json
@@ -96,6 +98,24 @@ def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", 
     provenance.check(model_dir, path, model.meta)
     if model.meta.get(contract.META_GATED) == "false":
         say(ungated_warning(path))
+    return model
+
+
+def open_appender(model_dir: Path, engine: onnx_engine.OnnxModel, threads: int = 0,
+                  spin: str = onnx_engine.SPIN_ALWAYS) -> onnx_engine.OnnxModel | None:
+    """The multi-row append graph beside `engine` (model.append.onnx, its session for
+    slots.open_slots(..., appender=...)), opened and checked as open_graph opens any graph: None when
+    `engine` is not the fp32 static-cache graph with a float32 cache on the CPU (the append graph's twin),
+    or the directory has no append graph (an export from before it was written)."""
+    twin = (engine.cache == contract.CACHE_STATIC and engine.precision == "fp32" and engine.provider == "cpu"
+            and engine.kv_dtype == np.dtype(np.float32))
+    path = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
+    if not twin or not path.is_file():
+        return None
+    model = onnx_engine.load(path, "cpu", threads=threads, spin=spin)
+    provenance.check(model_dir, path, model.meta)
+    if model.config != engine.config:
+        raise ArtifactError(f"{path}: made for another model than {engine.path} (their configs differ); export again")
     return model
 
 
