@@ -15,8 +15,8 @@ from typing import Any
 from gptport.serve.api_error import bad
 
 Schema = dict[str, Any]
-ROUTES = ("completions", "chat", "tokenize", "detokenize")
-OPENAI_ROUTES = ("completions", "chat")
+ROUTES = ("completions", "chat", "tokenize", "detokenize", "responses")
+OPENAI_ROUTES = ("completions", "chat", "responses")
 # a field's kind: the JSON type the reader takes (and the words of its refusal); "any": no type (its module checks it)
 KINDS = {"integer": ((int,), "an integer"), "number": ((int, float), "a number"), "boolean": ((bool,), "true or false"),
          "string": ((str,), "a string"), "object": ((dict,), "an object"), "any": ((object,), "")}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gptport.serve import shapes
+from gptport.serve import responses_fields, shapes
 from gptport.serve.api_error import ApiError, bad
 from gptport.serve.field_spec import ROUTES, Field, Limits, Reader
 
@@ -128,6 +128,8 @@ FIELDS: tuple[Field, ...] = (
     replace(FLAG, about="tokens as [{id, piece}]"),
     # ---- /detokenize
     Field("tokens", "any", ("detokenize",), examples=([11, 12],), shape=shapes.token_ids, required=("detokenize",)),
+    # ---- /v1/responses: its table is responses_fields.py
+    *responses_fields.FIELDS,
 )
 
 
@@ -137,7 +139,7 @@ def honoured(route: str) -> dict[str, Field]:
 
 
 ROUTE_FIELDS = {route: honoured(route) for route in ROUTES}
-REFUSED = {f.name: f.refused for f in FIELDS if f.refused}
+REFUSED = {f.name: f.refused for f in FIELDS if f.refused and "chat" in f.routes}  # /v1/responses: its own
 # by origin (the site's HTTP reference is made from this table): OpenAI's fields gptport implements, and its extras
 COMPLETION = {name for name, f in ROUTE_FIELDS["completions"].items() if not f.extra("completions")}
 CHAT = {name for name, f in ROUTE_FIELDS["chat"].items() if not f.extra("chat")}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gptport import tokenizer as bpe
-from gptport.serve import fields, protocol, tokenize
+from gptport.serve import fields, protocol, responses_input, tokenize
 from gptport.serve.api_error import ApiError
 from gptport.serve.chat import plain
 from gptport.serve.field_spec import Field, Limits, schema_of
@@ -20,7 +20,8 @@ from gptport.serve.openapi_schemas import REQUESTS, request_body
 LIMITS = Limits("m", 4, 512, 1 << 20)
 BASE: dict[str, dict[str, Any]] = {"completions": {"prompt": "ka"},
                                    "chat": {"messages": [{"role": "user", "content": "hi"}]},
-                                   "tokenize": {"prompt": "ka"}, "detokenize": {"tokens": [1]}}
+                                   "tokenize": {"prompt": "ka"}, "detokenize": {"tokens": [1]},
+                                   "responses": {"input": "hi"}}
 
 
 def parse(route: str, body: dict[str, Any], tok: bpe.BPETokenizer) -> Any:
@@ -30,6 +31,8 @@ def parse(route: str, body: dict[str, Any], tok: bpe.BPETokenizer) -> Any:
         return protocol.chat_job(body, tok, 1024, 8, plain)
     if route == "tokenize":
         return tokenize.tokenize(body, tok, 1024, plain)
+    if route == "responses":
+        return responses_input.responses_job(body, tok, 1024, 8, plain)
     return tokenize.detokenize(body, tok)
 
 
