@@ -224,7 +224,9 @@ def create_app(settings: Settings) -> Starlette:
         if state.scheduler is not None and state.scheduler.full:
             raise queue_full()
 
-    async def run(request: Request, job: Job) -> Response:
+    async def run(request: Request, job: Job, reply: Any = None) -> Response:
+        """The job's choices scheduled and answered: a chat or completions response, or `reply`'s translation
+        of the chat one (responses_output.Reply: POST /v1/responses)."""
         scheduler = state.ready()
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         count = len(job.prompts) * job.n
@@ -243,7 +245,8 @@ def create_app(settings: Settings) -> Starlette:
 
         collector = Collector(job, state.tok)
         if job.stream:
-            return StreamingResponse(stream_chunks(job, collector, queue, len(choices), cancel),
+            chunks = stream_chunks(job, collector, queue, len(choices), cancel)
+            return StreamingResponse(chunks if reply is None else reply.stream(chunks),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         waiter = asyncio.ensure_future(_collect(collector, queue, len(choices)))
@@ -257,7 +260,7 @@ def create_app(settings: Settings) -> Starlette:
                 cancel()
         if waiter.cancelled():
             return Response(status_code=499)  # nobody reads it: the client closed the connection
-        return JSONResponse(collector.response())
+        return JSONResponse(collector.response() if reply is None else reply.response(collector.response()))
 
     async def completions(request: Request) -> Response:
         admit()
@@ -276,6 +279,18 @@ def create_app(settings: Settings) -> Starlette:
         job = protocol.chat_job(body, state.tok, state.n_ctx, settings.slots, state.render)  # template: chat.py
         job.model = name
         return await run(request, job)
+
+    async def responses(request: Request) -> Response:
+        from gptport.serve.responses_input import responses_job
+        from gptport.serve.responses_output import Reply
+
+        admit()
+        body = await _body(request, settings.max_body)
+        name = check_model(body)
+        state.ready()
+        job, echo = responses_job(body, state.tok, state.n_ctx, settings.slots, state.render)  # onto the chat path
+        job.model = name
+        return await run(request, job, Reply(job, echo))
 
     async def tokenize(request: Request) -> Response:
         from gptport.serve.tokenize import tokenize as run_tokenize
@@ -343,6 +358,7 @@ def create_app(settings: Settings) -> Starlette:
               Route("/v1/models", models), Route("/v1/models/{name:path}", model),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/v1/responses", responses, methods=["POST"]),
               Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
               Route("/tokenizer_info", tokenizer_info), openapi.route(state, PUBLIC)]
     app = Starlette(routes=routes, lifespan=lifespan,

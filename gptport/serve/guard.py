@@ -13,7 +13,9 @@ from starlette.responses import JSONResponse
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError
 
-GENERATING = ("/v1/completions", "/v1/chat/completions")
+GENERATING = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+COUNTED = frozenset(("/", "/health", "/metrics", "/v1/models", *GENERATING, "/tokenize", "/detokenize",
+                     "/tokenizer_info"))  # the routes /metrics counts by name (any other path: "other")
 RETRY_AFTER = 1  # s a 429 asks a client to wait
 TOLD_MAX = 4096  # connections remembered before the stale ones are forgotten
 
@@ -41,8 +43,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        route = path if path in ("/", "/health", "/metrics", "/v1/models", "/v1/completions",
-                                 "/v1/chat/completions", "/tokenize", "/detokenize", "/tokenizer_info") else "other"
+        route = path if path in COUNTED else "other"
         status = [500]
 
         async def counted(message: Any) -> None:

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gptport import __version__
+from gptport.serve import responses_schemas
 from gptport.serve.openapi_schemas import (
     CODES_400,
     REQUESTS,
@@ -85,6 +86,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Chat completions, with tools and structured outputs",
         {JSON: ref("ChatCompletion"), SSE: _events("ChatCompletionChunk")}, "ChatRequest", GENERATE,
         "The completion; with stream true, server-sent events of chunks"),
+    ("/v1/responses", "post"): Operation(
+        "Responses (OpenAI's Responses API, stateless: nothing is stored), served on the chat path",
+        {JSON: ref("Response"), SSE: responses_schemas.stream_schema()}, "ResponsesRequest", GENERATE,
+        "The response; with stream true, server-sent events from response.created to response.completed"),
     ("/tokenize", "post"): Operation("Text or a chat to token ids (vLLM's and llama-server's shapes)",
                                      {JSON: ref("Tokens")}, "TokenizeRequest", POST),
     ("/detokenize", "post"): Operation("Token ids to text", {JSON: ref("Text")}, "DetokenizeRequest", POST),

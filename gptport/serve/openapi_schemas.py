@@ -5,6 +5,7 @@ and read by the parser too), and the bodies the routes answer. No torch here.
 
 from __future__ import annotations
 
+from gptport.serve import responses_schemas
 from gptport.serve.api_error import ApiError
 from gptport.serve.field_spec import Limits, Schema, nullable, schema_of
 from gptport.serve.fields import ROUTE_FIELDS
@@ -16,7 +17,7 @@ CODES_400 = ["context_length_exceeded", "invalid_constraint", "invalid_json", "i
              "invalid_value", "missing", "template_error", "too_many_choices", "unrecognized_argument", "unsupported"]
 # each request body's schema and the route whose fields it lists (fields.ROUTE_FIELDS)
 REQUESTS = {"CompletionRequest": "completions", "ChatRequest": "chat", "TokenizeRequest": "tokenize",
-            "DetokenizeRequest": "detokenize"}
+            "DetokenizeRequest": "detokenize", "ResponsesRequest": "responses"}
 ONE_TEXT = {"oneOf": [{"required": [name], "properties": {name: {"not": {"type": "null"}}}}
                       for name in ("prompt", "content", "messages")]}  # /tokenize: exactly one of them, not null
 
@@ -129,4 +130,5 @@ def components() -> dict[str, Schema]:
                               "model_max_length": INDEX}, ("tokenizer_class", "bos_token", "eos_token", "pad_token",
                                                            "chat_template", "model_max_length"), closed=False),
         "Health": obj({"status": {"enum": ["ok", "loading", "error"]}, "message": STRING}, ("status",)),
+        **responses_schemas.components(),  # /v1/responses
     }

@@ -54,14 +54,14 @@ def integers(value: Any) -> Any:
 
 
 def short(case: Any) -> Any:
-    """Generated requests stay short: max_tokens and max_completion_tokens above MAX_TOKENS become MAX_TOKENS
-    (any value >= 1 is valid, so a positive case stays positive and a negative one negative); integral floats
-    become ints."""
+    """Generated requests stay short: max_tokens, max_completion_tokens and max_output_tokens above MAX_TOKENS
+    become MAX_TOKENS (any value >= 1 is valid, so a positive case stays positive and a negative one negative);
+    integral floats become ints."""
     if isinstance(case.body, dict):
         case.body = integers(case.body)
     body = case.body
     if isinstance(body, dict):
-        for name in ("max_tokens", "max_completion_tokens"):
+        for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             value = body.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
                 body[name] = MAX_TOKENS
@@ -103,8 +103,8 @@ def test_schemathesis(server: Served) -> None:
     total = sum(sum(s.values()) for s in seen.values())
     print(f"schemathesis: {total} requests:", seen)
     assert 150 <= total <= 1000, seen  # fewer: the budget ran out (the machine is slow, or the server is)
-    assert seen["POST /v1/completions positive"].get(200) and seen["POST /v1/chat/completions positive"].get(200), \
-        seen
+    assert all(seen[f"POST {path} positive"].get(200) for path in ("/v1/completions", "/v1/chat/completions",
+                                                                    "/v1/responses")), seen
     assert server.post("/v1/completions", {"prompt": "ka", "max_tokens": 2})[0] == 200
     wait_idle(server, 10)
     assert server.proc.poll() is None

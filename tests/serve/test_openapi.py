@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from gptport import tokenizer as bpe
 from gptport.serve import app as app_module
-from gptport.serve import fields, openapi, protocol, tokenize
+from gptport.serve import fields, openapi, protocol, responses_input, tokenize
 from gptport.serve.api_error import ApiError
 from gptport.serve.app import Settings, create_app
 from gptport.serve.chat import plain
@@ -61,7 +61,8 @@ def test_request_fields_are_the_parsers() -> None:
     limits = Limits("m", SLOTS, 512, 1 << 20)
     expected = {"CompletionRequest": fields.COMPLETION | fields.EXTRAS_COMPLETION,
                 "ChatRequest": fields.CHAT | fields.EXTRAS_CHAT,
-                "TokenizeRequest": tokenize.TOKENIZE, "DetokenizeRequest": tokenize.DETOKENIZE}
+                "TokenizeRequest": tokenize.TOKENIZE, "DetokenizeRequest": tokenize.DETOKENIZE,
+                "ResponsesRequest": set(fields.ROUTE_FIELDS["responses"])}
     assert set(REQUESTS) == set(expected)
     for name, names in expected.items():
         assert set(request_body(name, limits)["properties"]) == names, name
@@ -92,11 +93,14 @@ def parse(route: str, body: dict[str, Any], tok: bpe.BPETokenizer) -> Any:
         return protocol.chat_job(body, tok, CTX, SLOTS, plain)
     if route == "TokenizeRequest":
         return tokenize.tokenize(body, tok, CTX, plain)
+    if route == "ResponsesRequest":
+        return responses_input.responses_job(body, tok, CTX, SLOTS, plain)
     return tokenize.detokenize(body, tok)
 
 
 BASE = {"CompletionRequest": {"prompt": "ka"}, "ChatRequest": {"messages": [{"role": "user", "content": "hi"}]},
-        "TokenizeRequest": {"messages": [{"role": "user", "content": "hi"}]}, "DetokenizeRequest": {"tokens": [1]}}
+        "TokenizeRequest": {"messages": [{"role": "user", "content": "hi"}]}, "DetokenizeRequest": {"tokens": [1]},
+        "ResponsesRequest": {"input": "hi"}}
 POOL: list[Any] = ["x", "", 1.5, True, False, 0, -1, 7, 10**30, -(10**30), [], [1], ["x"], {}, {"x": 1}, 101, -101,
                    float("inf"), [1.5], [True], [{"role": 1}], [{"type": "function"}]]
 
@@ -155,6 +159,7 @@ def test_answers_without_a_model_conform() -> None:
         ("/tokenize", "POST", {"prompt": "x" * 2000}, key, 413), ("/detokenize", "POST", b"{", key, 400),
         ("/v1/completions", "POST", {"prompt": "ka"}, key, 503), ("/tokenize", "POST", {"prompt": "ka"}, key, 503),
         ("/detokenize", "POST", {"tokens": [1]}, key, 503), ("/v1/chat/completions", "POST", {"n": 1}, key, 503),
+        ("/v1/responses", "POST", {"input": "ka"}, {}, 401), ("/v1/responses", "POST", {"input": "ka"}, key, 503),
         ("/tokenizer_info", "GET", None, {}, 401), ("/tokenizer_info", "GET", None, key, 503),
     ]
     for path, method, body, headers, status in cases:
@@ -224,6 +229,8 @@ def test_served_answers_conform(server: Served) -> None:
         (c, "POST", {"prompt": "ka", "frobnicate": 1}, 400), (chat, "POST", {"messages": msgs, "audio": {}}, 400),
         (c, "POST", {"prompt": "ka", "regex": "("}, 400), ("/detokenize", "POST", {"tokens": [10**6]}, 400),
         (c, "POST", {"prompt": "ka", "model": "other"}, 404),
+        ("/v1/responses", "POST", {"input": "ka", "max_output_tokens": 4}, 200),
+        ("/v1/responses", "POST", {"input": "ka", "store": True}, 400),
     ]
     for path, method, body, status in cases:
         r = httpx.request(method, server.url + path, json=body, timeout=60)
