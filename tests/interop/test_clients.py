@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.interop.clients_venv import clients_python, run_scenarios
+from tests.interop.clients_venv import clients_python, needs_clients, run_scenarios
 from tests.support.serving import Served, serve
 
 KEY, NAME = "k", "tiny"
@@ -22,6 +22,7 @@ SCENARIOS = {
     "clients_litellm": ["litellm"],
 }
 CASES = [(module, name) for module, names in SCENARIOS.items() for name in names]
+pytestmark = needs_clients
 
 
 @pytest.fixture(scope="module")

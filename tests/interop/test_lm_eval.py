@@ -20,13 +20,14 @@ import yaml
 
 from gptport import tokenizer as bpe
 from gptport.tokenizer import EOT
-from tests.interop.clients_venv import client_env, clients_python
+from tests.interop.clients_venv import client_env, clients_python, needs_clients
 from tests.support.cli import gptport
 from tests.support.serving import N_CTX, Served, cli_generate, serve
 
 KEY, NAME = "k", "tiny"
 TASKS = Path(__file__).parent / "lm_eval_tasks"
 GEN = yaml.safe_load((TASKS / "gptport_gen.yaml").read_text(encoding="utf-8"))["generation_kwargs"]
+pytestmark = needs_clients
 
 
 @pytest.fixture(scope="module")
