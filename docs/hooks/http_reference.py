@@ -155,12 +155,14 @@ def _operation(path: str, method: str, op: Schema) -> list[str]:
 
 
 def refused_fields() -> list[str]:
-    """The OpenAI fields the server refuses whenever they are set, with its reason (their definitions in
-    gptport.serve.fields)."""
-    from gptport.serve import fields
+    """The OpenAI fields the server refuses whenever they are set, by route, with its reason (their definitions
+    in gptport.serve.fields and gptport.serve.responses_fields)."""
+    from gptport.serve import fields, responses_fields
 
-    rows = [f"| `{name}` | {_cell(why)} |" for name, why in sorted(fields.REFUSED.items())]
-    return ["| field | why |", "| --- | --- |", *rows]
+    by_route = (("/v1/chat/completions", fields.REFUSED), ("/v1/responses", responses_fields.REFUSED))
+    rows = [f"| `{name}` | `{route}` | {_cell(why)} |" for route, refused in by_route
+            for name, why in sorted(refused.items())]
+    return ["| field | route | why |", "| --- | --- | --- |", *rows]
 
 
 def render(doc: Schema) -> str:
