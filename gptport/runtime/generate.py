@@ -5,6 +5,7 @@ loop knows only token ids. No torch here.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -58,6 +59,8 @@ def generate(
     step, n_ctx = engine.step(last_only=True), engine.n_ctx
     rows = [RowResult(list(p)) for p in prompts]
     rngs = [np.random.default_rng(sampling.seed) for _ in prompts]
+    # the frequency and presence penalties' counts of each row's generated tokens, kept as they come
+    counts: list[Counter[int] | None] = [Counter() if sampling.penalized else None for _ in prompts]
     active = [True] * len(rows)
     constrained = Constrained(matchers, engine.config.vocab_size) if matchers and any(matchers) else None
 
@@ -70,7 +73,7 @@ def generate(
     for _ in range(max_new_tokens):
         if constrained is not None:
             constrained.mask(logits, active)
-        nxt = _choose_all(rows, active, logits, sampling, rngs, eot_id, max_new_tokens, on_token)  # (B,)
+        nxt = _choose_all(rows, active, logits, sampling, rngs, counts, eot_id, max_new_tokens, on_token)  # (B,)
         if constrained is not None:
             constrained.consume(rows, active, nxt, eot_id)
         if not any(active):
@@ -95,20 +98,23 @@ def generate(
 
 
 def _choose_all(rows: list[RowResult], active: list[bool], logits: np.ndarray, sampling: Sampling,
-                rngs: list[np.random.Generator], eot_id: int, max_new_tokens: int,
-                on_token: Callable[[int, int], bool] | None) -> np.ndarray:
-    """Each active row's next token from `logits` (B, 1, V); rows that end are marked inactive with
-    their reason. Finished rows get EOT, which the next step computes and nobody reads."""
+                rngs: list[np.random.Generator], counts: list[Counter[int] | None], eot_id: int,
+                max_new_tokens: int, on_token: Callable[[int, int], bool] | None) -> np.ndarray:
+    """Each active row's next token from `logits` (B, 1, V), its counts updated; rows that end are marked
+    inactive with their reason. Finished rows get EOT, which the next step computes and nobody reads."""
     nxt = np.full(len(rows), eot_id, dtype=np.int64)  # (B,)
     for i, row in enumerate(rows):
         if not active[i]:
             continue
-        tok = choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids))
+        tok = choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids), counts[i])
         nxt[i] = tok
         if tok == eot_id:
             active[i], row.finish_reason = False, "eot"
             continue
         row.new_ids.append(tok)
+        seen = counts[i]
+        if seen is not None:
+            seen[tok] += 1
         if on_token is not None and on_token(i, tok):
             active[i], row.finish_reason = False, "stop"
         elif len(row.new_ids) == max_new_tokens:

@@ -12,6 +12,10 @@ target's p; a rejected one is replaced by a draw from max(p - q, 0), renormalize
 2023, Chen et al. 2023), so every token follows the target's distribution exactly. A drafter that
 copies tokens (prompt lookup) has q a point mass on its draft.
 
+Penalties: the verifying step judges the token at each position by the target's distribution as of that
+position, the drafts before it counted as seen and generated (the repetition, frequency and presence
+penalties), so the rule above holds with them too; a draft model drafts with them the same way.
+
 Drafters: `ModelDrafter`, a small model with the target's tokenizer and a static cache of its own;
 `LookupDrafter`, the continuation of the latest earlier occurrence of the sequence's last n-gram.
 """
@@ -19,6 +23,7 @@ Drafters: `ModelDrafter`, a small model with the target's tokenizer and a static
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gptport.runtime.generate import Overflow, RowResult
-from gptport.runtime.sampling import Sampling, draw, penalize, probs
+from gptport.runtime.sampling import Sampling, draw, penalized, probs
 from gptport.runtime.slots import StaticSlots
 
 K_START, K_MAX = 4, 16  # the adaptive draft length: where it starts and its bound
@@ -68,8 +73,10 @@ class SpecStats:
 class Drafter(Protocol):
     """Proposes tokens to follow a sequence."""
 
-    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
-        """Up to k tokens to follow seq, and each one's distribution (None: the draft is a point mass)."""
+    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                counts: Counter[int] | None = None) -> Drafts:
+        """Up to k tokens to follow seq (whose generated tokens' counts are `counts`, where the frequency or
+        presence penalty is on), and each one's distribution (None: the draft is a point mass)."""
         ...
 
 
@@ -120,7 +127,8 @@ class ModelDrafter:
         self.start = 0  # where in the sequence the cached window starts
         self.ctx: list[int] = []  # the tokens the cache holds
 
-    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
+    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                counts: Counter[int] | None = None) -> Drafts:
         k = min(k, self.n_ctx // 2)
         if len(seq) - self.start + k - 1 > self.n_ctx:  # the window is full: restart from the last half
             self.start, self.ctx = max(0, len(seq) - self.n_ctx // 2), []
@@ -133,17 +141,20 @@ class ModelDrafter:
         logits = self.slots.append(0, np.asarray(window[common:], dtype=np.int64))[-1]  # (V,)
         self.ctx = window
         seen = list(seq)
+        counts = Counter(counts) if sampling.penalized else None  # a copy the drafts go into
         drafts: list[int] = []
         dists: list[np.ndarray | None] = []
         for i in range(k):
             if sampling.greedy:
-                tok, q = int(penalize(logits, seen, sampling.repetition_penalty).argmax()), None
+                tok, q = int(penalized(logits, sampling, seen, counts).argmax()), None
             else:
-                q = probs(logits, sampling, seen)
+                q = probs(logits, sampling, seen, counts)
                 tok = draw(q, rng)
             drafts.append(tok)
             dists.append(q)
             seen.append(tok)
+            if counts is not None:
+                counts[tok] += 1
             if i + 1 < k:
                 logits = self.slots.decode([0], np.array([tok], dtype=np.int64))[0]  # (V,)
                 self.ctx.append(tok)
@@ -157,7 +168,8 @@ class LookupDrafter:
     def __init__(self, n: int) -> None:
         self.n = n
 
-    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
+    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                counts: Counter[int] | None = None) -> Drafts:
         seq = seq if isinstance(seq, list) else seq.tolist() if isinstance(seq, np.ndarray) else list(seq)
         L, last, found = len(seq), seq[-1], []
         # earlier positions of the last token, by list.index (a C loop): where it never occurred, the
@@ -195,25 +207,27 @@ class LookupDrafter:
 
 
 def verify(logits: np.ndarray, drafts: Sequence[int], dists: Sequence[np.ndarray | None], sampling: Sampling,
-           rng: np.random.Generator, seq: Sequence[int]) -> tuple[list[int], int]:
+           rng: np.random.Generator, seq: Sequence[int], counts: Counter[int] | None = None
+           ) -> tuple[list[int], int]:
     """The drafts that stand and the target's own next token, from the target's logits (len(drafts) + 1,
     V): row j is the target's prediction for the position of drafts[j] (the last row, for the token
-    after every draft)."""
-    plain = sampling.greedy and sampling.repetition_penalty == 1.0
-    if plain:  # one argmax over every row
+    after every draft). `seq` is the sequence so far and `counts` its generated tokens' counts (the
+    frequency and presence penalties'; not changed): at row j, the drafts before it count as both."""
+    if sampling.plain:  # one argmax over every row
         best = logits.argmax(axis=-1)  # (T,)
         m = 0
         while m < len(drafts) and best[m] == drafts[m]:
             m += 1
         return list(drafts[:m]), int(best[m])
     seen = list(seq)
+    counts = Counter(counts) if sampling.penalized else None  # as of each position: a copy the drafts go into
     for j, d in enumerate(drafts):
         if sampling.greedy:
-            tok = int(penalize(logits[j], seen, sampling.repetition_penalty).argmax())
+            tok = int(penalized(logits[j], sampling, seen, counts).argmax())
             if tok != d:
                 return list(drafts[:j]), tok
         else:
-            p, q = probs(logits[j], sampling, seen), dists[j]
+            p, q = probs(logits[j], sampling, seen, counts), dists[j]
             if rng.random() * (1.0 if q is None else q[d]) >= p[d]:  # rejected: P(accept) = min(1, p/q)
                 rest = p.copy()
                 if q is None:
@@ -224,10 +238,12 @@ def verify(logits: np.ndarray, drafts: Sequence[int], dists: Sequence[np.ndarray
                     rest = p
                 return list(drafts[:j]), draw(rest / rest.sum(), rng)
         seen.append(d)
+        if counts is not None:
+            counts[d] += 1
     last = logits[len(drafts)]
     if sampling.greedy:
-        return list(drafts), int(penalize(last, seen, sampling.repetition_penalty).argmax())
-    return list(drafts), draw(probs(last, sampling, seen), rng)
+        return list(drafts), int(penalized(last, sampling, seen, counts).argmax())
+    return list(drafts), draw(probs(last, sampling, seen, counts), rng)
 
 
 def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling,
@@ -241,6 +257,7 @@ def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_n
     slots, n_ctx = StaticSlots(model.session, model.config, 1, model.kv_dtype), model.n_ctx
     stats = stats if stats is not None else SpecStats()
     rng = np.random.default_rng(sampling.seed)
+    counts: Counter[int] | None = Counter() if sampling.penalized else None  # the generated tokens' counts
     row = RowResult(list(prompt))
     seq = list(prompt)
     t0 = time.perf_counter()
@@ -260,14 +277,15 @@ def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_n
             slots.append(0, np.asarray(window[:-1], dtype=np.int64))
             continue
         want = min(k_now, n_ctx - length - 1, max_new_tokens - len(row.new_ids) - 1)
-        drafts, dists = drafter.propose(seq, want, sampling, rng) if drafter is not None and want > 0 else ([], [])
+        drafts, dists = (drafter.propose(seq, want, sampling, rng, counts) if drafter is not None and want > 0
+                         else ([], []))
         if drafts:
             logits = slots.append(0, np.asarray([seq[-1], *drafts], dtype=np.int64), all_logits=True)  # (T, V)
         elif length > 0:
             logits = slots.decode([0], np.array([seq[-1]], dtype=np.int64))  # (1, V): a plain decode step
         else:
             logits = slots.append(0, np.asarray(seq[-1:], dtype=np.int64))  # (1, V)
-        accepted, own = verify(logits, drafts, dists, sampling, rng, seq)
+        accepted, own = verify(logits, drafts, dists, sampling, rng, seq, counts)
         slots.truncate(0, length + 1 + len(accepted))
         stats.steps += 1
         stats.drafted += len(drafts)
@@ -275,21 +293,24 @@ def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_n
         stats.tokens += len(accepted) + 1
         if k is None and drafts:
             k_now = min(k_now + 2, K_MAX) if len(accepted) == want else max(1, k_now - 1)
-        if _emit(row, seq, [*accepted, own], eot_id, max_new_tokens, on_token):
+        if _emit(row, seq, counts, [*accepted, own], eot_id, max_new_tokens, on_token):
             break
     row.decode_s = time.perf_counter() - t_decode
     return row
 
 
-def _emit(row: RowResult, seq: list[int], tokens: Sequence[int], eot_id: int, max_new_tokens: int,
-          on_token: Callable[[int, int], bool] | None) -> bool:
-    """Append tokens to the output as generate() would, one by one; True when the sequence ended."""
+def _emit(row: RowResult, seq: list[int], counts: Counter[int] | None, tokens: Sequence[int], eot_id: int,
+          max_new_tokens: int, on_token: Callable[[int, int], bool] | None) -> bool:
+    """Append tokens to the output (and to the counts, where kept) as generate() would, one by one; True
+    when the sequence ended."""
     for tok in tokens:
         if tok == eot_id:
             row.finish_reason = "eot"
             return True
         row.new_ids.append(tok)
         seq.append(tok)
+        if counts is not None:
+            counts[tok] += 1
         if on_token is not None and on_token(0, tok):
             row.finish_reason = "stop"
             return True

@@ -34,7 +34,7 @@ def draws(logits: np.ndarray, s: Sampling, n: int, seen: Sequence[int] = (), see
     rng, out = np.random.default_rng(seed), []
     for lo in range(0, n, 1000):
         k = min(1000, n - lo)
-        out += choose_rows(np.broadcast_to(logits, (k, logits.size)), [(s, rng, [seen])] * k)
+        out += choose_rows(np.broadcast_to(logits, (k, logits.size)), [(s, rng, [seen], None)] * k)
     return np.array(out)
 
 
@@ -59,14 +59,14 @@ def test_greedy_is_argmax() -> None:
     logits = rng.normal(size=(16, 3 * BLOCK + 5)).astype(np.float32)
     gen = np.random.default_rng(0)
     assert [choose(row, Sampling(), gen) for row in logits] == logits.argmax(-1).tolist()
-    assert choose_rows(logits, [(Sampling(), gen, [()])] * 16) == logits.argmax(-1).tolist()
+    assert choose_rows(logits, [(Sampling(), gen, [()], None)] * 16) == logits.argmax(-1).tolist()
     # greedy with a repetition penalty: the argmax of the penalized logits, whose winner is not the raw one
     seen = [[int(logits[i].argmax())] for i in range(16)]
     want = [int(penalize(row, s, 1e3).argmax()) for row, s in zip(logits, seen, strict=True)]
     assert all(w != int(row.argmax()) for w, row in zip(want, logits, strict=True))
     s = Sampling(repetition_penalty=1e3)
     assert [choose(row, s, gen, seen=h) for row, h in zip(logits, seen, strict=True)] == want
-    assert choose_rows(logits, [(s, gen, [h]) for h in seen]) == want
+    assert choose_rows(logits, [(s, gen, [h], None) for h in seen]) == want
 
 
 @pytest.mark.parametrize("k", [1, 2, 7, 40])
@@ -123,7 +123,7 @@ def test_repetition_penalty_is_ctrls() -> None:
     s = Sampling(repetition_penalty=2.0)
     gen = np.random.default_rng(0)
     assert choose(LOGITS, s, gen, seen=[1]) == 2  # 3.0 -> 1.5: 2.9 wins
-    assert choose_rows(LOGITS[None], [(s, gen, [[1], [2]])]) == [5]  # 2.9 -> 1.45 too: 2.0 wins
+    assert choose_rows(LOGITS[None], [(s, gen, [[1], [2]], None)]) == [5]  # 2.9 -> 1.45 too: 2.0 wins
     # sampled: the draws follow the softmax of the penalized logits
     seen = [1, 2, 3]
     tokens = draws(LOGITS, Sampling(temperature=1.0, repetition_penalty=1.5), 5000, seen=seen)
@@ -148,7 +148,7 @@ def test_choose_rows_gives_each_row_what_choose_gives_it_alone() -> None:
     for _ in range(40):
         logits = (rng.normal(size=(len(MIXED), 3 * BLOCK + 9)) * 3).astype(np.float32)
         before = logits.copy()
-        got = choose_rows(logits, [(s, g, (p, h)) for s, g, p, h in zip(MIXED, batch, prompts, generated,
+        got = choose_rows(logits, [(s, g, (p, h), None) for s, g, p, h in zip(MIXED, batch, prompts, generated,
                                                                            strict=True)])
         assert np.array_equal(logits, before)  # the caller's logits are untouched
         want = [choose(logits[i], s, alone[i], seen=chain(prompts[i], generated[i])) for i, s in enumerate(MIXED)]

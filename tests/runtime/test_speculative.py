@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,9 @@ def models(trained_dir: Path, draft_dir: Path) -> tuple[Any, Any]:
 class WrongDrafter(ModelDrafter):
     """The target drafting for itself, every draft then moved to the next token id: always rejected."""
 
-    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Drafts:
-        drafts, dists = super().propose(seq, k, sampling, rng)
+    def propose(self, seq: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                counts: Counter[int] | None = None) -> Drafts:
+        drafts, dists = super().propose(seq, k, sampling, rng, counts)
         vocab = self.slots.vocab_size
         return [(t + 1) % vocab for t in drafts], dists
 
@@ -61,18 +63,21 @@ def drafter(kind: str, target: Any, draft: Any) -> Any:
 
 
 words = st.lists(st.sampled_from(SYLLABLES), min_size=1, max_size=40).map(" ".join)
+PENALTIES = {"none": Sampling(), "repetition": Sampling(repetition_penalty=1.3),
+             "presence": Sampling(presence_penalty=1.5), "frequency": Sampling(frequency_penalty=0.4, min_p=0.3)}
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=words, kind=st.sampled_from(["self", "draft", "wrong", "lookup", "none"]),
        k=st.sampled_from([None, 1, 2, 3, 5]), new=st.integers(1, 150), overflow=st.sampled_from(["slide", "stop"]),
-       repeat=st.booleans())
+       penalty=st.sampled_from(list(PENALTIES)))
 def test_greedy_output_is_the_plain_decoders(models: tuple[Any, Any], text: str, kind: str, k: int | None, new: int,
-                                              overflow: str, repeat: bool) -> None:
-    """Any drafter, any K, outputs that slide past n_ctx (96) or stop there, with and without a repetition
-    penalty: the same tokens and the same finish reason as generate()."""
+                                              overflow: str, penalty: str) -> None:
+    """Any drafter, any K, outputs that slide past n_ctx (96) or stop there, with and without a repetition,
+    presence or frequency penalty (verified with the counts as of each position): the same tokens and the
+    same finish reason as generate()."""
     target, draft = models
-    greedy = Sampling(repetition_penalty=1.3 if repeat else 1.0)
+    greedy = PENALTIES[penalty]
     prompt = target.tok.encode(text + " " + text)  # said twice: prompt lookup finds matches
     plain = generate(target.engine, [prompt], new, greedy, target.tok.eot_id, overflow=overflow)[0]  # type: ignore[arg-type]
     stats = SpecStats()
@@ -270,8 +275,9 @@ class Counting(Observer):
 @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_scheduler_drafts_alone_and_greedy_tokens_stay(models: tuple[Any, Any], data: st.DataObject) -> None:
-    """Continuous batching with a drafter (serve --draft): greedy requests arriving at hypothesis-chosen
-    iterations, some running into the context, get what generate() gives each alone, token for token;
+    """Continuous batching with a drafter (serve --draft): greedy requests (some with a repetition, presence
+    or frequency penalty) arriving at hypothesis-chosen iterations, some running into the context, get what
+    generate() gives each alone, token for token;
     drafting ran (it does while one row decodes) and fixed or adaptive K changes nothing."""
     target, draft = models
     vocab, n_ctx = target.tok.vocab_size, target.engine.n_ctx
@@ -283,15 +289,16 @@ def test_scheduler_drafts_alone_and_greedy_tokens_stay(models: tuple[Any, Any], 
     counting = Counting()
     drafter = ModelDrafter(draft.engine) if kind == "draft" else LookupDrafter(3)
     run = Run(target, 4, drafting=Drafting(drafter, data.draw(st.sampled_from([None, 1, 3]))), observer=counting)
-    choices = [Choice(p, m, Sampling(), ignore_eos=True, out=i)
-               for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))]
+    samplings = [PENALTIES[data.draw(st.sampled_from(list(PENALTIES)))] for _ in range(n)]
+    choices = [Choice(p, m, s, ignore_eos=True, out=i)
+               for i, (p, m, s) in enumerate(zip(prompts, max_tokens, samplings, strict=True))]
     for it in range(max(arrivals) + 1):
         run.s.submit([c for c, a in zip(choices, arrivals, strict=True) if a == it])
         run.step()
     run.until_idle()
     for c, p, m in zip(choices, prompts, max_tokens, strict=True):
         room = n_ctx + 1 - len(p)
-        alone = generate(target.engine, [p], m, Sampling(), -1, overflow="stop")[0]
+        alone = generate(target.engine, [p], m, c.sampling, -1, overflow="stop")[0]
         assert len(c.new_ids) == min(m, room), (len(p), m)
         assert c.new_ids == alone.new_ids[:len(c.new_ids)], (len(p), m, kind)
     if kind == "draft" and any(min(m, n_ctx + 1 - len(p)) > 3 for p, m in zip(prompts, max_tokens, strict=True)):

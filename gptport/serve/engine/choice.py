@@ -3,6 +3,7 @@ scheduler's state of it. No torch here."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,11 +44,13 @@ class Choice:
     share: int = 0
     first_logits: np.ndarray | None = None  # the logits (1, V) its first token came from (prefix caching)
     rng: np.random.Generator | None = None  # its own generator, seeded by sampling.seed (from start)
+    counts: Counter[int] | None = None  # its generated tokens' counts, where frequency/presence penalties are on
     text_stream: TextStream | None = None  # its tokens detokenized, stop strings held back (from start)
     prompt_lp: list[TokenLogprob] = field(default_factory=list)
 
     def start(self, tok: BPETokenizer) -> None:
-        """Begin generating, once the choice holds a slot: a fresh generator from its seed, and a text
-        stream over its stop strings."""
+        """Begin generating, once the choice holds a slot: a fresh generator from its seed, fresh counts
+        where the frequency or presence penalty is on, and a text stream over its stop strings."""
         self.rng = np.random.default_rng(self.sampling.seed)
+        self.counts = Counter() if self.sampling.penalized else None
         self.text_stream = TextStream(tok, self.stops)

@@ -4,7 +4,8 @@ one step of the model (runtime/speculative.py) instead of one token per step. No
 Only a lone row drafts: with two or more rows decoding, a step already reads the weights once for several
 tokens, and drafts would lengthen every row's step for one row's gain (benchmarks/bench_speculative.py
 measures the lone row). Constrained rows and rows with a logit_bias decode plainly: their logits are
-adjusted before sampling, which the accept/resample rule does not see.
+adjusted before sampling, which the accept/resample rule does not see. Rows with penalties do draft: the
+drafter and the verifying step apply them as of each position, from the choice's counts.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Drafting:
         # room for the drafts and one more: the last token emitted is never the one that fills n_ctx
         want = min(self.k, engine.n_ctx - length - 2, c.max_tokens - len(c.new_ids) - 1)
         t0 = time.perf_counter()
-        drafts, dists = self.drafter.propose(seq, want, c.sampling, c.rng) if want > 0 else ([], [])
+        drafts, dists = self.drafter.propose(seq, want, c.sampling, c.rng, c.counts) if want > 0 else ([], [])
         t1 = time.perf_counter()
         observer.phase("draft", t1 - t0)
         if not drafts:
@@ -52,7 +53,7 @@ class Drafting:
             return logits, None
         logits = engine.append(c.slot, np.asarray([seq[-1], *drafts], dtype=np.int64), all_logits=True)  # (T, V)
         observer.phase("decode", time.perf_counter() - t1)
-        accepted, own = verify(logits, drafts, dists, c.sampling, c.rng, seq)
+        accepted, own = verify(logits, drafts, dists, c.sampling, c.rng, seq, c.counts)
         engine.truncate(c.slot, length + 1 + len(accepted))
         observer.drafts(len(drafts), len(accepted))
         if self.fixed is None:

@@ -151,7 +151,7 @@ def test_a_masked_token_is_never_sampled(opened: Any, grammars: Grammars, monkey
 
     def spy(logits: np.ndarray, rows: list[Any]) -> list[int]:
         picks = real(logits, rows)
-        for i, (_, _, (_, new)) in enumerate(rows):
+        for i, (_, _, (_, new), _) in enumerate(rows):
             shadow = shadows.get(id(new))
             if shadow is None:
                 assert np.isfinite(logits[i]).all(), "a free row was masked"
