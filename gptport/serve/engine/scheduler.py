@@ -201,19 +201,14 @@ class Scheduler:
         prefix.admit(self.engine, c, self._free, self._holding.values(), self.observer)
 
     def _prefill(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None = None) -> None:
-        """Fill slots in admission order with up to prefill_chunk prompt tokens in all. With a multi-row
-        append graph (supports_append_many), every chunk of this iteration — fresh prompts, the rests after
-        a reused prefix, new chat turns, a long prompt's next chunk — is appended in one step; without it,
-        whole prompts that fit, in empty slots next to each other, are prefilled together in one step and
-        the others one slot at a time. A choice that waits on another's prompt (prefix.py) copies it once
-        that one holds it. Each choice whose prompt is complete samples its first token at once, handed
-        to `early` before the next prefill."""
+        """Fill slots in admission order with up to prefill_chunk prompt tokens in all. Whole prompts
+        that fit, in empty slots next to each other, are prefilled together in one step. A choice that
+        waits on another's prompt (prefix.py) copies it once that one holds it. Each choice whose prompt
+        is complete samples its first token at once, handed to `early` before the next prefill."""
         budget = self.prefill_chunk
         batched: set[int] = set()
         self._joining = []
-        together = self.engine.supports_append_many
-        pending: list[tuple[Choice, np.ndarray]] = []  # chunks appended together after the loop
-        if self.engine.supports_prefill_many and not together:
+        if self.engine.supports_prefill_many:
             budget, batched = self._prefill_together(budget, events, early)
         for c in self._filling:
             if id(c) in batched:
@@ -232,10 +227,6 @@ class Scheduler:
                 budget -= 1
                 continue
             chunk = np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)
-            if together and not c.prompt_logprobs:  # prompt logprobs (every position's logits) go alone
-                pending.append((c, chunk))
-                budget -= n
-                continue
             logits = self.engine.append(c.slot, chunk, all_logits=c.prompt_logprobs)  # (n or 1, V)
             if c.prompt_logprobs:
                 self._prompt_logprobs(c, logits)
@@ -244,23 +235,7 @@ class Scheduler:
             self.observer.tokens(n, 0)
             if c.filled == len(c.prompt_ids):
                 self._first_tokens([(c, logits[-1:])], events, early)
-        if pending:
-            self._append_together(pending, events, early)
         self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
-
-    def _append_together(self, pending: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
-                         early: Callable[..., None] | None) -> None:
-        """The iteration's chunks (choice, ids) appended to their slots in one step (append_many); the
-        choices whose prompts are complete sample their first tokens."""
-        out = self.engine.append_many([c.slot for c, _ in pending], [chunk for _, chunk in pending])  # (1, V) each
-        done: list[tuple[Choice, np.ndarray]] = []
-        for (c, chunk), logits in zip(pending, out, strict=True):
-            c.filled += len(chunk)
-            self.observer.tokens(len(chunk), 0)
-            if c.filled == len(c.prompt_ids):
-                done.append((c, logits))
-        if done:
-            self._first_tokens(done, events, early)
 
     def _can_join(self, c: Choice) -> bool:
         """Whether c's last prompt token can be one row of the decode step: an engine whose decode step takes
