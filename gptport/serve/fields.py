@@ -37,8 +37,8 @@ TOOLS = Field("tools", "any", ("chat",), shape=shapes.TOOLS,
               examples=([{"type": "function", "function": {"name": "now"}}],))
 TOOL_CHOICE = Field("tool_choice", "any", ("chat",), shape=shapes.TOOL_CHOICE, examples=("none",))
 TEXT = Field("prompt", "string", TOKENIZE_ONLY, "one of prompt, content, messages", ("Hello",), brief=True)
-PENALTY = Field("frequency_penalty", "number", BOTH, "only 0: use repetition_penalty", (0,), 0, only=(0,),
-                refusal="is not supported; use repetition_penalty")
+PENALTY = Field("frequency_penalty", "number", BOTH, "subtracted from a token's logit once per time it was generated "
+                "(the prompt does not count); 0 is off", (0.5,), 0, lo=-2, hi=2)
 FLAG = Field("with_pieces", "boolean", TOKENIZE_ONLY, examples=(True,), default=False, brief=True)
 
 FIELDS: tuple[Field, ...] = (
@@ -61,11 +61,14 @@ FIELDS: tuple[Field, ...] = (
     Field("user", "string", BOTH, examples=("u-1",), brief=True),
     Field("logit_bias", "any", BOTH, "token id (below the vocabulary's size) -> bias", ({"11": -5},),
           shape=shapes.LOGIT_BIAS),
-    PENALTY, replace(PENALTY, name="presence_penalty"),
+    PENALTY, replace(PENALTY, name="presence_penalty", about="subtracted once from the logit of each token generated "
+                     "so far (the prompt does not count); 0 is off"),
     Field("response_format", "any", BOTH, f"text (no constraint), or {CONSTRAINT}", ({"type": "json_object"},),
           shape=shapes.RESPONSE_FORMAT, openai=("chat",)),
     # ---- completions and chat: gptport's extras (vLLM's sampling extras, output constraints)
     Field("top_k", "integer", BOTH, "0 is off", (40,), 0, lo=0, openai=()),
+    Field("min_p", "number", BOTH, "after temperature, tokens less likely than min_p times the likeliest are dropped; "
+          "0 is off", (0.05,), 0, lo=0, hi=1, openai=()),
     Field("repetition_penalty", "number", BOTH, "1 is off", (1.1,), 1, lo=MIN_PENALTY, hi=1 / MIN_PENALTY,
           bounds=f"between {MIN_PENALTY} and {1 / MIN_PENALTY:g} (1 is off)", openai=()),  # beyond: float32 overflows
     Field("ignore_eos", "boolean", BOTH, examples=(True,), default=False, openai=()),

@@ -74,11 +74,10 @@ def _sampling(f: Reader, vocab: int) -> tuple[Sampling, int]:
         temperature = 0.0
     top_k = f.read("top_k")
     penalty = f.read("repetition_penalty")
-    for name in ("presence_penalty", "frequency_penalty"):
-        f.read(name)
+    presence, frequency, min_p = f.read("presence_penalty"), f.read("frequency_penalty"), f.read("min_p")
     seed = f.read("seed")
     base = secrets.randbits(63) if seed is None else seed % 2**63
-    return Sampling(temperature, min(top_k, vocab), top_p, penalty, base), f.read("n")
+    return Sampling(temperature, min(top_k, vocab), top_p, penalty, base, presence, frequency, min_p), f.read("n")
 
 
 def _stops(f: Reader) -> list[str]:

@@ -239,7 +239,7 @@ def test_echo(server: Served, client: Any, model: str) -> None:
 
 def test_sampling_extras(server: Served, client: Any, model: str) -> None:
     def text(**kw: Any) -> str:
-        extra = {k: kw.pop(k) for k in ("top_k", "repetition_penalty") if k in kw}
+        extra = {k: kw.pop(k) for k in ("top_k", "repetition_penalty", "min_p") if k in kw}
         return client.completions.create(model=model, prompt="ka to", max_tokens=16, extra_body=extra or None,
                                          **kw).choices[0].text
 
@@ -249,6 +249,13 @@ def test_sampling_extras(server: Served, client: Any, model: str) -> None:
     assert text(temperature=1, seed=3) != greedy
     assert text(temperature=0, repetition_penalty=1.0) == greedy
     assert text(temperature=0, repetition_penalty=3.0) != greedy  # the greedy text repeats itself
+    # OpenAI's penalties, over the generated tokens: the greedy text's repeats are penalized
+    assert text(temperature=0, presence_penalty=0, frequency_penalty=0) == greedy
+    assert text(temperature=0, presence_penalty=2) != greedy
+    assert text(temperature=0, frequency_penalty=2) != greedy
+    assert text(temperature=1, seed=3, min_p=1) == greedy  # only the likeliest token is as likely as itself
+    assert text(temperature=1, seed=3, min_p=0.2, presence_penalty=1) == text(temperature=1, seed=3, min_p=0.2,
+                                                                            presence_penalty=1)  # seeded
 
 
 def test_tiny_temperature_is_greedy(server: Served) -> None:
@@ -335,7 +342,11 @@ def test_invalid_requests(server: Served, model: str, tokenizer: bpe.BPETokenize
     bad({"prompt": "ka", "stop": ["x" * 8192, "é" * 4097]}, "stop")  # 16,386 bytes together
     bad({"prompt": [1, tokenizer.vocab_size]}, "prompt")
     bad({"prompt": [[1, 2], [-1]]}, "prompt")
-    for field in ("temperature", "top_p", "repetition_penalty"):  # Python's json reads NaN and Infinity
+    for field, wrong in [("presence_penalty", 2.5), ("presence_penalty", -2.01), ("frequency_penalty", 3),
+                         ("frequency_penalty", -100), ("min_p", 1.5), ("min_p", -0.1)]:  # OpenAI's [-2, 2]; [0, 1]
+        assert field in bad({"prompt": "ka", field: wrong}, field)["message"]
+        bad({"messages": [{"role": "user", "content": "ka"}], field: wrong}, field, path="/v1/chat/completions")
+    for field in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "min_p"):  # NaN, Infinity
         bad(f'{{"prompt": "ka", "{field}": NaN}}'.encode(), field)
         bad(f'{{"prompt": "ka", "{field}": Infinity}}'.encode(), field)
         bad(f'{{"prompt": "ka", "{field}": 1{"0" * 400}}}'.encode(), field)  # past float's range
