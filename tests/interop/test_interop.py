@@ -118,9 +118,10 @@ def test_import_hf_bad_input(hf_gpt2: Path, tmp_path: Path) -> None:
     other = tmp_path / "llama"
     shutil.copytree(hf_gpt2, other)
     cfg = json.loads((other / "config.json").read_text())
-    llama = {**cfg, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}
-    (other / "config.json").write_text(json.dumps(llama))
-    assert_one_line_error(gptport("import-hf", str(other), "--out", str(tmp_path / "o1")), 1, "llama", "not GPT-2")
+    gemma = {**cfg, "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}
+    (other / "config.json").write_text(json.dumps(gemma))
+    assert_one_line_error(gptport("import-hf", str(other), "--out", str(tmp_path / "o1")), 1, "Gemma2ForCausalLM",
+                          "is not one gptport imports")
     nofile = tmp_path / "noweights"
     shutil.copytree(hf_gpt2, nofile, ignore=shutil.ignore_patterns("model.safetensors"))
     (nofile / "pytorch_model.bin").write_bytes(b"pickle")
