@@ -18,6 +18,8 @@ EXAMPLES = """Examples:
 
   gptport generate models/mymodel "ROMEO:" --temperature 0.8 --top-p 0.95 --seed 7 --max-new-tokens 200
 
+  gptport generate models/mymodel "ROMEO:" --temperature 0.8 --min-p 0.05 --presence-penalty 0.5
+
   gptport generate models/mymodel --file prompts.txt --precision int8 --json
 
   gptport generate models/mymodel "Hello" --provider cuda --fallback
@@ -54,6 +56,12 @@ def generate(
     top_k: Annotated[int, typer.Option(help="Sample from the k likeliest tokens (0: off).")] = 0,
     top_p: Annotated[float, typer.Option(help="Sample from the smallest set of probability p (1: off).")] = 1.0,
     repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats (1: off).")] = 1.0,
+    presence_penalty: Annotated[float, typer.Option(help="-2..2, subtracted once from the logit of each token "
+                                                    "generated so far, as OpenAI's (0: off).")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option(help="-2..2, subtracted from a token's logit once per time it "
+                                                     "was generated, as OpenAI's (0: off).")] = 0.0,
+    min_p: Annotated[float, typer.Option(help="0..1: after temperature, drop tokens less likely than min-p times the "
+                                         "likeliest (0: off).")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the sampling.")] = 0,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
     threads: Annotated[int, typer.Option(help="CPU intra-op threads (0: onnxruntime's default).")] = 0,
@@ -91,7 +99,8 @@ def generate(
     from gptport.runtime.loader import encode_prompts, read_prompt_file
     from gptport.runtime.sampling import Sampling
 
-    sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
+    sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed, presence_penalty, frequency_penalty,
+                        min_p)
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
     texts = list(prompt or []) + (read_prompt_file(file) if file else [])

@@ -128,6 +128,21 @@ def test_cli_streams_and_prints_json(trained_dir: Path) -> None:
         assert tok.decode(row["token_ids"]) == row["text"] and row["provider"] == "cpu"
 
 
+def test_cli_sampling_penalties(trained_dir: Path, prompt_ids: list[list[int]]) -> None:
+    """--presence-penalty, --frequency-penalty and --min-p give generate()'s tokens with those settings, the
+    same seed the same tokens; --presence-penalty 2 changes a greedy output that repeats."""
+    args = ("--max-new-tokens", "24", "--json", "--presence-penalty", "2", "--frequency-penalty", "0.5")
+    r = gptport("generate", str(trained_dir), PROMPTS[0], *args)
+    assert r.returncode == 0, r.stderr
+    want = run(trained_dir, prompt_ids[:1], 24, presence_penalty=2.0, frequency_penalty=0.5)[0]
+    got = json.loads(r.stdout)["token_ids"]
+    assert got == want[:len(got)] and got != run(trained_dir, prompt_ids[:1], len(got))[0]
+    sampled = ("generate", str(trained_dir), PROMPTS[0], *args, "--temperature", "1", "--min-p", "0.1", "--seed", "4")
+    first, again = gptport(*sampled), gptport(*sampled)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["token_ids"] == json.loads(again.stdout)["token_ids"]
+
+
 def test_cli_stop_string(trained_dir: Path) -> None:
     tok = bpe.load(trained_dir)
     full = tok.decode(run(trained_dir, [tok.encode(PROMPTS[1])], 30)[0])
@@ -162,6 +177,9 @@ def test_cli_bad_input(trained_dir: Path, tmp_path: Path) -> None:
     assert_one_line_error(gptport("generate", d, "x", "--top-p", "0"), 2, "--top-p")
     assert_one_line_error(gptport("generate", d, "x", "--temperature", "-1"), 2, "--temperature")
     assert_one_line_error(gptport("generate", d, "x", "--top-k", "-3"), 2, "--top-k")
+    for option, wrong in (("--presence-penalty", "2.5"), ("--frequency-penalty", "-3"), ("--min-p", "1.5"),
+                          ("--min-p", "-0.1")):
+        assert_one_line_error(gptport("generate", d, "x", option, wrong), 2, option, wrong)
     assert_one_line_error(gptport("generate", d, "x", "--provider", "tpu"), 2, "--provider 'tpu'")
     assert_one_line_error(gptport("generate", d, "x", "--precision", "int4"), 1, "model.int4.onnx", "export")
     assert_one_line_error(gptport("generate", d), 2, "no prompt")
