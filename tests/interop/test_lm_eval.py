@@ -1,6 +1,6 @@
 """lm-evaluation-harness (lm-eval[api], the released package in the clients' venv) runs tasks of gptport's
-own (tests/interop/lm_eval_tasks: a multiple-choice task and a generation task with six stop sequences, on
-tiny local JSONL files, no hub) against a real `gptport serve`, through `python -m lm_eval` unmodified, as
+own (tests/interop/lm_eval_*.yaml: a multiple-choice task and a generation task with six stop sequences, on
+tiny local JSONL files beside them, no hub) against a real `gptport serve`, through `python -m lm_eval` unmodified, as
 local-completions (its tokenizer read from the server: GET /tokenizer_info, POST /tokenize) and as
 local-chat-completions. The loglikelihoods it logs are gptport's own: `gptport eval --json --tokens` of the
 same text gives the same sum over each choice's tokens, within 1e-4; its generations are `gptport
@@ -25,8 +25,9 @@ from tests.support.cli import gptport
 from tests.support.serving import N_CTX, Served, cli_generate, serve
 
 KEY, NAME = "k", "tiny"
-TASKS = Path(__file__).parent / "lm_eval_tasks"
-GEN = yaml.safe_load((TASKS / "gptport_gen.yaml").read_text(encoding="utf-8"))["generation_kwargs"]
+HERE = Path(__file__).parent
+TASK_FILES = [HERE / f"lm_eval_{task}.{ext}" for task in ("mc", "gen") for ext in ("yaml", "jsonl")]
+GEN = yaml.safe_load((HERE / "lm_eval_gen.yaml").read_text(encoding="utf-8"))["generation_kwargs"]
 pytestmark = needs_clients
 
 
@@ -44,9 +45,11 @@ def server(python: Path, trained_dir: Path, tmp_path_factory: pytest.TempPathFac
 
 def lm_eval(python: Path, work: Path, model: str, model_args: str, tasks: str, *extra: str
             ) -> tuple[dict[str, list[dict[str, Any]]], str]:
-    """`python -m lm_eval` in the clients' venv, from a copy of the task folder (its data paths are relative);
-    each task's logged samples (--log_samples), and lm-eval's log."""
-    shutil.copytree(TASKS, work / "tasks")
+    """`python -m lm_eval` in the clients' venv, from a folder of copies of the task files (their data paths are
+    relative); each task's logged samples (--log_samples), and lm-eval's log."""
+    (work / "tasks").mkdir()
+    for path in TASK_FILES:
+        shutil.copy(path, work / "tasks" / path.name)
     out = work / "out"
     r = subprocess.run([str(python), "-m", "lm_eval", "--model", model, "--model_args", model_args,
                         "--tasks", tasks, "--include_path", ".", "--output_path", str(out), "--log_samples", *extra],
