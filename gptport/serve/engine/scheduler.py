@@ -2,7 +2,8 @@
 
 Each iteration drops cancelled choices (their slots are free at once), admits waiting choices into
 free slots, prefills up to `prefill_chunk` prompt tokens (a long prompt is filled over several
-iterations, so decoding rows wait at most one chunk), then runs one decode step over every decoding
+iterations, so decoding rows wait at most one chunk; with a multi-row append graph, StaticSlots.append_many,
+every slot's chunk of the iteration in one step), then runs one decode step over every decoding
 slot, samples each row with its choice's own generator, detokenizes UTF-8-safely, checks stop strings
 and hands the iteration's events over in one call of `deliver`. A choice with a constraint (a
 llguidance matcher) has its next-token mask computed in the background while the model runs; its
@@ -201,14 +202,19 @@ class Scheduler:
         prefix.admit(self.engine, c, self._free, self._holding.values(), self.observer)
 
     def _prefill(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None = None) -> None:
-        """Fill slots in admission order with up to prefill_chunk prompt tokens in all. Whole prompts
-        that fit, in empty slots next to each other, are prefilled together in one step. A choice that
-        waits on another's prompt (prefix.py) copies it once that one holds it. Each choice whose prompt
-        is complete samples its first token at once, handed to `early` before the next prefill."""
+        """Fill slots in admission order with up to prefill_chunk prompt tokens in all. With a multi-row
+        append graph (supports_append_many), every chunk of this iteration — fresh prompts, the rests after
+        a reused prefix, new chat turns, a long prompt's next chunk — is appended in one step; without it,
+        whole prompts that fit, in empty slots next to each other, are prefilled together in one step and
+        the others one slot at a time. A choice that waits on another's prompt (prefix.py) copies it once
+        that one holds it. Each choice whose prompt is complete samples its first token at once, handed
+        to `early` before the next prefill."""
         budget = self.prefill_chunk
         batched: set[int] = set()
         self._joining = []
-        if self.engine.supports_prefill_many:
+        together = self.engine.supports_append_many
+        pending: list[tuple[Choice, np.ndarray]] = []  # chunks appended together after the loop
+        if self.engine.supports_prefill_many and not together:
             budget, batched = self._prefill_together(budget, events, early)
         for c in self._filling:
             if id(c) in batched:
@@ -227,6 +233,10 @@ class Scheduler:
                 budget -= 1
                 continue
             chunk = np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)
+            if together and not c.prompt_logprobs:  # prompt logprobs (every position's logits) go alone
+                pending.append((c, chunk))
+                budget -= n
+                continue
             logits = self.engine.append(c.slot, chunk, all_logits=c.prompt_logprobs)  # (n or 1, V)
             if c.prompt_logprobs:
                 self._prompt_logprobs(c, logits)
@@ -235,7 +245,23 @@ class Scheduler:
             self.observer.tokens(n, 0)
             if c.filled == len(c.prompt_ids):
                 self._first_tokens([(c, logits[-1:])], events, early)
+        if pending:
+            self._append_together(pending, events, early)
         self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
+
+    def _append_together(self, pending: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
+                         early: Callable[..., None] | None) -> None:
+        """The iteration's chunks (choice, ids) appended to their slots in one step (append_many); the
+        choices whose prompts are complete sample their first tokens."""
+        out = self.engine.append_many([c.slot for c, _ in pending], [chunk for _, chunk in pending])  # (1, V) each
+        done: list[tuple[Choice, np.ndarray]] = []
+        for (c, chunk), logits in zip(pending, out, strict=True):
+            c.filled += len(chunk)
+            self.observer.tokens(len(chunk), 0)
+            if c.filled == len(c.prompt_ids):
+                done.append((c, logits))
+        if done:
+            self._first_tokens(done, events, early)
 
     def _can_join(self, c: Choice) -> bool:
         """Whether c's last prompt token can be one row of the decode step: an engine whose decode step takes

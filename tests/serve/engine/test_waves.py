@@ -1,0 +1,136 @@
+"""The scheduler with the multi-row append graph, without HTTP: the chunks of one iteration — fresh prompts,
+rests after a reused prefix, new chat turns, a long prompt's next chunk — are appended in one step, and
+every greedy request still gets the tokens it gets without the graph (one slot at a time) and alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gptport.runtime.generate import generate
+from gptport.runtime.loader import open_appender, open_model
+from gptport.runtime.sampling import Sampling
+from gptport.runtime.slots import StaticSlots
+from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
+
+
+@pytest.fixture(scope="module")
+def opened(trained_dir: Path) -> Any:
+    return open_model(trained_dir, cache="static")
+
+
+@pytest.fixture(scope="module")
+def appender(trained_dir: Path, opened: Any) -> ort.InferenceSession:
+    model = open_appender(trained_dir, opened.engine)
+    assert model is not None
+    return model.session
+
+
+class Run:
+    """A scheduler stepped by hand over StaticSlots, with or without the multi-row append graph; `steps`
+    records how many slots each append_many step took."""
+
+    def __init__(self, opened: Any, slots: int, appender: Any = None, **kw: Any) -> None:
+        self.events: list[tuple[Any, Any]] = []
+        self.steps: list[int] = []
+        engine = StaticSlots(opened.engine.session, opened.engine.config, slots, appender=appender)
+        if appender is not None:
+            inner = engine.append_many
+
+            def counted(rows: Any, chunks: Any, **kw: Any) -> Any:
+                self.steps.append(len(rows))
+                return inner(rows, chunks, **kw)
+
+            engine.append_many = counted  # type: ignore[method-assign]
+        self.s = Scheduler(engine, opened.tok, self.events.extend, **kw)
+
+    def waves(self, waves: list[list[tuple[int, Choice]]]) -> None:
+        """Each wave's choices arrive at their iterations; a wave starts when the one before has finished."""
+        for wave in waves:
+            for it in range(max(a for a, _ in wave) + 1):
+                self.s.submit([c for a, c in wave if a == it])
+                self.events += self.s.iterate()
+            for _ in range(3000):
+                if not (self.s.waiting or self.s.busy):
+                    break
+                self.events += self.s.iterate()
+            assert not (self.s.waiting or self.s.busy), "the scheduler did not finish its work"
+
+    def finish(self, out: Any) -> Finish:
+        return next(e for o, e in reversed(self.events) if o == out and isinstance(e, Finish))
+
+
+def copies(waves: list[list[tuple[int, Choice]]]) -> list[list[tuple[int, Choice]]]:
+    return [[(a, Choice(list(c.prompt_ids), c.max_tokens, Sampling(), out=c.out)) for a, c in w] for w in waves]
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_waves_appended_together_give_each_request_its_tokens(opened: Any, appender: Any, data: st.DataObject
+                                                              ) -> None:
+    """Two waves of greedy requests whose prompts share drawn prefixes (the second wave reuses kept caches;
+    some of its prompts continue an earlier request: its prompt, its reply, a new turn), arriving at drawn
+    iterations on a drawn number of slots with a drawn prefill chunk: every request gets the tokens of the
+    same waves served one slot at a time, and of `generate` alone."""
+    vocab, n_ctx = opened.tok.vocab_size, opened.engine.n_ctx
+    ids = st.integers(1, vocab - 1)
+    bases = [data.draw(st.lists(ids, min_size=4, max_size=50)) for _ in range(2)]
+    slots = data.draw(st.sampled_from([3, 8, 16]))
+    chunk = data.draw(st.sampled_from([7, 64, 512]))
+
+    def prompt() -> list[int]:
+        base = data.draw(st.sampled_from(bases))
+        return base[:data.draw(st.integers(2, len(base)))] + data.draw(st.lists(ids, max_size=30))
+
+    first = [(data.draw(st.integers(0, 3)), Choice(prompt(), data.draw(st.integers(1, 12)), Sampling(), out=i))
+             for i in range(data.draw(st.integers(2, 8)))]
+    together = Run(opened, slots, appender, prefill_chunk=chunk)
+    together.waves([first])
+    second = []
+    for i in range(data.draw(st.integers(2, 8))):
+        if data.draw(st.booleans()):  # a conversation's next turn: an earlier prompt, its reply, new text
+            c = data.draw(st.sampled_from([c for _, c in first]))
+            p = (c.prompt_ids + c.new_ids + data.draw(st.lists(ids, min_size=1, max_size=20)))[:n_ctx - 13]
+        else:
+            p = prompt()
+        second.append((data.draw(st.integers(0, 3)), Choice(p, data.draw(st.integers(1, 12)), Sampling(), out=100 + i)))
+    together.waves([second])
+    alone = Run(opened, slots, prefill_chunk=chunk)
+    waves = copies([first, second])
+    alone.waves(waves)
+    for (_, a), (_, b) in zip(first + second, waves[0] + waves[1], strict=True):
+        where = f"request {a.out}: prompt {len(a.prompt_ids)}, {a.cached} positions reused"
+        assert a.new_ids == b.new_ids, where
+        ends = together.finish(a.out), alone.finish(b.out)  # what each reused may differ: when a copy was taken
+        assert (ends[0].reason, ends[0].prompt_tokens, ends[0].completion_tokens) == (
+            ends[1].reason, ends[1].prompt_tokens, ends[1].completion_tokens), where
+    for _, c in second[:2]:
+        by_itself = generate(opened.engine, [c.prompt_ids], c.max_tokens, Sampling(), opened.tok.eot_id)[0]
+        assert c.new_ids[:len(by_itself.new_ids)] == by_itself.new_ids
+    assert together.s.busy == 0 and together.s.positions_in_use == 0
+
+
+def test_a_wave_of_rests_turns_and_fresh_prompts_is_one_step(opened: Any, appender: Any) -> None:
+    """Eight prompts arrive together: five start with a prefix kept in the slots, one continues an earlier
+    conversation (its prompt, its reply, a new turn), two are fresh. Their rests and the fresh prompts are
+    appended in one step (the prefill budget allowing), not one step per slot, and each gets its tokens."""
+    system = list(range(5, 45))
+    run = Run(opened, 8, appender)
+    first = [Choice(system + [50 + i], 3, Sampling(), ignore_eos=True, out=f"w{i}") for i in range(8)]
+    run.waves([[(0, c) for c in first]])
+    run.steps.clear()
+    turn = first[2].prompt_ids + first[2].new_ids + [7, 8, 9]
+    wave = [Choice(turn, 4, Sampling(), out="turn")]  # first: it takes the slot holding its conversation
+    wave += [Choice(system + [90 + i, 91 + i, 92 + i], 4, Sampling(), out=i) for i in range(5)]
+    wave += [Choice([300 + i, 301, 302, 303, 304], 4, Sampling(), out=f"fresh{i}") for i in range(2)]
+    run.waves([[(0, c) for c in wave]])
+    assert run.steps[0] == 8, run.steps
+    assert [c.cached for c in wave] == [len(turn) - 4] + [len(system)] * 5 + [0, 0]  # its reply but the last token
+    for c in wave:
+        by_itself = generate(opened.engine, [c.prompt_ids], c.max_tokens, Sampling(), opened.tok.eot_id)[0]
+        assert c.new_ids[:len(by_itself.new_ids)] == by_itself.new_ids
