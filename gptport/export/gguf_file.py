@@ -1,0 +1,129 @@
+"""A GGUF file read for import-gguf with the `gguf` package's reader (memory-mapped: a tensor is read when it is
+dequantized, one at a time): its metadata as typed values, its tensors by name, each dequantized to float32 with
+`gguf.quants.dequantize`. A file cut short is said to be truncated, naming the byte it lacks; a tensor type outside
+TYPES is refused naming it. No torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from gptport.errors import ArtifactError, InputError
+
+Q = gguf.GGMLQuantizationType
+# The types import-gguf dequantizes: floats, llama.cpp's legacy block types and its k-quants (Q4_K_M and Q5_K_M
+# files fall back to Q5_0 / Q5_1 / Q8_0 for rows that are no multiple of 256 values).
+TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
+
+class _Truncated(Exception):
+    """The reader asked for bytes past the end of the file."""
+
+    def __init__(self, end: int) -> None:
+        super().__init__(end)
+        self.end = end
+
+
+class _Reader(gguf.GGUFReader):
+    """GGUFReader, refusing to read past the end of the file (its own reader returns a short array there, which
+    fails later as a reshape or an index error that does not say why)."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise _Truncated(end)
+        return super()._get(offset, dtype, count, override_order)
+
+
+class GGUFFile:
+    """The metadata and the tensors of one GGUF file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.is_file():
+            raise InputError(f"{path}: no such file")
+        try:
+            self.reader = _Reader(path)
+        except _Truncated as e:  # its header, or a tensor the header lists, reaches past the end
+            raise ArtifactError(f"{path}: truncated: {path.stat().st_size:,} bytes, but what its header describes "
+                                f"reaches byte {e.end:,}") from None
+        except (ValueError, KeyError, IndexError, OverflowError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"{path}: not a GGUF file gptport can read ({e})") from None
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.reader.fields)
+
+    def has(self, key: str) -> bool:
+        return key in self.reader.fields
+
+    def value(self, key: str, default: Any = None) -> Any:
+        """The value of metadata `key` (a number, bool, string or list), or `default` when the file lacks it."""
+        field = self.reader.fields.get(key)
+        if field is None:
+            return default
+        try:
+            return field.contents()
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"{self.path}: metadata {key} is unreadable ({e})") from None
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        value = self.value(key, default)
+        if value is None:
+            raise ArtifactError(f"{self.path}: no metadata {key}")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ArtifactError(f"{self.path}: metadata {key} must be an integer, not {value!r}")
+        return int(value)
+
+    def number(self, key: str, default: float | None = None) -> float:
+        """A float metadata value, as the shortest decimal of its float32 (1e-05, not 9.999999747e-06) when it
+        is stored as float32, so that config.json reads as the model's config did."""
+        field = self.reader.fields.get(key)
+        value = self.value(key, default)
+        if value is None:
+            raise ArtifactError(f"{self.path}: no metadata {key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ArtifactError(f"{self.path}: metadata {key} must be a number, not {value!r}")
+        if field is not None and field.types == [gguf.GGUFValueType.FLOAT32]:
+            return float(str(np.float32(value)))
+        return float(value)
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self.value(key, default)
+        if value is not None and not isinstance(value, str):
+            raise ArtifactError(f"{self.path}: metadata {key} must be a string, not {value!r}")
+        return value
+
+    def strings(self, key: str) -> list[str] | None:
+        value = self.value(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ArtifactError(f"{self.path}: metadata {key} must be a list of strings")
+        return value
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape as numpy has it: GGUF's dimensions reversed, (rows, columns) for a matrix."""
+        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+
+    def type_name(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def check_types(self) -> None:
+        """Refuse the first tensor of a type import-gguf does not dequantize, naming it and its type."""
+        for t in self.reader.tensors:
+            if t.tensor_type not in TYPES:
+                raise InputError(f"{self.path}: tensor {t.name} is {t.tensor_type.name}, a type gptport does not "
+                                 f"import (it takes {', '.join(q.name for q in TYPES)})")
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """Tensor `name` as float32 in numpy's shape, via gguf.quants.dequantize (an F32 tensor: a read-only view of
+        the mapped file)."""
+        t = self.tensors[name]
+        try:
+            out = gguf.quants.dequantize(t.data, t.tensor_type)
+        except (NotImplementedError, ValueError) as e:
+            raise InputError(f"{self.path}: tensor {name} ({t.tensor_type.name}) cannot be dequantized ({e})") from None
+        return np.ascontiguousarray(out, dtype=np.float32).reshape(self.shape(name))
