@@ -1,4 +1,5 @@
-"""`gptport export-gguf`: one GGUF file of llama.cpp's gpt2 architecture (no torch needed)."""
+"""`gptport export-gguf`: one GGUF file of llama.cpp's gpt2 architecture (no torch needed); `gptport import-gguf`:
+a llama.cpp GGUF file (llama or gpt2, float or quantized) as a gptport model directory."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ EXAMPLES = """Examples:
   gptport export-gguf models/mymodel --outtype q8_0 --out mymodel.q8_0.gguf
 
   llama-cli -m models/mymodel/model.f32.gguf -p "To be or not" -n 64 --temp 0
+"""
+IMPORT_EXAMPLES = """Example:
+
+  gptport import-gguf SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2
 """
 
 
@@ -43,3 +48,28 @@ def export_gguf(
               f"in {sum(s.tensor_types.values())} tensors ({types}); vocabulary {s.vocab_size}, "
               f"{s.n_merges} merges")
     err.print(f"next: llama-cli -m {s.path} -p \"...\" --temp 0")
+
+
+def import_gguf(
+    gguf_file: Annotated[Path, typer.Argument(help="A llama.cpp GGUF file of architecture llama or gpt2 (F32, F16, "
+                                              "BF16 or block-quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K).",
+                                              show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="gptport model directory to create.")],
+    force: Force = False,
+) -> None:
+    """Turn a GGUF file into a gptport model directory: weights dequantized to float32, the tokenizer rebuilt."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from gptport.cli.hf_cmd import _next
+    from gptport.export.gguf_import import import_gguf as run
+
+    with Progress(TextColumn("dequantizing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("", total=None)
+        s = run(gguf_file, out, force, lambda done, total, name: bar.update(task, completed=done, total=total,
+                                                                             description=name))
+    cfg = s.cfg
+    types = ", ".join(f"{n} {t}" for t, n in s.tensor_types.items())
+    err.print(f"wrote {out}: {cfg.n_params() / 1e6:.1f}M parameters ({s.architecture}; {types} in the file), "
+              f"vocabulary {cfg.vocab_size}, n_ctx {cfg.n_ctx}, {cfg.n_head} heads ({cfg.n_kv_head} key/value)"
+              f"{', chat template' if s.chat_template else ''}; next: {_next(cfg, out)}")

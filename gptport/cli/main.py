@@ -89,6 +89,7 @@ app.command("demo", epilog=demo_cmd.EXAMPLES, cls=ExamplesAsWritten)(demo_cmd.de
 app.command("export-hf", epilog=hf_cmd.EXPORT_EXAMPLES, cls=ExamplesAsWritten)(hf_cmd.export_hf)
 app.command("import-hf", epilog=hf_cmd.IMPORT_EXAMPLES, cls=ExamplesAsWritten)(hf_cmd.import_hf)
 app.command("export-gguf", epilog=gguf_cmd.EXAMPLES, cls=ExamplesAsWritten)(gguf_cmd.export_gguf)
+app.command("import-gguf", epilog=gguf_cmd.IMPORT_EXAMPLES, cls=ExamplesAsWritten)(gguf_cmd.import_gguf)
 app.command("export-web", epilog=web_cmd.EXAMPLES, cls=ExamplesAsWritten)(web_cmd.export_web)
 app.command("distill-corpus", epilog=distill_cmd.EXAMPLES, cls=ExamplesAsWritten)(distill_cmd.distill_corpus)
 

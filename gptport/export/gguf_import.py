@@ -1,0 +1,159 @@
+"""import-gguf: a llama.cpp GGUF file (architecture llama or gpt2, float or block-quantized tensors) as a gptport
+model directory. The file is read memory-mapped (gguf_file.py); its tokenizer is rebuilt (gguf_tokenizer.py),
+its metadata becomes a ModelConfig and its tensors gptport's (gguf_config.py). Every check runs before anything
+is written; the weights are then dequantized one tensor at a time and streamed into model.safetensors (float32,
+gptport's names, the tied head stored once, as training writes them), so that the peak memory is about one
+tensor's, not the model's. The directory is staged whole beside --out and renamed into place, as import-hf does;
+config.json records the source file's name and sha256 under "imported_from"."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptport import atomic, provenance
+from gptport import tokenizer as bpe
+from gptport.config import ModelConfig
+from gptport.errors import ArtifactError, InputError
+from gptport.export.gguf_config import Planned, architecture, model_config, plan, unpermute
+from gptport.export.gguf_file import GGUFFile
+from gptport.export.gguf_tokenizer import Rebuilt, rebuild
+from gptport.export.hf_files import CHAT_TEMPLATE
+from gptport.paths import CONFIG, WEIGHTS
+
+IMPORTED_FROM = "imported_from"  # config.json: the GGUF file the model came from
+Progress = Callable[[int, int, str], None]  # (tensors done, tensors in all, the last one's name)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What import_gguf wrote."""
+
+    out: Path
+    cfg: ModelConfig
+    architecture: str
+    tensor_types: dict[str, int]  # the source's GGML type name -> tensor count
+    n_tensors: int  # in model.safetensors
+    source_sha256: str
+    chat_template: bool
+
+
+def _assemble(f: GGUFFile, planned: Planned) -> np.ndarray:
+    """One of gptport's tensors from the file's: dequantized, cut, un-permuted, stacked; non-finite refused."""
+    arrays = []
+    for part in planned.parts:
+        a = f.dequantize(part.name)
+        if part.rows is not None:
+            a = a[: part.rows]
+        if part.heads is not None:
+            a = unpermute(a, part.heads)
+        arrays.append(a)
+    out = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    if not np.isfinite(out).all():
+        raise ArtifactError(f"{f.path}: tensor {planned.parts[0].name} holds NaN or infinite values")
+    return np.ascontiguousarray(out, dtype="<f4")
+
+
+def write_weights(path: Path, f: GGUFFile, planned: list[Planned], progress: Progress | None = None) -> str:
+    """model.safetensors written tensor by tensor (safetensors' layout: the header's length, its JSON, the
+    tensors' bytes in order), hashed as it is written; its sha256."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "step": "0"}}
+    offset = 0
+    for p in planned:
+        size = 4 * int(np.prod(p.shape))
+        header[p.name] = {"dtype": "F32", "shape": list(p.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)  # the tensors start 8-byte aligned
+    digest = hashlib.sha256()
+    with open(path, "wb") as out:
+        for chunk in (struct.pack("<Q", len(blob)), blob):
+            out.write(chunk)
+            digest.update(chunk)
+        for i, p in enumerate(planned, 1):
+            data = memoryview(_assemble(f, p)).cast("B")
+            if len(data) != 4 * int(np.prod(p.shape)):
+                raise ArtifactError(f"{f.path}: gptport's {p.name} came out {len(data)} bytes, not {p.shape}'s")
+            out.write(data)
+            digest.update(data)
+            if progress is not None:
+                progress(i, len(planned), p.name)
+        out.flush()
+        os.fsync(out.fileno())
+    return digest.hexdigest()
+
+
+def _write_config(model_dir: Path, cfg: ModelConfig, tok: bpe.BPETokenizer, sha: str, source: dict[str, Any]) -> None:
+    """checkpoint.write_config's config.json, with the source file recorded."""
+    from gptport.training import checkpoint
+
+    checkpoint.write_config(model_dir, cfg, tok, 0, sha)
+    path = model_dir / CONFIG
+    data = json.loads(path.read_text(encoding="utf-8"))
+    atomic.write_text(path, json.dumps({**data, IMPORTED_FROM: source}, indent=2) + "\n")
+
+
+def _stage_tokenizer(stage: Path, rebuilt: Rebuilt) -> None:
+    """tokenizer.json (rebuilt), its meta and GPT-2 files, and the file's tokenizer_config.json and chat template."""
+    bpe.save(rebuilt.tokenizer, stage, force=True)
+    (stage / bpe.HF_CONFIG_FILE).write_text(json.dumps(rebuilt.config, indent=2, ensure_ascii=False) + "\n",
+                                            encoding="utf-8")
+    if rebuilt.chat_template is not None:
+        (stage / CHAT_TEMPLATE).write_text(rebuilt.chat_template, encoding="utf-8")
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse an --out that is a file, or that holds a model already (unless `force`)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    if (out / bpe.TOKENIZER_FILE).exists() and not force:
+        raise InputError(f"{out}: already holds a model; pass --force to replace it")
+
+
+def import_gguf(path: Path, out: Path, force: bool = False, progress: Progress | None = None) -> Summary:
+    """Turn the GGUF file at `path` into a gptport model directory `out` (see the module's docstring)."""
+    check_out(out, force)
+    f = GGUFFile(path)
+    arch = architecture(f)
+    f.check_types()
+    rebuilt = rebuild(f)
+    cfg = model_config(f, arch, rebuilt.tokenizer.vocab_size, rebuilt.specials)
+    planned = plan(f, arch, cfg)
+    types = dict(sorted(Counter(f.type_name(n) for n in f.tensors).items()))
+    source = {"format": "gguf", "file": path.name, "sha256": provenance.file_digest(path),
+              "bytes": path.stat().st_size, "architecture": arch, "tensor_types": types}
+
+    whole = not out.exists() or not any(out.iterdir())
+    parent = out.parent if whole else out
+    parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=parent))
+    try:
+        _stage_tokenizer(stage, rebuilt)
+        staged = stage / WEIGHTS
+        sha = write_weights(staged, f, planned, progress)
+        if whole:
+            _write_config(stage, cfg, rebuilt.tokenizer, sha, source)
+            atomic.replace_dir(stage, out)
+        else:  # into a directory holding other files: config.json last, accepting the new weights before they land
+            from gptport.training import checkpoint
+
+            for item in stage.iterdir():
+                if item != staged:
+                    item.replace(out / item.name)
+            checkpoint.mark_pending(out, sha)
+            staged.replace(out / WEIGHTS)
+            _write_config(out, cfg, rebuilt.tokenizer, sha, source)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return Summary(out, cfg, arch, types, len(planned), source["sha256"], rebuilt.chat_template is not None)
