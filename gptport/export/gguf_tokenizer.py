@@ -3,7 +3,8 @@ reads, from its vocabulary, merges, token types, pre-tokenizer and special token
 keys), as transformers' GGUF converter rebuilds it (integrations/gguf/gguf_tokenizer_mapping.py):
 
 - tokenizer.ggml.model "gpt2": byte-level BPE over the file's merges, split first by the regex its
-  tokenizer.ggml.pre names (PRE below; a name gptport does not know is refused rather than guessed);
+  tokenizer.ggml.pre names (PRE below; a name gptport does not know is refused rather than guessed), the Llama 3
+  group with llama.cpp's ignore_merges and its bos added unless the file says otherwise;
 - "llama" (SentencePiece): BPE with byte fallback over Metaspace pieces, merges from the file or, when it has
   none, from the pieces' scores (the best-scored piece merges first, as SentencePiece's BPE does).
 
@@ -47,7 +48,9 @@ PRE: dict[str, str] = {  # tokenizer.ggml.pre -> how its text is split before BP
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), GPT4O),
     "tekken": TEKKEN,
 }
-IGNORE_MERGES = ("tekken",)  # whole words found in the vocabulary are taken as they are (llama.cpp's ignore_merges)
+# llama.cpp's Llama 3 group and tekken: a word found whole in the vocabulary is taken as it is (ignore_merges, as
+# Llama 3's tokenizer.json says too), and bos is added unless the file says otherwise (its add_bos default)
+LLAMA3_LIKE = (*(k for k, v in PRE.items() if v == LLAMA3 and k not in ("dbrx", "smaug-bpe")), "tekken")
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ def _backend(f: GGUFFile, model: str, tokens: list[str], types: list[int], ids: 
             if pre not in PRE:
                 raise InputError(f"{f.path}: tokenizer.ggml.pre {pre!r} is a pre-tokenizer gptport does not know "
                                  f"(it knows {', '.join(sorted(PRE))})")
-            tok = Tokenizer(models.BPE(vocab, _merges(f, tokens, types), ignore_merges=pre in IGNORE_MERGES))
+            tok = Tokenizer(models.BPE(vocab, _merges(f, tokens, types), ignore_merges=pre in LLAMA3_LIKE))
             split = PRE[pre]
             byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split in (GPT2, DIGITS))
             tok.pre_tokenizer = (byte_level if split == GPT2 else
@@ -167,7 +170,9 @@ def rebuild(f: GGUFFile) -> Rebuilt:
     if eos is None:
         raise InputError(f"{f.path}: no end-of-sequence token (tokenizer.ggml.eos_token_id)")
     bos = ids["bos"]
-    add_bos = f.value("tokenizer.ggml.add_bos_token", model == "llama") is True and bos is not None
+    pre = f.text("tokenizer.ggml.pre", "default") if model == "gpt2" else None
+    default_bos = model == "llama" or pre in LLAMA3_LIKE  # llama.cpp's, where the file does not say
+    add_bos = bos is not None and f.value("tokenizer.ggml.add_bos_token", default_bos) is True
     if add_bos:
         backend.post_processor = processors.TemplateProcessing(
             single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B", special_tokens=[(tokens[bos], bos)])
