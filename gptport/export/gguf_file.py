@@ -118,12 +118,14 @@ class GGUFFile:
                 raise InputError(f"{self.path}: tensor {t.name} is {t.tensor_type.name}, a type gptport does not "
                                  f"import (it takes {', '.join(q.name for q in TYPES)})")
 
-    def dequantize(self, name: str) -> np.ndarray:
-        """Tensor `name` as float32 in numpy's shape, via gguf.quants.dequantize (an F32 tensor: a read-only view of
-        the mapped file)."""
+    def dequantize(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Tensor `name` (its rows start:stop) as float32 in numpy's shape, via gguf.quants.dequantize (an F32
+        tensor: a read-only view of the mapped file)."""
         t = self.tensors[name]
+        shape = self.shape(name)
+        data = t.data if len(shape) < 2 else t.data[start:stop]
         try:
-            out = gguf.quants.dequantize(t.data, t.tensor_type)
+            out = gguf.quants.dequantize(data, t.tensor_type)
         except (NotImplementedError, ValueError) as e:
             raise InputError(f"{self.path}: tensor {name} ({t.tensor_type.name}) cannot be dequantized ({e})") from None
-        return np.ascontiguousarray(out, dtype=np.float32).reshape(self.shape(name))
+        return np.ascontiguousarray(out, dtype=np.float32).reshape(-1, *shape[1:]) if len(shape) > 1 else out

@@ -1,10 +1,10 @@
 """import-gguf: a llama.cpp GGUF file (architecture llama or gpt2, float or block-quantized tensors) as a gptport
 model directory. The file is read memory-mapped (gguf_file.py); its tokenizer is rebuilt (gguf_tokenizer.py),
 its metadata becomes a ModelConfig and its tensors gptport's (gguf_config.py). Every check runs before anything
-is written; the weights are then dequantized one tensor at a time and streamed into model.safetensors (float32,
+is written; the weights are then dequantized a piece at a time and streamed into model.safetensors (float32,
 gptport's names, the tied head stored once, as training writes them), so that the peak memory is about one
-tensor's, not the model's. The directory is staged whole beside --out and renamed into place, as import-hf does;
-config.json records the source file's name and sha256 under "imported_from"."""
+layer's attention weights, not the model's. The directory is staged whole beside --out and renamed into place, as
+import-hf does; config.json records the source file's name and sha256 under "imported_from"."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import shutil
 import struct
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from gptport.paths import CONFIG, WEIGHTS
 
 IMPORTED_FROM = "imported_from"  # config.json: the GGUF file the model came from
 Progress = Callable[[int, int, str], None]  # (tensors done, tensors in all, the last one's name)
+CHUNK = 1 << 22  # float32 values dequantized at a time (16 MiB) where a tensor's rows can come in pieces
 
 
 @dataclass(frozen=True)
@@ -49,20 +50,22 @@ class Summary:
     chat_template: bool
 
 
-def _assemble(f: GGUFFile, planned: Planned) -> np.ndarray:
-    """One of gptport's tensors from the file's: dequantized, cut, un-permuted, stacked; non-finite refused."""
+def _pieces(f: GGUFFile, planned: Planned) -> Iterator[np.ndarray]:
+    """One of gptport's tensors from the file's, in pieces of rows: dequantized, cut, un-permuted, stacked. A
+    tensor of one part, whose rows need no reordering (the embedding, the head, the MLP's), comes CHUNK values at a
+    time, so that gguf.quants' intermediates stay small; q, k and v (whose heads are reordered) come whole."""
+    parts = planned.parts
+    if len(parts) == 1 and parts[0].heads is None and len(planned.shape) == 2:
+        rows, cols = planned.shape
+        step = max(1, CHUNK // cols)
+        for start in range(0, rows, step):
+            yield f.dequantize(parts[0].name, start, min(rows, start + step))
+        return
     arrays = []
-    for part in planned.parts:
-        a = f.dequantize(part.name)
-        if part.rows is not None:
-            a = a[: part.rows]
-        if part.heads is not None:
-            a = unpermute(a, part.heads)
-        arrays.append(a)
-    out = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-    if not np.isfinite(out).all():
-        raise ArtifactError(f"{f.path}: tensor {planned.parts[0].name} holds NaN or infinite values")
-    return np.ascontiguousarray(out, dtype="<f4")
+    for part in parts:
+        a = f.dequantize(part.name)[: part.rows]
+        arrays.append(a if part.heads is None else unpermute(a, part.heads))
+    yield arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def write_weights(path: Path, f: GGUFFile, planned: list[Planned], progress: Progress | None = None) -> str:
@@ -82,11 +85,16 @@ def write_weights(path: Path, f: GGUFFile, planned: list[Planned], progress: Pro
             out.write(chunk)
             digest.update(chunk)
         for i, p in enumerate(planned, 1):
-            data = memoryview(_assemble(f, p)).cast("B")
-            if len(data) != 4 * int(np.prod(p.shape)):
-                raise ArtifactError(f"{f.path}: gptport's {p.name} came out {len(data)} bytes, not {p.shape}'s")
-            out.write(data)
-            digest.update(data)
+            written = 0
+            for piece in _pieces(f, p):
+                if not np.isfinite(piece).all():
+                    raise ArtifactError(f"{f.path}: tensor {p.parts[0].name} holds NaN or infinite values")
+                data = memoryview(np.ascontiguousarray(piece, dtype="<f4")).cast("B")
+                out.write(data)
+                digest.update(data)
+                written += len(data)
+            if written != 4 * int(np.prod(p.shape)):
+                raise ArtifactError(f"{f.path}: gptport's {p.name} came out {written} bytes, not {p.shape}'s")
             if progress is not None:
                 progress(i, len(planned), p.name)
         out.flush()
