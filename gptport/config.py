@@ -105,6 +105,16 @@ class ModelConfig:
         """Width of all key (or value) heads together: n_kv_head * head_dim."""
         return self.n_kv_head * self.head_dim
 
+    def llama_choices(self) -> list[str]:
+        """The Llama family's choices of this model's layers, named (empty for GPT-2's layers): what the
+        static-cache graphs and the web page are not written for yet."""
+        return [what for what, used in (
+            ("rope positions", self.pos_encoding == "rope"), ("RMSNorm", self.norm == "rmsnorm"),
+            ("SwiGLU", self.mlp == "swiglu"),
+            (f"{self.n_kv_head} key/value heads for {self.n_head} query heads", self.n_kv_head != self.n_head),
+            (f"heads {self.q_width} wide over d_model {self.d_model}", self.q_width != self.d_model),
+            ("q/k norm", self.qk_norm)) if used]
+
     def validate(self) -> None:
         """Refuse shapes the model cannot have, naming the field."""
         positive = ("vocab_size", "n_ctx", "d_model", "n_layer", "n_head", "d_ff", "n_kv_head", "head_dim")

@@ -35,7 +35,7 @@ def _reference(model: GPT, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray
     mask = np.ones_like(ids)
     pos = np.arange(ids.shape[1], dtype=np.int64)[None, :]
     cfg = model.cfg
-    empty = [np.zeros((1, cfg.n_head, 0, cfg.head_dim), dtype=np.float32) for _ in range(2 * cfg.n_layer)]
+    empty = [np.zeros((1, cfg.n_kv_head, 0, cfg.head_dim), dtype=np.float32) for _ in range(2 * cfg.n_layer)]
     with torch.no_grad():
         logits, past = torch_step(model)(ids, mask, pos, empty)
     exact_logits, exact_past = exact_step(model)(ids, mask, pos, empty)

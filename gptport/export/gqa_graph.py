@@ -29,26 +29,40 @@ from onnx import TensorProto, helper
 
 from gptport import contract
 from gptport.config import ModelConfig
+from gptport.errors import UsageError
 from gptport.export import graph_body
 from gptport.export.graph_body import Builder, sinusoidal_table
 
 CACHE = graph_body.CACHE
 OPSET = 21
 IR_VERSION = graph_body.IR_VERSION
-__all__ = ["CACHE", "IR_VERSION", "OPSET", "build", "sinusoidal_table", "unsupported"]
+__all__ = ["CACHE", "IR_VERSION", "OPSET", "build", "refuse_unsupported", "sinusoidal_table", "unsupported"]
 
 
 def unsupported(config: ModelConfig) -> str:
-    """Why this config cannot have a static-cache graph ("" when it can)."""
+    """Why this config cannot have the static-cache graphs, this one and scatter_graph.py's ("" when it
+    can): they are written for GPT-2's layers, so each of the Llama family's choices is named."""
+    llama = config.llama_choices()
+    if llama:
+        return f"the static-cache graphs are written for GPT-2's layers, not yet for {', '.join(llama)}"
     head_dim = config.head_dim
     if head_dim % 8:
         return f"GroupQueryAttention needs a head size that is a multiple of 8 (this model's is {head_dim})"
     return ""
 
 
+def refuse_unsupported(config: ModelConfig) -> None:
+    """A UsageError saying why, when this config cannot have the static-cache graphs (unsupported)."""
+    reason = unsupported(config)
+    if reason:
+        raise UsageError(f"no static-cache graph: {reason}")
+
+
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """The static-cache graph of a GPT with this config (config.json's "model") and these weights
-    (model.safetensors as numpy, GPT-2 names; the head is wte.weight when the embeddings are tied)."""
+    (model.safetensors as numpy, GPT-2 names; the head is wte.weight when the embeddings are tied);
+    refused for a config it cannot have (unsupported)."""
+    refuse_unsupported(config)
     n_layer, n_head = config.n_layer, config.n_head
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
     lengths = [contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH]

@@ -60,7 +60,7 @@ def calibrate(fp32_static: OnnxModel, windows: np.ndarray) -> tuple[np.ndarray, 
     windows (N, T), as the fp32 static graph computes them."""
     cfg = fp32_static.config
     slots = StaticSlots(fp32_static.session, cfg, 1)
-    k_max = np.zeros((cfg.n_layer, cfg.n_head, cfg.head_dim), dtype=np.float32)  # (L, H, hd)
+    k_max = np.zeros((cfg.n_layer, cfg.n_kv_head, cfg.head_dim), dtype=np.float32)  # (L, Hkv, hd)
     v_max = np.zeros_like(k_max)
     for row in windows:
         slots.free(0)

@@ -41,14 +41,16 @@ from onnx import TensorProto, helper
 
 from gptport import contract
 from gptport.config import ModelConfig
-from gptport.export import graph_body
+from gptport.export import gqa_graph, graph_body
 from gptport.export.graph_body import Builder
 
 OPSET = 24  # TensorScatter and Attention with nonpad_kv_seqlen
 
 
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """The multi-row append graph of a GPT with this config and these weights (as gqa_graph.build)."""
+    """The multi-row append graph of a GPT with this config and these weights (as gqa_graph.build; refused
+    for the configs gqa_graph.unsupported names)."""
+    gqa_graph.refuse_unsupported(config)
     n_layer, n_head, head_dim = config.n_layer, config.n_head, config.head_dim
     d_model = n_head * head_dim
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)

@@ -12,16 +12,22 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gptport.config import ModelConfig
+
 Past = list[Any]
 StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Past], tuple[np.ndarray, Past]]
 FLOAT32 = np.dtype(np.float32)
 
 
 class Engine(Protocol):
-    """What the loop needs of a model: its context length, a step function and an empty cache."""
+    """What the loop needs of a model: its context length, its config (vocabulary, special tokens), a step
+    function and an empty cache."""
 
     @property
     def n_ctx(self) -> int: ...
+
+    @property
+    def config(self) -> ModelConfig: ...
 
     def step(self, last_only: bool = False) -> StepFn: ...
 
@@ -45,6 +51,7 @@ def positions(mask: np.ndarray) -> np.ndarray:
     return np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
 
 
-def empty_past(batch: int, n_layer: int, n_head: int, head_dim: int, dtype: np.dtype = FLOAT32) -> Past:
-    """A zero-length numpy KV cache: (B, H, 0, hd) per key and value of each layer."""
-    return [np.zeros((batch, n_head, 0, head_dim), dtype=dtype) for _ in range(2 * n_layer)]
+def empty_past(batch: int, n_layer: int, n_kv_head: int, head_dim: int, dtype: np.dtype = FLOAT32) -> Past:
+    """A zero-length numpy KV cache: (B, Hkv, 0, hd) per key and value of each layer (Hkv: the config's
+    n_kv_head, which is n_head but for grouped key/value heads)."""
+    return [np.zeros((batch, n_kv_head, 0, head_dim), dtype=dtype) for _ in range(2 * n_layer)]

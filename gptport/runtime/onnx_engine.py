@@ -68,13 +68,13 @@ class OnnxModel:
         return self.provider in ("cuda", "tensorrt")
 
     def empty_past(self, batch: int) -> Past:
-        """A zero-length cache (B, H, 0, hd) per key and value, where the step function wants it; for
-        the static-cache graph, the preallocated (B, H, n_ctx, hd) buffers."""
+        """A zero-length cache (B, Hkv, 0, hd) per key and value, where the step function wants it; for
+        the static-cache graph, the preallocated (B, Hkv, n_ctx, hd) buffers (Hkv: n_kv_head)."""
         if self.cache == contract.CACHE_STATIC:
             if self._buffers is None:
                 self._buffers = static_cache.Buffers(self.config, self.kv_dtype)
             return self._buffers.fresh(batch)
-        shape = (batch, self.config.n_head, 0, self.config.head_dim)
+        shape = (batch, self.config.n_kv_head, 0, self.config.head_dim)
         if not self.on_gpu:
             return [np.zeros(shape, dtype=self.kv_dtype) for _ in range(2 * self.n_layer)]
         return [ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.kv_dtype.type, "cuda", 0)
@@ -250,12 +250,12 @@ def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tu
 
 def check_io(session: ort.InferenceSession, config: ModelConfig, cache: str, path: Path) -> None:
     """Refuse a graph whose inputs and outputs are not those its recorded config implies (the metadata
-    damaged, or not written by gptport export): names per layer, heads and head size of the cache,
-    vocabulary of the logits."""
-    n_layer, n_head, d_model, vocab = config.n_layer, config.n_head, config.d_model, config.vocab_size
+    damaged, or not written by gptport export): names per layer, heads (n_kv_head) and head size of the
+    cache, vocabulary of the logits."""
+    n_layer, n_kv_head, d_model, vocab = config.n_layer, config.n_kv_head, config.d_model, config.vocab_size
     names = {contract.CACHE_STATIC: contract.static_input_names, contract.CACHE_APPEND: contract.append_input_names}
     expected = {"input names": sorted(names.get(cache, contract.input_names)(n_layer)),
-                "cache heads": n_head, "head size": config.head_dim, "vocabulary": vocab}
+                "cache heads": n_kv_head, "head size": config.head_dim, "vocabulary": vocab}
     inputs = session.get_inputs()
     past = next((i.shape for i in inputs if i.name.startswith("past_key_values.")), [None] * 4)
     found = {"input names": sorted(i.name for i in inputs), "cache heads": past[1], "head size": past[3],
@@ -263,5 +263,5 @@ def check_io(session: ort.InferenceSession, config: ModelConfig, cache: str, pat
     differ = [k for k in expected if found[k] != expected[k] and not isinstance(found[k], (str, type(None)))]
     if differ:
         raise ArtifactError(f"{path}: its {', '.join(differ)} disagree with its {contract.META_CONFIG} metadata "
-                            f"(n_layer {n_layer}, n_head {n_head}, d_model {d_model}, vocab_size {vocab}); "
+                            f"(n_layer {n_layer}, n_kv_head {n_kv_head}, d_model {d_model}, vocab_size {vocab}); "
                             "export it again")

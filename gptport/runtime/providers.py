@@ -47,7 +47,7 @@ def install_hint(provider: str) -> str:
 def trt_profiles(config: ModelConfig, max_batch: int = TRT_MAX_BATCH) -> dict[str, str]:
     """Optimization profiles for every dynamic input, the KV cache included: batch 1..max_batch,
     sequence 1..n_ctx, past 0..n_ctx-1; the optimum is batch-1 decoding at half the context."""
-    n_ctx, heads, hd, n_layer = config.n_ctx, config.n_head, config.head_dim, config.n_layer
+    n_ctx, heads, hd, n_layer = config.n_ctx, config.n_kv_head, config.head_dim, config.n_layer
     half = max(1, n_ctx // 2)
 
     def shapes(batch: int, seq: int, past: int) -> str:

@@ -100,7 +100,7 @@ class StaticSlots(SlotEngine):
         self.session, self.slots = session, slots
         self.n_ctx, layers, self.vocab_size = config.n_ctx, config.n_layer, config.vocab_size
         self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
-        shape = (slots, config.n_head, self.n_ctx, config.head_dim)  # (S, H, C, hd)
+        shape = (slots, config.n_kv_head, self.n_ctx, config.head_dim)  # (S, Hkv, C, hd)
         self.buffers = [np.zeros(shape, dtype=dtype) for _ in range(2 * layers)]
         self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
         self.tokens = np.zeros((slots, self.n_ctx), dtype=np.int64)  # (S, C) the ids each row's cache was written with

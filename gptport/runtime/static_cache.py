@@ -35,7 +35,7 @@ class Buffers:
 
     def __init__(self, config: ModelConfig, dtype: np.dtype) -> None:
         self.layers = config.n_layer
-        self.shape = (config.n_head, config.n_ctx, config.head_dim)  # (H, C, hd)
+        self.shape = (config.n_kv_head, config.n_ctx, config.head_dim)  # (Hkv, C, hd)
         self.dtype = dtype
         self._live: dict[int, StaticCache] = {}
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.runtime.engine import Past, StepFn
 from gptport.runtime.loader import Opened, load_tokenizer
@@ -43,6 +44,10 @@ class TorchEngine:
     @property
     def n_ctx(self) -> int:
         return self.model.cfg.n_ctx
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
 
     def step(self, last_only: bool = False) -> StepFn:
         return torch_step(self.model, last_only)
