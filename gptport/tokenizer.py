@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,15 @@ class BPETokenizer:
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def joins(self) -> bool:
+        """Whether any text decodes as its tokens' decodings joined: true for a byte-level decoder; not for a
+        SentencePiece-style one (Metaspace, or Strip), which drops the space that starts what it decodes, so
+        that a token's text depends on the tokens before it (runtime/detok.py decodes it after them)."""
+        decoder = json.loads(self.json).get("decoder") or {}
+        parts = decoder.get("decoders", [decoder]) if isinstance(decoder, dict) else []
+        return bool(parts) and all(isinstance(d, dict) and d.get("type") == "ByteLevel" for d in parts)
 
     @property
     def special_tokens(self) -> dict[str, int]:

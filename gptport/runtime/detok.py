@@ -4,7 +4,9 @@ A multi-byte UTF-8 character can span tokens; decoding a partial one yields U+FF
 back until its last character is whole. Text that could be the start of a stop string is held back
 too, so that a stop string never reaches the output. A stop string can only be completed by the
 characters a token adds, so each push checks, for each added character, only the stops that end with
-it: many stops cost little more per token than one. No torch here.
+it: many stops cost little more per token than one. A SentencePiece-style tokenizer's decoder drops the
+space ("▁") that starts what it decodes, so there a token is decoded after the tokens printed just before
+it and the text they decode to is taken off: the text streamed is the whole decode's. No torch here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from gptport.tokenizer import BPETokenizer
 
 MAX_PENDING = 4  # a UTF-8 character is at most 4 bytes: past that many tokens, U+FFFD is real
+CONTEXT = 4  # tokens already printed that a token is decoded after (a tokenizer that does not join: tok.joins)
 
 
 class TextStream:
@@ -29,6 +32,7 @@ class TextStream:
         self.text = ""  # everything decoded so far (cut at a stop string)
         self.emitted = 0  # characters of `text` already returned
         self.pending: list[int] = []
+        self.context: list[int] | None = None if tok.joins else []  # the last tokens printed, where they matter
         self.stopped = False
 
     def push(self, token: int) -> str:
@@ -36,9 +40,11 @@ class TextStream:
         if self.stopped:
             return ""
         self.pending.append(token)
-        piece = self.tok.decode(self.pending)
+        piece = self._decode()
         if piece.endswith("\ufffd") and len(self.pending) < MAX_PENDING:
             return ""  # the character is not whole yet
+        if self.context is not None:
+            self.context = [*self.context, *self.pending][-CONTEXT:]
         self.pending = []
         old = len(self.text)
         self.text += piece
@@ -48,6 +54,15 @@ class TextStream:
         safe = len(self.text) if self.stopped else max(self.emitted, len(self.text) - self.hold)
         out, self.emitted = self.text[self.emitted:safe], safe
         return out
+
+    def _decode(self) -> str:
+        """The text the pending tokens add: decoded alone, or after the context where the tokenizer does not
+        join (the text the context decodes to taken off the front)."""
+        if not self.context:
+            return self.tok.decode(self.pending)
+        before = self.tok.decode(self.context)
+        whole = self.tok.decode([*self.context, *self.pending])
+        return whole[len(before):] if whole.startswith(before) else self.tok.decode(self.pending)
 
     def _first_stop(self, old: int) -> int | None:
         """Where the earliest stop string that ends past `old` (in the text just added) starts, if any."""
@@ -62,7 +77,7 @@ class TextStream:
     def finish(self) -> str:
         """The text held back at the end of generation."""
         if self.pending and not self.stopped:
-            self.text += self.tok.decode(self.pending)
+            self.text += self._decode()
             self.pending = []
         out, self.emitted = self.text[self.emitted:], len(self.text)
         return out
