@@ -98,6 +98,7 @@ def generate(
     from gptport.runtime.generate import generate as run
     from gptport.runtime.loader import encode_prompts, read_prompt_file
     from gptport.runtime.sampling import Sampling
+    from gptport.specials import end_ids
 
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, seed, presence_penalty, frequency_penalty,
                         min_p)
@@ -110,7 +111,9 @@ def generate(
     spin = "step" if draft is not None else "always"
     opened = open_engine(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache,
                          fmt=graph_format, spin=spin, kv_dtype=kv_dtype)
-    ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn)
+    ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn,
+                         config=opened.engine.config)
+    ends = end_ids(opened.engine.config, opened.tok)
     streams = [TextStream(opened.tok, stop or []) for _ in ids]
     live = len(ids) == 1 and not as_json
 
@@ -133,7 +136,7 @@ def generate(
         matchers = [grammars.matcher(compiled, spec.json_like) for _ in ids]
     stats = None
     if drafter is None:
-        results = run(opened.engine, ids, max_new_tokens, sampling, opened.tok.eot_id,
+        results = run(opened.engine, ids, max_new_tokens, sampling, ends,
                       overflow=context_overflow.value, on_token=on_token, matchers=matchers)
     else:  # one prompt at a time: drafts are verified at batch 1
         from gptport.runtime.speculative import SpecStats, speculate
@@ -141,7 +144,7 @@ def generate(
         stats = SpecStats()
         results = []
         for i, p in enumerate(ids):
-            results.append(speculate(opened.engine, drafter(), p, max_new_tokens, sampling, opened.tok.eot_id,
+            results.append(speculate(opened.engine, drafter(), p, max_new_tokens, sampling, ends,
                                      context_overflow.value, lambda _, t, i=i: on_token(i, t), draft_tokens, stats))
     for i, (res, stream) in enumerate(zip(results, streams, strict=True)):
         tail = stream.finish()

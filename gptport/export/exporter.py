@@ -263,7 +263,7 @@ def _check_fp32(job: _Job, proto: onnx.ModelProto) -> None:
     onnx_model = load_cpu(job.plain)
     report.parity = validate.parity(model, onnx_model.step(), job.tol)
     validate.refuse("fp32 parity", report.parity)
-    job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx)
+    job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
     report.greedy_tokens = validate.greedy_match(model, onnx_model, job.prompts)
     job.passed[fp32] = job.plain
 

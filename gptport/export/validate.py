@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptport import specials
+from gptport.config import ModelConfig
 from gptport.errors import InputError, UsageError, ValidationError
 from gptport.export.agreement import agrees
 from gptport.export.tolerance import Check, Tolerance, cache_quantities, compare, merge, worst
@@ -182,16 +184,19 @@ def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0) 
     return rows
 
 
-def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3) -> list[list[int]]:
-    """Prompts for the greedy check: snippets of the validation shard, else fixed strings."""
+def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3,
+            config: ModelConfig | None = None) -> list[list[int]]:
+    """Prompts for the greedy check: snippets of the validation shard, else fixed strings; each after the
+    begin token of the model of `config` where its tokenizer adds one (specials.start_ids)."""
     val = model_dir / DATA_DIR / VAL_SHARD
-    width = max(1, min(16, n_ctx - GREEDY_TOKENS))
+    start = [] if config is None else specials.start_ids(config)
+    width = max(1, min(16, n_ctx - GREEDY_TOKENS) - len(start))
     if val.is_file():
         arr = read_shard(val, token_dtype(tok.vocab_size), tok.vocab_size)
         if len(arr) > 3 * width:
             starts = np.linspace(0, len(arr) - width - 1, count).astype(int)
-            return [[int(t) for t in arr[s:s + width - i * (width // 4)]] for i, s in enumerate(starts)]
-    return [tok.encode(p)[:width] or [tok.eot_id] for p in FALLBACK_PROMPTS[:count]]
+            return [[*start, *(int(t) for t in arr[s:s + width - i * (width // 4)])] for i, s in enumerate(starts)]
+    return [[*start, *tok.encode(p)[:width]] or [tok.eot_id] for p in FALLBACK_PROMPTS[:count]]
 
 
 def greedy_match(model: GPT, engine: Engine, prompt_ids: list[list[int]]) -> int:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptport import __version__, atomic, contract
+from gptport import __version__, atomic, contract, specials
 from gptport import tokenizer as bpe
-from gptport.config import read_json
+from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.export.hf import gpt2_config
 from gptport.page_style import styled
@@ -144,12 +144,22 @@ def reference_tokens(model_dir: Path) -> tuple[list[dict[str, Any]], OnnxModel, 
     from gptport.runtime.sampling import Sampling
 
     opened = open_model(model_dir, cache=contract.CACHE_CONCAT)
-    tok, out = opened.tok, []
+    tok, out, cfg = opened.tok, [], opened.engine.config
+    refuse_llama(cfg, model_dir / contract.onnx_file("fp32", contract.CACHE_CONCAT))
     for prompt in REFERENCE_PROMPTS:
-        ids = tok.encode(prompt) or [tok.eot_id]
-        row = generate(opened.engine, [ids], REFERENCE_TOKENS, Sampling(), tok.eot_id)[0]
+        ids = specials.prompt_ids(cfg, tok, prompt)
+        row = generate(opened.engine, [ids], REFERENCE_TOKENS, Sampling(), specials.end_ids(cfg, tok))[0]
         out.append({"prompt": prompt, "prompt_ids": ids, "token_ids": row.new_ids})
     return out, opened.engine, tok
+
+
+def refuse_llama(cfg: ModelConfig, graph: Path) -> None:
+    """A UsageError naming what the page and transformers.js's gpt2 config lack for this model: the Llama
+    family's layers (the page's cache has n_head heads), a begin token, end tokens besides <|endoftext|>."""
+    lacking = [*cfg.llama_choices(), *(["a begin token (add_bos)"] if cfg.add_bos else []),
+               *([f"end tokens {list(cfg.eos_ids)}"] if cfg.eos_ids else [])]
+    if lacking:
+        raise UsageError(f"{graph}: export-web writes GPT-2-shaped models only; this one has {', '.join(lacking)}")
 
 
 def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Path | None = None,
@@ -162,10 +172,10 @@ def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Pat
         raise InputError(f"{out}: exists; pass --force to replace it")
     if out.resolve() == model_dir.resolve() or model_dir.resolve() in out.resolve().parents:
         raise UsageError(f"--out {out}: inside the model directory; choose a folder of its own")
-    modules = npm_modules(runtime_dir, say)
     say("greedy reference tokens (onnxruntime, cpu)")
     references, engine, tok = reference_tokens(model_dir)
     cfg = engine.config
+    modules = npm_modules(runtime_dir, say)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:

@@ -21,6 +21,7 @@ from gptport.errors import InputError, UsageError
 from gptport.runtime.engine import Engine
 from gptport.runtime.generate import generate
 from gptport.runtime.sampling import Sampling
+from gptport.specials import end_ids
 from gptport.tokenizer import EOT, BPETokenizer
 
 READ_BYTES = 16 * 1024  # read at each drawn offset: enough for the longest prompt asked of a text file
@@ -99,7 +100,7 @@ def samples(engine: Engine, tok: BPETokenizer, prompts: Sequence[list[int]], pla
         t0 = time.perf_counter()
         # seeds differ per batch (generate seeds every row of a call alike), so sampled batches differ
         sampling = replace(plan.sampling, seed=plan.sampling.seed + lo)
-        rows = generate(engine, batch, plan.new_tokens, sampling, tok.eot_id, overflow="stop")
+        rows = generate(engine, batch, plan.new_tokens, sampling, end_ids(engine.config, tok), overflow="stop")
         stats.seconds += time.perf_counter() - t0
         for prompt, row in zip(batch, rows, strict=True):
             stats.samples += 1

@@ -1,6 +1,7 @@
 """Perplexity and bits per byte of held-out text over a sliding window, on any engine. No torch here.
 
-The text is encoded after one <|endoftext|>, so that every text token is predicted from something.
+The text is encoded after one token, so that every text token is predicted from something: the model's
+begin token where it has one, else <|endoftext|> (specials.document_start).
 Windows of n_ctx tokens advance by `stride`; each scores only the tokens no earlier window scored, so
 every token is scored once, with at least n_ctx - stride tokens of context (all of it in the first window).
 With `per_token`, the result also holds each scored token's id and natural-log probability, in text order
@@ -17,6 +18,7 @@ import numpy as np
 
 from gptport.errors import InputError, UsageError
 from gptport.runtime.engine import Engine, positions
+from gptport.specials import document_start
 from gptport.tokenizer import BPETokenizer, token_bytes
 
 
@@ -40,7 +42,7 @@ def evaluate(engine: Engine, tok: BPETokenizer, text: str, stride: int | None = 
     stride = n_ctx // 2 if stride is None else stride
     if not 0 < stride <= n_ctx:
         raise UsageError(f"--stride must be in 1..{n_ctx} (the model's n_ctx), not {stride}")
-    ids = np.array([tok.eot_id, *tok.encode(text)], dtype=np.int64)
+    ids = np.array([document_start(engine.config, tok), *tok.encode(text)], dtype=np.int64)
     if len(ids) < 2:
         raise InputError("nothing to evaluate: the text is empty")
     sizes = token_bytes(tok)

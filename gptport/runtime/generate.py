@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Literal
@@ -15,6 +15,7 @@ import numpy as np
 
 from gptport.runtime.engine import Engine, left_pad, positions
 from gptport.runtime.sampling import Sampling, choose
+from gptport.specials import as_ends
 
 if TYPE_CHECKING:  # llguidance loads only when a constraint is asked for
     from gptport.runtime.constraint import Matcher
@@ -42,17 +43,18 @@ def generate(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     sampling: Sampling,
-    eot_id: int,
+    eot_id: int | Collection[int],
     overflow: Overflow = "slide",
     on_token: Callable[[int, int], bool] | None = None,
     matchers: Sequence[Matcher | None] | None = None,
 ) -> list[RowResult]:
     """Generate for a batch of prompts: one prefill, then one token per step through the KV cache.
 
-    A row stops at `eot_id`, when `on_token(row, token)` returns True (a stop string), or after
-    `max_new_tokens`. Each row samples with its own generator seeded with `sampling.seed`, so it gives
-    the text it would give alone. When the sequence reaches n_ctx: `slide` re-prefills each row's most
-    recent n_ctx // 2 tokens and goes on; `stop` ends every unfinished row with reason "context".
+    A row stops at `eot_id` (one end token, or a set of them: any ends it; specials.end_ids), when
+    `on_token(row, token)` returns True (a stop string), or after `max_new_tokens`. Each row samples
+    with its own generator seeded with `sampling.seed`, so it gives the text it would give alone. When
+    the sequence reaches n_ctx: `slide` re-prefills each row's most recent n_ctx // 2 tokens and goes
+    on; `stop` ends every unfinished row with reason "context".
     A row with a matcher (runtime/constraint.py) samples only what its grammar allows and ends with
     reason "grammar" when the grammar is complete; its next mask is computed while the step runs.
     """
@@ -63,6 +65,7 @@ def generate(
     counts: list[Counter[int] | None] = [Counter() if sampling.penalized else None for _ in prompts]
     active = [True] * len(rows)
     constrained = Constrained(matchers, engine.config.vocab_size) if matchers and any(matchers) else None
+    ends = as_ends(eot_id)
 
     t0 = time.perf_counter()
     ids, mask = left_pad([r.prompt_ids for r in rows])  # (B, P)
@@ -73,9 +76,9 @@ def generate(
     for _ in range(max_new_tokens):
         if constrained is not None:
             constrained.mask(logits, active)
-        nxt = _choose_all(rows, active, logits, sampling, rngs, counts, eot_id, max_new_tokens, on_token)  # (B,)
+        nxt = _choose_all(rows, active, logits, sampling, rngs, counts, ends, max_new_tokens, on_token)  # (B,)
         if constrained is not None:
-            constrained.consume(rows, active, nxt, eot_id)
+            constrained.consume(rows, active, nxt, ends)
         if not any(active):
             break
         if mask.shape[1] < n_ctx:  # room for one more token: one decode step through the cache
@@ -98,17 +101,18 @@ def generate(
 
 
 def _choose_all(rows: list[RowResult], active: list[bool], logits: np.ndarray, sampling: Sampling,
-                rngs: list[np.random.Generator], counts: list[Counter[int] | None], eot_id: int,
+                rngs: list[np.random.Generator], counts: list[Counter[int] | None], ends: frozenset[int],
                 max_new_tokens: int, on_token: Callable[[int, int], bool] | None) -> np.ndarray:
-    """Each active row's next token from `logits` (B, 1, V), its counts updated; rows that end are marked
-    inactive with their reason. Finished rows get EOT, which the next step computes and nobody reads."""
-    nxt = np.full(len(rows), eot_id, dtype=np.int64)  # (B,)
+    """Each active row's next token from `logits` (B, 1, V), its counts updated; rows that end (on a token
+    of `ends`, ...) are marked inactive with their reason. Finished rows get an end token, which the next
+    step computes and nobody reads."""
+    nxt = np.full(len(rows), min(ends, default=0), dtype=np.int64)  # (B,)
     for i, row in enumerate(rows):
         if not active[i]:
             continue
         tok = choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids), counts[i])
         nxt[i] = tok
-        if tok == eot_id:
+        if tok in ends:
             active[i], row.finish_reason = False, "eot"
             continue
         row.new_ids.append(tok)
@@ -144,9 +148,9 @@ class Constrained:
             self.masks.apply(last, rows, ms)  # type: ignore[arg-type]
             logits[:, -1] = last
 
-    def consume(self, rows: list[RowResult], active: list[bool], nxt: np.ndarray, eot_id: int) -> None:
+    def consume(self, rows: list[RowResult], active: list[bool], nxt: np.ndarray, ends: frozenset[int]) -> None:
         for i, m in enumerate(self.matchers):
-            if m is None or nxt[i] == eot_id or not rows[i].new_ids or rows[i].new_ids[-1] != nxt[i]:
+            if m is None or int(nxt[i]) in ends or not rows[i].new_ids or rows[i].new_ids[-1] != nxt[i]:
                 continue
             if not m.consume(int(nxt[i])):
                 raise RuntimeError(f"the constraint refused token {int(nxt[i])}: {m.error}")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gptport import contract, provenance
+from gptport import contract, provenance, specials
 from gptport import tokenizer as bpe
-from gptport.config import read_json
+from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.paths import CONFIG
 from gptport.runtime import onnx_engine
@@ -154,20 +154,24 @@ def open_model(model_dir: Path, provider: str = "cpu", precision: str = "fp32", 
 
 
 def encode_prompts(tok: bpe.BPETokenizer, prompts: Sequence[str], n_ctx: int, truncate: bool = True,
-                   warn: Callable[[str], None] = lambda m: None) -> list[list[int]]:
-    """Token ids of each prompt; an empty prompt starts from <|endoftext|>. A prompt longer than n_ctx
-    keeps its last n_ctx tokens (with a warning), or is refused when `truncate` is False."""
+                   warn: Callable[[str], None] = lambda m: None, config: ModelConfig | None = None
+                   ) -> list[list[int]]:
+    """Token ids of each prompt, as specials.prompt_ids encodes it for the model of `config` (its begin
+    token first where its tokenizer adds one; None: none); an empty prompt starts from <|endoftext|>. A
+    prompt longer than n_ctx keeps its last n_ctx tokens (after its begin token, kept), with a warning,
+    or is refused when `truncate` is False."""
     if not prompts:
         raise UsageError("no prompt: give PROMPT arguments or --file PROMPTS.txt")
     out = []
+    start = [] if config is None else specials.start_ids(config)
     for i, text in enumerate(prompts, 1):
-        ids = tok.encode(text) or [tok.eot_id]
+        ids = (tok.encode(text) or [tok.eot_id]) if config is None else specials.prompt_ids(config, tok, text)
         if len(ids) > n_ctx:
             if not truncate:
                 raise InputError(f"prompt {i} is {len(ids)} tokens, longer than the model's n_ctx {n_ctx} "
                                  "(drop --no-truncate to keep its last n_ctx tokens)")
             warn(f"prompt {i} is {len(ids)} tokens > n_ctx {n_ctx}: kept its last {n_ctx}")
-            ids = ids[-n_ctx:]
+            ids = [*start, *ids[len(start) - n_ctx:]]
         out.append(ids)
     return out
 

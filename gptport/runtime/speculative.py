@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +34,7 @@ import numpy as np
 from gptport.runtime.generate import Overflow, RowResult
 from gptport.runtime.sampling import Sampling, draw, penalized, probs
 from gptport.runtime.slots import StaticSlots
+from gptport.specials import as_ends
 
 K_START, K_MAX = 4, 16  # the adaptive draft length: where it starts and its bound
 # a draft model's session runs on this many threads unless told (--draft-threads): a tiny draft's
@@ -247,12 +248,14 @@ def verify(logits: np.ndarray, drafts: Sequence[int], dists: Sequence[np.ndarray
 
 
 def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling,
-              eot_id: int, overflow: Overflow = "slide", on_token: Callable[[int, int], bool] | None = None,
-              k: int | None = None, stats: SpecStats | None = None) -> RowResult:
+              eot_id: int | Collection[int], overflow: Overflow = "slide",
+              on_token: Callable[[int, int], bool] | None = None, k: int | None = None,
+              stats: SpecStats | None = None) -> RowResult:
     """Generate for one prompt with drafts (`drafter` None: the same loop without any, for comparison).
-    Ends as generate() does: eot, `on_token` True (a stop string), max_new_tokens, or the context
-    (`slide` re-prefills the last n_ctx // 2 tokens). `k`: drafts per step, fixed; None: adaptive (up
-    while every draft stands, down after a rejection). A seeded run gives the same output each time."""
+    Ends as generate() does: an end token (any of `eot_id`), `on_token` True (a stop string),
+    max_new_tokens, or the context (`slide` re-prefills the last n_ctx // 2 tokens). `k`: drafts per
+    step, fixed; None: adaptive (up while every draft stands, down after a rejection). A seeded run
+    gives the same output each time."""
     model = static_model(target, "speculative decoding")
     slots, n_ctx = StaticSlots(model.session, model.config, 1, model.kv_dtype), model.n_ctx
     stats = stats if stats is not None else SpecStats()
@@ -260,6 +263,7 @@ def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_n
     counts: Counter[int] | None = Counter() if sampling.penalized else None  # the generated tokens' counts
     row = RowResult(list(prompt))
     seq = list(prompt)
+    ends = as_ends(eot_id)
     t0 = time.perf_counter()
     if len(seq) > 1:  # the cache holds every token but the last, whose logits come with the drafts'
         slots.append(0, np.asarray(seq[:-1], dtype=np.int64))
@@ -293,18 +297,18 @@ def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_n
         stats.tokens += len(accepted) + 1
         if k is None and drafts:
             k_now = min(k_now + 2, K_MAX) if len(accepted) == want else max(1, k_now - 1)
-        if _emit(row, seq, counts, [*accepted, own], eot_id, max_new_tokens, on_token):
+        if _emit(row, seq, counts, [*accepted, own], ends, max_new_tokens, on_token):
             break
     row.decode_s = time.perf_counter() - t_decode
     return row
 
 
-def _emit(row: RowResult, seq: list[int], counts: Counter[int] | None, tokens: Sequence[int], eot_id: int,
+def _emit(row: RowResult, seq: list[int], counts: Counter[int] | None, tokens: Sequence[int], ends: frozenset[int],
           max_new_tokens: int, on_token: Callable[[int, int], bool] | None) -> bool:
     """Append tokens to the output (and to the counts, where kept) as generate() would, one by one; True
     when the sequence ended."""
     for tok in tokens:
-        if tok == eot_id:
+        if tok in ends:
             row.finish_reason = "eot"
             return True
         row.new_ids.append(tok)

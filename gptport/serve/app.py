@@ -84,6 +84,7 @@ class State:
         self.tok: Any = None
         self.n_ctx = 0
         self.render: Any = None
+        self.start: list[int] = []  # what a text prompt starts with: the model's begin token where it adds one
         self.grammars: Any = None  # runtime.constraint.Grammars: compiles the requests' constraints
         self.error: str | None = None
         self.created = int(time.time())
@@ -94,6 +95,7 @@ class State:
         from gptport.runtime.loader import open_model
         from gptport.runtime.slots import open_slots
         from gptport.serve.chat import renderer
+        from gptport.specials import end_ids, start_ids
 
         s = self.settings
         try:
@@ -106,13 +108,14 @@ class State:
             drafting, drafts_from = _drafting(s, opened)
             self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
                                        s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab), drafting,
-                                       s.prefix_cache)
+                                       s.prefix_cache, end_ids(opened.engine.config, opened.tok))
         except Exception as e:  # noqa: BLE001 - whatever stops the load stops the server, with its message
             self.error = str(e) if isinstance(e, GptportError) else f"loading the model failed: {type(e).__name__}: {e}"
             log.debug("load failed", exc_info=True)
             s.on_failure(self.error)
             return
         self.tok, self.n_ctx = opened.tok, opened.engine.n_ctx
+        self.start = start_ids(opened.engine.config)
         self.metrics.slots.set(s.slots)
         self.metrics.capacity.set(s.slots * self.n_ctx)
         engine: Any = opened.engine  # an OnnxModel: serve opens onnx engines only
@@ -121,7 +124,7 @@ class State:
         threads = engine.session.get_session_options().intra_op_num_threads
         self.metrics.info.labels(s.model_name, graph, opened.provider, str(threads or "auto")).set(1)
         self.scheduler.start()
-        per_slot = 2 * engine.config.n_layer * engine.config.d_model * self.n_ctx * engine.kv_dtype.itemsize
+        per_slot = 2 * engine.config.n_layer * engine.config.kv_width * self.n_ctx * engine.kv_dtype.itemsize
         kv = per_slot * s.slots
         self.metrics.kv_bytes.labels(kv_type).set(per_slot)
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
@@ -267,7 +270,7 @@ def create_app(settings: Settings) -> Starlette:
         body = await _body(request, settings.max_body)
         name = check_model(body)
         state.ready()
-        job = protocol.completion_job(body, state.tok, state.n_ctx, settings.slots)
+        job = protocol.completion_job(body, state.tok, state.n_ctx, settings.slots, state.start)
         job.model = name
         return await run(request, job)
 
@@ -298,7 +301,7 @@ def create_app(settings: Settings) -> Starlette:
         body = await _body(request, settings.max_body)
         check_model(body)
         state.ready()
-        return JSONResponse(run_tokenize(body, state.tok, state.n_ctx, state.render))
+        return JSONResponse(run_tokenize(body, state.tok, state.n_ctx, state.render, state.start))
 
     async def detokenize(request: Request) -> Response:
         from gptport.serve.tokenize import detokenize as run_detokenize

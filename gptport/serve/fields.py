@@ -123,8 +123,10 @@ FIELDS: tuple[Field, ...] = (
     replace(MESSAGES, routes=TOKENIZE_ONLY, required=(), about="a chat, rendered as /v1/chat/completions renders it"),
     replace(TOOLS, routes=TOKENIZE_ONLY, about="with messages"),
     replace(TOOL_CHOICE, routes=TOKENIZE_ONLY, about="with messages"),
-    replace(FLAG, name="add_special_tokens", about="either way alike", default=True),
-    replace(FLAG, name="add_special", about="either way alike", default=True),
+    replace(FLAG, name="add_special_tokens", about="text: the begin token first where the model's tokenizer adds "
+            "one", default=True),
+    replace(FLAG, name="add_special", about="text: the begin token first where the model's tokenizer adds one",
+            default=True),
     replace(FLAG, name="add_generation_prompt", about="with messages; only true", default=True, only=(True,),
             refusal="false is not supported: the chat template always ends with the assistant's turn"),
     replace(FLAG, name="return_token_strs"),

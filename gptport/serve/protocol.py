@@ -95,8 +95,9 @@ def _stops(f: Reader) -> list[str]:
     return [s for s in stops if s]
 
 
-def _prompts(value: Any, tok: BPETokenizer) -> tuple[list[list[int]], list[str]]:
-    """A string, a list of strings, a list of token ids, or a list of lists of them."""
+def _prompts(value: Any, tok: BPETokenizer, start: Sequence[int] = ()) -> tuple[list[list[int]], list[str]]:
+    """A string, a list of strings, a list of token ids, or a list of lists of them; a string's ids
+    follow `start` (the model's begin token where its tokenizer adds one), token ids are taken as given."""
     if value is None:
         raise bad("prompt", "is required", "missing")
     if isinstance(value, str):
@@ -108,7 +109,7 @@ def _prompts(value: Any, tok: BPETokenizer) -> tuple[list[list[int]], list[str]]
     prompts, texts = [], []
     for i, p in enumerate(value):
         if isinstance(p, str):
-            ids = tok.encode(p) or [tok.eot_id]
+            ids = [*start, *tok.encode(p)] or [tok.eot_id]
             prompts.append(ids)
             texts.append(p)
         elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
@@ -153,11 +154,11 @@ def _constrained(job: Job) -> Job:
     return job
 
 
-def completion_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int) -> Job:
-    """POST /v1/completions."""
+def completion_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, start: Sequence[int] = ()) -> Job:
+    """POST /v1/completions; a text prompt's ids follow `start` (specials.start_ids: the begin token)."""
     f = request_fields.reader(body, "completions")
     request_fields.check_fields(f.body, chat=False)
-    prompts, texts = _prompts(f.body.get("prompt"), tok)
+    prompts, texts = _prompts(f.body.get("prompt"), tok, start)
     job = _common(f, tok, False, prompts, texts, n_ctx, slots)
     job.logprobs = f.read("logprobs")
     job.echo = f.read("echo")

@@ -4,6 +4,7 @@ chat route renders them) to token ids, and back. No torch here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gptport.serve.api_error import bad
@@ -15,18 +16,18 @@ from gptport.tokenizer import BPETokenizer
 TOKENIZE, DETOKENIZE = set(ROUTE_FIELDS["tokenize"]), set(ROUTE_FIELDS["detokenize"])  # each field: fields.py
 
 
-def tokenize(body: Any, tok: BPETokenizer, n_ctx: int, render: Any) -> dict[str, Any]:
+def tokenize(body: Any, tok: BPETokenizer, n_ctx: int, render: Any, start: Sequence[int] = ()) -> dict[str, Any]:
     """{prompt | content | messages} -> {tokens, count, max_model_len} (token_strs with
-    return_token_strs, llama-server's [{id, piece}] with with_pieces)."""
+    return_token_strs, llama-server's [{id, piece}] with with_pieces). A text's ids follow `start` (the
+    model's begin token where its tokenizer adds one, as a completion's prompt) unless add_special_tokens
+    or add_special is false; a chat's template writes its own."""
     f = reader(body, "tokenize")
     body = f.body
     check_names(body, "tokenize")
     given = [name for name in ("prompt", "content", "messages") if body.get(name) is not None]
     if len(given) != 1:
         raise bad("prompt", "give exactly one of prompt, content (text) or messages (a chat)", "invalid_value")
-    # the tokenizer adds no special tokens to text, so add_special_tokens true and false tokenize alike
-    f.read("add_special_tokens")
-    f.read("add_special")
+    special = [f.read("add_special_tokens"), f.read("add_special")] == [True, True]
     if given[0] == "messages":
         messages = body["messages"]
         if not isinstance(messages, list) or not messages:
@@ -40,7 +41,7 @@ def tokenize(body: Any, tok: BPETokenizer, n_ctx: int, render: Any) -> dict[str,
         for name in ("tools", "tool_choice", "add_generation_prompt"):
             if body.get(name) is not None:
                 raise bad(name, "applies to messages only", "invalid_value")
-    ids = tok.encode(text)
+    ids = [*start, *tok.encode(text)] if special and given[0] != "messages" else tok.encode(text)
     out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": n_ctx}
     if f.read("return_token_strs"):
         out["token_strs"] = [tok.decode([t]) for t in ids]

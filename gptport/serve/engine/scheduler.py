@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,12 +41,15 @@ log = logging.getLogger("gptport.serve")
 
 class Scheduler:
     """The loop over a SlotEngine. `deliver(events)` is called from the scheduler's thread with a list
-    of (choice.out, event) once per iteration; it must not block."""
+    of (choice.out, event) once per iteration; it must not block. A choice ends on any of `end_ids` (the
+    model's, specials.end_ids; None: the tokenizer's end-of-text) unless it ignores them."""
 
     def __init__(self, slots: SlotEngine, tok: BPETokenizer, deliver: Callable[[list[tuple[Any, Event]]], None],
                  max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
-                 masks: Masks | None = None, drafting: Drafting | None = None, prefix_cache: bool = True) -> None:
+                 masks: Masks | None = None, drafting: Drafting | None = None, prefix_cache: bool = True,
+                 end_ids: Collection[int] | None = None) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
+        self.end_ids = frozenset((tok.eot_id,) if end_ids is None else end_ids)  # specials.end_ids: any ends a choice
         self.prefix_cache = prefix_cache and slots.supports_reuse  # StaticSlots only
         self.drafting = drafting  # speculative steps while one row decodes alone (a StaticSlots engine)
         self.masks = masks  # None: constrained choices are refused at submit
@@ -383,7 +386,7 @@ class Scheduler:
             if c.counts is not None:
                 c.counts[tok] += 1
             lp = logprob_entries(row_logits[None], [tok], c.logprobs)[0:1] if c.logprobs is not None else None
-            eot = tok == self.tok.eot_id and not c.ignore_eos
+            eot = tok in self.end_ids and not c.ignore_eos
             text = "" if eot else c.text_stream.push(tok)  # type: ignore[union-attr]
             reason = None
             if c.matcher is not None and not eot and not c.matcher.consume(tok):
