@@ -8,6 +8,8 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_META = "tokenizer_meta.json"  # sha256 of tokenizer.json, vocabulary size, special-token ids
 GPT2_VOCAB, GPT2_MERGES = "vocab.json", "merges.txt"  # the same BPE in GPT-2's two-file format
 HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # what transformers' AutoTokenizer and onnxruntime-genai read
+CHAT_TEMPLATE = "chat_template.jinja"  # an imported model's chat template, as transformers >= 4.43 saves it
+CHAT_TEMPLATES_DIR = "additional_chat_templates"  # its named ones (tool_use.jinja, ...), as transformers 5 saves them
 
 # train
 DATA_DIR = "data"  # token shards, a cache keyed by the corpus and the tokenizer
