@@ -21,20 +21,23 @@ GENAI_TYPE = "phi"
 
 
 def genai_config(config: ModelConfig, eot_id: int, filename: str = "model.onnx") -> dict[str, Any]:
-    heads = config.n_head
+    """The config of a model whose end-of-text is `eot_id`: its cache has n_kv_head heads; it ends on its
+    eos_ids (a list) where it has them, begins with its bos_id where it has one."""
+    ends: int | list[int] = list(config.eos_ids) or eot_id
     return {
         "model": {
             "type": GENAI_TYPE,
             "vocab_size": config.vocab_size,
             "context_length": config.n_ctx,
-            "bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": eot_id,
+            "bos_token_id": eot_id if config.bos_id is None else config.bos_id, "eos_token_id": ends,
+            "pad_token_id": eot_id,
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "filename": filename,
                 "head_size": config.head_dim,
                 "hidden_size": config.d_model,
-                "num_attention_heads": heads,
-                "num_key_value_heads": heads,
+                "num_attention_heads": config.n_head,
+                "num_key_value_heads": config.n_kv_head,
                 "num_hidden_layers": config.n_layer,
                 "inputs": {"input_ids": contract.INPUT_IDS, "attention_mask": contract.ATTENTION_MASK,
                            "position_ids": contract.POSITION_IDS,

@@ -45,6 +45,8 @@ def test_export_writes_the_variants_through_the_gate_and_skips_the_static_graph(
     assert "no static-cache graph: the static-cache graphs are written for GPT-2's layers, not yet for rope " \
            "positions, RMSNorm, SwiGLU, 2 key/value heads for 4 query heads" in flat
     assert "top-1" in flat  # the variants' gate table
+    decoder = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+    assert (decoder["num_attention_heads"], decoder["num_key_value_heads"], decoder["head_size"]) == (4, 2, 16)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "fp16"])

@@ -45,6 +45,9 @@ def test_export_writes_the_contract_graph_and_says_why_no_static_graph(exported:
     assert not list(out.glob("*.static.onnx")) and not (out / "model.append.onnx").exists()
     assert "no static-cache graph: the static-cache graphs are written for GPT-2's layers, not yet for" in said
     assert "rope positions, RMSNorm, SwiGLU" in " ".join(said.split())
+    config, genai = (json.loads((out / name).read_text())["model"] for name in ("config.json", "genai_config.json"))
+    assert genai["eos_token_id"] == config["eos_ids"] and hf.stop_id in config["eos_ids"]
+    assert genai["decoder"]["num_key_value_heads"] == config["n_kv_head"] < config["n_head"]
 
 
 def test_generate_gives_transformers_tokens_and_stops_on_any_end_token(exported: tuple[HfModel, Path, str]) -> None:
