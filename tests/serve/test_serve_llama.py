@@ -77,6 +77,8 @@ def test_a_chat_uses_the_imported_template_and_stops_on_any_end_token(chat_serve
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
     status, tokens = server.post("/tokenize", {"model": "m", "messages": MESSAGES})
     assert status == 200 and tokens["tokens"] == prompt  # the template rendered as transformers renders it
+    status, info = server.get("/tokenizer_info")  # vLLM's: the template clients render with
+    assert status == 200 and info["chat_template"] == hf.tokenizer.chat_template and info["eos_token"] == "<|im_end|>"
 
 
 @pytest.fixture(scope="module")
