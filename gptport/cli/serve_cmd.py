@@ -53,6 +53,10 @@ def serve(
     prefix_cache: Annotated[bool, typer.Option("--prefix-cache/--no-prefix-cache", help="A finished request's "
                                                "slot keeps its KV cache; a prompt that starts with the same "
                                                "tokens prefills only the rest (static-cache graphs).")] = True,
+    multi_row_append: Annotated[bool, typer.Option("--multi-row-append/--no-multi-row-append", help="Append an "
+                                                   "iteration's prompt chunks of several rows in one step with "
+                                                   "model.append.onnx (fp32 static cache on the CPU; a second "
+                                                   "session: its weights once more in memory).")] = True,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM/Ctrl-C, seconds running requests get to "
                                                     "finish.")] = 30.0,
     spin: Annotated[str, typer.Option(help="What onnxruntime's idle threads do: 'step' spin while a step runs "
@@ -109,7 +113,8 @@ def serve(
                         primary, prefill_chunk, aliases=tuple(aliases), spin=spin, body_timeout=body_timeout,
                         draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup,
                         draft_precision=draft_precision, draft_threads=draft_threads, prefix_cache=prefix_cache,
-                        kv_dtype=kv_dtype, allowed_origins=parse_origins(allowed_origins), access_log=access_log)
+                        kv_dtype=kv_dtype, allowed_origins=parse_origins(allowed_origins), access_log=access_log,
+                        multi_row_append=multi_row_append)
     limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:

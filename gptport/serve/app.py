@@ -64,6 +64,7 @@ class Settings:
     draft_threads: int | None = None  # the draft session's threads (None: speculative.DRAFT_THREADS)
     prompt_lookup: int | None = None  # speculative decoding by prompt lookup: the n-gram length
     prefix_cache: bool = True  # freed slots keep their cache for prompts that start the same way
+    multi_row_append: bool = True  # prompt chunks of several rows appended in one step (model.append.onnx)
     kv_dtype: str = "float32"  # int8: the static graph with an int8 KV cache (export --kv-dtype int8)
     spin: str = "step"  # onnxruntime's workers spin during a step and sleep between: the HTTP side needs the cores
     aliases: tuple[str, ...] = ()  # other names the server answers to, each listed by /v1/models
@@ -101,7 +102,8 @@ class State:
         try:
             opened = open_model(s.model_dir, s.provider, s.precision, s.threads, cache=s.kv_cache,
                                 spin=s.spin, kv_dtype=s.kv_dtype)
-            slots = open_slots(opened.engine, s.slots)
+            appender = _appender(s, opened.engine)
+            slots = open_slots(opened.engine, s.slots, appender.session if appender is not None else None)
             self.render, template = renderer(s.model_dir)
             vocab = opened.engine.config.vocab_size
             self.grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
@@ -129,13 +131,25 @@ class State:
         self.metrics.kv_bytes.labels(kv_type).set(per_slot)
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
                    f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
-                   f"prefix cache {startup.prefix_cache(s, self.scheduler)} · chat template: {template}{drafts_from}"
+                   f"prefix cache {startup.prefix_cache(s, self.scheduler)} · "
+                   f"{'multi-row append' if appender is not None else 'one-row appends'} · "
+                   f"chat template: {template}{drafts_from}"
                    f"{startup.int8_hint(s, opened)}")
 
     def ready(self) -> Scheduler:
         if self.scheduler is None:
             raise ApiError(503, self.error or "the model is still loading", None, "not_ready")
         return self.scheduler
+
+
+def _appender(s: Settings, engine: Any) -> Any:
+    """The multi-row append graph's model beside the static-cache engine, or None (turned off, or no twin:
+    another precision, cache or provider, or an export from before the graph was written)."""
+    if not s.multi_row_append:
+        return None
+    from gptport.runtime.loader import open_appender
+
+    return open_appender(s.model_dir, engine, s.threads, s.spin) if hasattr(engine, "cache") else None
 
 
 def _drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
