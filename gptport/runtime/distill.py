@@ -21,7 +21,7 @@ from gptport.errors import InputError, UsageError
 from gptport.runtime.engine import Engine
 from gptport.runtime.generate import generate
 from gptport.runtime.sampling import Sampling
-from gptport.specials import end_ids
+from gptport.specials import end_ids, start_ids
 from gptport.tokenizer import EOT, BPETokenizer
 
 READ_BYTES = 16 * 1024  # read at each drawn offset: enough for the longest prompt asked of a text file
@@ -94,13 +94,16 @@ def draw_prompts(sources: Sequence[Source], tok: BPETokenizer, count: int, promp
 
 def samples(engine: Engine, tok: BPETokenizer, prompts: Sequence[list[int]], plan: DistillPlan,
             stats: DistillStats) -> Iterator[str]:
-    """Each prompt with the model's continuation, as text, `plan.batch` prompts per generate() call."""
+    """Each prompt with the model's continuation, as text, `plan.batch` prompts per generate() call (each
+    generated after the model's begin token where its tokenizer adds one, which the text leaves out)."""
+    start = start_ids(engine.config)
     for lo in range(0, len(prompts), plan.batch):
         batch = prompts[lo:lo + plan.batch]
         t0 = time.perf_counter()
         # seeds differ per batch (generate seeds every row of a call alike), so sampled batches differ
         sampling = replace(plan.sampling, seed=plan.sampling.seed + lo)
-        rows = generate(engine, batch, plan.new_tokens, sampling, end_ids(engine.config, tok), overflow="stop")
+        rows = generate(engine, [[*start, *p] for p in batch], plan.new_tokens, sampling, end_ids(engine.config, tok),
+                        overflow="stop")
         stats.seconds += time.perf_counter() - t0
         for prompt, row in zip(batch, rows, strict=True):
             stats.samples += 1

@@ -83,3 +83,18 @@ def test_eval_scores_the_text_after_the_begin_token(exported: tuple[HfModel, Pat
     nll = -logp.gather(1, ids[0, 1:, None]).mean().item()
     assert got["tokens"] == ids.shape[1] - 1
     assert math.isclose(got["perplexity"], math.exp(nll), rel_tol=1e-4)
+
+
+def test_distill_corpus_writes_the_continuations_without_special_tokens(exported: tuple[HfModel, Path, str],
+                                                                        corpus_file: Path, tmp_path: Path) -> None:
+    """distill-corpus runs on an imported model: four samples, separated as always, none holding a special
+    token's text (the begin token it generates after, where the tokenizer adds one, is left out)."""
+    hf, out, _ = exported
+    r = gptport("distill-corpus", str(out), str(corpus_file), "--out", str(tmp_path / "d.txt"), "--prompts", "4",
+                "--prompt-tokens", "8", "--new-tokens", "16", "--temperature", "0", "--batch", "2")
+    assert r.returncode == 0, r.stderr
+    samples = (tmp_path / "d.txt").read_text(encoding="utf-8").split("\n<|endoftext|>\n")  # its separator
+    assert len(samples) == 5 and samples[-1] == ""
+    text = "".join(samples)
+    for special in hf.tokenizer.all_special_tokens:
+        assert special not in text, special
