@@ -295,6 +295,15 @@ def check_trained_with(tok: BPETokenizer, model_dir: str | os.PathLike[str], rec
                             f"{tok.vocab_size}")
 
 
+def parse(path: Path) -> tuple[Tokenizer, str]:
+    """A tokenizer.json file as `tokenizers` reads it, and its text (whose sha256 is the tokenizer's)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        return Tokenizer.from_str(text), text
+    except Exception as e:  # tokenizers raises a plain Exception on a malformed file
+        raise ArtifactError(f"{path}: not a valid tokenizer file ({e})") from e
+
+
 def load(model_dir: str | os.PathLike[str]) -> BPETokenizer:
     """Load the tokenizer of a model directory, checking it against tokenizer_meta.json if present."""
     path = Path(model_dir) / TOKENIZER_FILE
@@ -305,11 +314,7 @@ def load(model_dir: str | os.PathLike[str]) -> BPETokenizer:
     eot_id = meta.get("eot_id")
     if eot_id is not None and (not isinstance(eot_id, int) or isinstance(eot_id, bool)):
         raise ArtifactError(f"{meta_path}: eot_id must be an integer, not {eot_id!r}")
-    try:
-        text = path.read_text(encoding="utf-8")
-        backend = Tokenizer.from_str(text)
-    except Exception as e:  # tokenizers raises a plain Exception on a malformed file
-        raise ArtifactError(f"{path}: not a valid tokenizer file ({e})") from e
+    backend, text = parse(path)
     tok = BPETokenizer(backend, text, eot_id)
     if meta_path.is_file():
         expected = meta.get("sha256")

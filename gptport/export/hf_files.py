@@ -70,16 +70,10 @@ def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 
 def read_tokenizer_json(hf_dir: Path) -> tuple[Any, str]:
     """tokenizer.json as `tokenizers` reads it, and its text (kept byte for byte: its sha256 is the model's)."""
-    from tokenizers import Tokenizer
-
     path = hf_dir / bpe.TOKENIZER_FILE
     if not path.is_file():
         raise InputError(f"{hf_dir}: no {bpe.TOKENIZER_FILE}")
-    try:
-        text = path.read_text(encoding="utf-8")
-        backend = Tokenizer.from_str(text)
-    except Exception as e:  # tokenizers raises a plain Exception on a malformed file
-        raise ArtifactError(f"{path}: not a valid tokenizer file ({e})") from e
+    backend, text = bpe.parse(path)
     kind = type(backend.model).__name__
     if kind != "BPE":
         raise InputError(f"{path}: a {kind} tokenizer; gptport imports BPE tokenizers (byte-level or with byte "

@@ -30,9 +30,8 @@ from starlette.routing import Route
 
 from gptport.errors import GptportError
 from gptport.page_style import styled
-from gptport.serve import cors, guard, openapi, protocol, startup
+from gptport.serve import companions, cors, guard, openapi, protocol, startup
 from gptport.serve.access_log import AccessLog
-from gptport.serve.engine.drafting import Drafting
 from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
@@ -102,12 +101,12 @@ class State:
         try:
             opened = open_model(s.model_dir, s.provider, s.precision, s.threads, cache=s.kv_cache,
                                 spin=s.spin, kv_dtype=s.kv_dtype)
-            appender = _appender(s, opened.engine)
+            appender = companions.appender(s, opened.engine)
             slots = open_slots(opened.engine, s.slots, appender.session if appender is not None else None)
             self.render, template = renderer(s.model_dir)
             vocab = opened.engine.config.vocab_size
             self.grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
-            drafting, drafts_from = _drafting(s, opened)
+            drafting, drafts_from = companions.drafting(s, opened)
             self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
                                        s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab), drafting,
                                        s.prefix_cache, end_ids(opened.engine.config, opened.tok))
@@ -140,40 +139,6 @@ class State:
         if self.scheduler is None:
             raise ApiError(503, self.error or "the model is still loading", None, "not_ready")
         return self.scheduler
-
-
-def _appender(s: Settings, engine: Any) -> Any:
-    """The multi-row append graph's model beside the static-cache engine, or None (turned off, or no twin:
-    another precision, cache or provider, or an export from before the graph was written)."""
-    if not s.multi_row_append:
-        return None
-    from gptport.runtime.loader import open_appender
-
-    return open_appender(s.model_dir, engine, s.threads, s.spin) if hasattr(engine, "cache") else None
-
-
-def _drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
-    """The scheduler's drafting (--draft or --prompt-lookup; server.check refused bad values), and the
-    startup line's words for it."""
-    from gptport.runtime import speculative
-
-    if s.draft is None and s.prompt_lookup is None:
-        return None, ""
-    speculative.static_model(opened.engine, "--draft" if s.draft is not None else "--prompt-lookup")
-    k = "adaptive" if s.draft_tokens is None else str(s.draft_tokens)
-    if s.prompt_lookup is not None:
-        return (Drafting(speculative.LookupDrafter(s.prompt_lookup), s.draft_tokens),
-                f" · drafts by prompt lookup ({s.prompt_lookup}-grams, k {k})")
-    from gptport.runtime.loader import open_model
-
-    assert s.draft is not None
-    small = open_model(s.draft, opened.provider, s.draft_precision or opened.precision,
-                       speculative.draft_threads(s.draft_threads), spin=s.spin)
-    speculative.check_tokenizers(s.model_dir, opened.tok.sha256, s.draft, small.tok.sha256)
-    n = speculative.draft_threads(s.draft_threads)
-    threads = "default threads" if n == 0 else f"{n} thread" + ("s" if n > 1 else "")
-    return (Drafting(speculative.ModelDrafter(small.engine), s.draft_tokens),
-            f" · drafts from {s.draft} ({small.precision}, k {k}, {threads})")
 
 
 def _dispatch(events: list[tuple[Any, Any]]) -> None:
