@@ -13,20 +13,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from gptport import __version__, atomic, contract, provenance
+from gptport import atomic, contract, provenance
 from gptport import tokenizer as bpe
-from gptport.config import model_config_to_dict
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.export import append_check, genai, gqa_graph, kv_quant, scatter_graph, validate, variants
+from gptport.export import append_check, genai, gqa_graph, kv_quant, validate, variants
+from gptport.export.graph_files import metadata, remove_stale, save, save_static, set_metadata, size_ratio
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import OrtRow, write_all
 from gptport.export.tolerance import Tolerance
 from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
-from gptport.runtime.onnx_engine import file_metadata, load_cpu
+from gptport.runtime.onnx_engine import load_cpu
 from gptport.training.checkpoint import ModelCard, load_model
 from gptport.training.model import GPT
 
-TWO_GB = 2 * 1024**3
+__all__ = ["ExportReport", "Graph", "export", "metadata", "parse_precisions", "save", "save_static", "set_metadata"]
+
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
 DEFAULT_TOL = Tolerance()  # the parity gate's bound of each quantity, relative to its magnitude (tolerance.py)
 
@@ -68,31 +69,6 @@ def parse_precisions(text: str) -> list[str]:
         raise UsageError(f"--precision {text!r}: unknown {', '.join(bad) or 'empty'}; choose from "
                          f"{', '.join(contract.PRECISIONS)}")
     return ["fp32", *[p for p in dict.fromkeys(asked) if p != "fp32"]]
-
-
-def metadata(card: ModelCard, precision: str, cache: str = contract.CACHE_CONCAT,
-             sources: Mapping[str, str] | None = None, gated: bool = True, gate_text: str = "") -> dict[str, str]:
-    """A graph's metadata_props: its config, precision, cache layout and contract, the sha256 of the
-    tokenizer, weights and config.json it was made from, and whether it passed its accuracy check
-    (`gated`; a variant's held-out text in `gate_text`). `sources` (provenance.sources, which export
-    hashes once): without it, those of the card's directory."""
-    if sources is None:
-        sources = provenance.sources(card.model_dir) if card.model_dir is not None else {}
-    gate = {contract.META_GATE_TEXT: gate_text} if gated and gate_text else {}
-    return {contract.META_CONFIG: json.dumps(model_config_to_dict(card.model)),
-            contract.META_TOKENIZER: card.tokenizer_sha256, contract.META_PRECISION: precision,
-            contract.META_VERSION: __version__, contract.META_CONTRACT: contract.CONTRACT_VERSION,
-            contract.META_CACHE: cache, **sources, contract.META_GATED: "true" if gated else "false", **gate}
-
-
-def save(proto: onnx.ModelProto, path: Path, meta: dict[str, str]) -> None:
-    """Write `proto` with `meta` as metadata_props to `path` (external data beyond 2 GB)."""
-    onnx.helper.set_model_props(proto, meta)
-    if proto.ByteSize() > TWO_GB:
-        onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name.removeprefix(".").split(".tmp-")[0] + ".data")
-    else:
-        onnx.save_model(proto, str(path))
 
 
 @dataclass(frozen=True)
@@ -193,7 +169,7 @@ def export(
         _rename_into_place(job)
         if ort_level is not None:
             _ort_files(job, ort_level)
-        job.report.removed.update(_remove_stale(model_dir, job.sources, set(job.report.files.values())))
+        job.report.removed.update(remove_stale(model_dir, job.sources, set(job.report.files.values())))
         _side_files(job)
     finally:
         for p in model_dir.glob(".model*.tmp-*"):
@@ -253,7 +229,7 @@ def _check_fp32(job: _Job, proto: onnx.ModelProto) -> None:
     assert fp32 is not None  # parse_precisions puts fp32 first
     report, model = job.report, job.model
     job.plain = atomic.temp_name(fp32.path)
-    report.size_ratio = _size_ratio(proto, model)
+    report.size_ratio = size_ratio(proto, model)
     save(proto, job.plain, metadata(job.card, "fp32", sources=job.sources))
     if report.size_ratio > 1.01:
         raise ValidationError(f"export: model.onnx holds {report.size_ratio:.3f}x the parameter bytes "
@@ -280,7 +256,7 @@ def _optimize_fp32(job: _Job) -> None:
     optimized.unlink()
     if job.card.model.tie_embeddings:
         untie_folded_head(proto)  # the optimizer folds the head's transpose again
-    if _size_ratio(proto, job.model) > 1.01:
+    if size_ratio(proto, job.model) > 1.01:
         raise ValidationError("export: the optimized graph stores a weight twice; not written")
     job.passed[fp32] = atomic.temp_name(fp32.path)
     save(proto, job.passed[fp32], metadata(job.card, "fp32", sources=job.sources))
@@ -401,47 +377,3 @@ def _side_files(job: _Job) -> None:
     if not hf_tokenizer.exists():
         atomic.write_text(hf_tokenizer, json.dumps(bpe.hf_config(job.tok), indent=2) + "\n")
 
-
-def _remove_stale(model_dir: Path, sources: Mapping[str, str], written: set[Path]) -> dict[Path, str]:
-    """Remove every graph of `model_dir` that export may write (each precision, both cache layouts), that
-    this export did not write and whose metadata records other `sources` (provenance.stale), with its
-    external data; a file gptport did not write is left alone. Returns path -> why."""
-    removed = {}
-    for path in (model_dir / name for name in contract.graph_files()):
-        if path in written or not path.is_file():
-            continue
-        try:
-            meta = file_metadata(path)
-        except ArtifactError:
-            continue
-        why = provenance.stale(meta, sources) if contract.META_CONFIG in meta else ""
-        if why:
-            path.unlink()
-            path.with_name(path.name + ".data").unlink(missing_ok=True)
-            removed[path] = why
-    return removed
-
-
-def save_static(model: GPT, card: ModelCard, path: Path, sources: Mapping[str, str] | None = None,
-                cache: str = contract.CACHE_STATIC) -> None:
-    """The fp32 static-cache graph (gqa_graph.py) of the model's weights, or with `cache` append its multi-row
-    append twin (scatter_graph.py), with its metadata, at `path`."""
-    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    build = scatter_graph.build if cache == contract.CACHE_APPEND else gqa_graph.build
-    save(build(card.model, weights), path, metadata(card, "fp32", cache, sources))
-
-
-def set_metadata(path: Path, meta: dict[str, str]) -> None:
-    """Replace the metadata_props of the graph at `path`."""
-    proto = onnx.load(str(path), load_external_data=False)
-    del proto.metadata_props[:]
-    onnx.helper.set_model_props(proto, meta)
-    onnx.save_model(proto, str(path))
-
-
-def _size_ratio(proto: onnx.ModelProto, model: GPT) -> float:
-    """Bytes of the graph's weights over the bytes of the model's parameters (tied ones once): 1.0
-    when every weight is stored once. (The file adds the graph itself: a few KiB.)"""
-    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    stored = sum(len(i.raw_data) or onnx.numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
-    return stored / n_bytes
