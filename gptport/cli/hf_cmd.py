@@ -1,5 +1,5 @@
-"""`gptport export-hf` and `gptport import-hf`: to a local transformers GPT-2 directory, and from one of GPT-2
-or the Llama family (Llama, Mistral, Qwen2, Qwen3)."""
+"""`gptport export-hf` and `gptport import-hf`: to and from a local transformers directory of GPT-2 or the Llama
+family (Llama, Mistral, Qwen2, Qwen3)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def export_hf(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the transformers checkpoint into.")],
     force: Force = False,
 ) -> None:
-    """Write a transformers GPT-2 checkpoint (GPT2LMHeadModel.from_pretrained loads it)."""
+    """Write a transformers checkpoint of the model's architecture (GPT2LMHeadModel, LlamaForCausalLM,
+    Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM): AutoModelForCausalLM.from_pretrained loads it."""
     from gptport.export.hf import export_hf as run
 
     written = run(model_dir, out, force)

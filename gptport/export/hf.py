@@ -1,8 +1,10 @@
 """Moving models to and from the Hugging Face transformers format, without transformers itself. Out
 (export-hf): GPT-2, a config.json and a safetensors file whose Conv1D weights are the transposes of
-gptport's Linear weights. In (import-hf): GPT-2, and the Llama family (hf_llama.py maps it), read by
-hf_files.py. Only safetensors are read (no pickles). torch is imported inside the functions that need it,
-so that `mismatches` (which export-gguf reuses) stays torch-free."""
+gptport's Linear weights, and the Llama family as its architecture's class (hf_llama_export.py). In
+(import-hf): GPT-2, and the Llama family (hf_llama.py maps it), read by hf_files.py; config.json records
+the source's architecture class under imported_from. Only safetensors are read (no pickles). torch is
+imported inside the functions that need it, so that `mismatches` (which export-gguf reuses) stays
+torch-free."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError
 from gptport.export import hf_files, hf_llama
-from gptport.paths import WEIGHTS
+from gptport.export.model_read import IMPORTED_FROM
+from gptport.paths import CONFIG, WEIGHTS
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +66,31 @@ def gpt2_config(cfg: ModelConfig, eot_id: int) -> dict[str, Any]:
 
 
 def export_hf(model_dir: Path, out: Path, force: bool = False) -> list[Path]:
-    """Write a transformers GPT-2 checkpoint (config.json, model.safetensors, tokenizer files)."""
+    """Write a transformers checkpoint of the model's architecture: GPT2LMHeadModel for GPT-2's layers, the
+    Llama family's class for its layers (hf_llama_export.py); any other is refused naming what differs."""
+    from gptport.export import hf_llama_export
+    from gptport.export.model_read import read_model
+
+    files = read_model(model_dir)
+    cfg = files.cfg
+    family = hf_llama_export.mismatches(cfg)
+    if mismatches(cfg) and family:
+        if len(family) < 3:  # rope, RMSNorm or SwiGLU: said as what keeps it from the Llama family
+            raise InputError(f"{model_dir}: not an architecture of the Llama family: {'; '.join(family)}")
+        raise InputError(f"{model_dir}: not a GPT-2 architecture (nor the Llama family's): "
+                         f"{'; '.join(mismatches(cfg))}")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InputError(f"{out}: exists and is not empty; pass --force to write into it")
+    if not family:
+        return hf_llama_export.export(files, out)
+    return _export_gpt2(model_dir, out)
+
+
+def _export_gpt2(model_dir: Path, out: Path) -> list[Path]:
+    """A transformers GPT-2 checkpoint (config.json, model.safetensors, tokenizer files): Conv1D weights are
+    the transposes of gptport's Linear weights."""
     from safetensors.torch import save_file
 
     from gptport.training import checkpoint
@@ -71,11 +98,6 @@ def export_hf(model_dir: Path, out: Path, force: bool = False) -> list[Path]:
     tok = bpe.load(model_dir)
     model, card = checkpoint.load_model(model_dir, tok)
     cfg = card.model
-    problems = mismatches(cfg)
-    if problems:
-        raise InputError(f"{model_dir}: not a GPT-2 architecture: {'; '.join(problems)}")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise InputError(f"{out}: exists and is not empty; pass --force to write into it")
     state = {}
     for name, tensor in model.state_dict().items():
         if cfg.tie_embeddings and name == "lm_head.weight":
@@ -194,13 +216,30 @@ def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
     if missing or unexpected:
         raise ArtifactError(f"{hf_dir}: its weights do not fit its config.json "
                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    write_model_dir(out, tok, model, cfg, kept)
+    archs = hf.get("architectures")
+    named = {"gpt2": "GPT2LMHeadModel", **hf_llama.FAMILY}[arch]
+    source = {"format": "transformers", "directory": hf_dir.resolve().name,
+              "architecture": archs[0] if isinstance(archs, list) and archs else named}
+    write_model_dir(out, tok, model, cfg, kept, source)
     return cfg
 
 
-def write_model_dir(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig, kept: dict[str, bytes]) -> None:
-    """The tokenizer's files, `kept` (transformers' files kept byte for byte, tokenizer_config.json among
-    them), the weights and config.json, staged in a temporary directory. A new (or empty) `out` is that
+def _write_config(model_dir: Path, cfg: ModelConfig, tok: bpe.BPETokenizer, sha: str,
+                  source: dict[str, Any] | None) -> None:
+    """checkpoint.write_config's config.json, with the source recorded under imported_from when given."""
+    from gptport.training import checkpoint
+
+    checkpoint.write_config(model_dir, cfg, tok, 0, sha)
+    if source is not None:
+        data = read_json(model_dir / CONFIG)
+        atomic.write_text(model_dir / CONFIG, json.dumps({**data, IMPORTED_FROM: source}, indent=2) + "\n")
+
+
+def write_model_dir(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConfig, kept: dict[str, bytes],
+                    source: dict[str, Any] | None = None) -> None:
+    """The tokenizer's files, `kept` (transformers' files kept byte for byte, by path: tokenizer_config.json
+    and additional_chat_templates/NAME.jinja among them), the weights and config.json (recording `source`
+    under imported_from), staged in a temporary directory. A new (or empty) `out` is that
     directory renamed into place: nothing half-written is ever seen. Into a directory holding other files,
     the staged files move in one by one, config.json last and accepting the weights' sha256 before they
     land (as checkpoint.save_model does), so a crash never pairs a config.json with weights it did not see."""
@@ -215,20 +254,23 @@ def write_model_dir(out: Path, tok: bpe.BPETokenizer, model: GPT, cfg: ModelConf
     try:
         bpe.save(tok, stage, force=True)
         for name, data in kept.items():
+            (stage / name).parent.mkdir(parents=True, exist_ok=True)
             (stage / name).write_bytes(data)
         staged = stage / WEIGHTS
         with torch.no_grad():
             sha = checkpoint.write_weights(staged, model, 0)
         if whole:
-            checkpoint.write_config(stage, cfg, tok, 0, sha)
+            _write_config(stage, cfg, tok, sha, source)
             atomic.replace_dir(stage, out)
             return
         for path in stage.iterdir():
             if path != staged:
+                if path.is_dir() and (out / path.name).is_dir():
+                    shutil.rmtree(out / path.name)  # a folder of named templates is replaced whole
                 path.replace(out / path.name)
         checkpoint.mark_pending(out, sha)
         staged.replace(out / WEIGHTS)
-        checkpoint.write_config(out, cfg, tok, 0, sha)
+        _write_config(out, cfg, tok, sha, source)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

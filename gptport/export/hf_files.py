@@ -2,7 +2,8 @@
 model.safetensors.index.json lists; bf16 and fp16 widened to float32; pickles refused), its tokenizer.json
 as `tokenizers` reads it, its special tokens (tokenizer_config.json, generation_config.json, config.json)
 and the files a gptport model directory keeps as they are (tokenizer_config.json with its chat template,
-chat_template.jinja, generation_config.json)."""
+chat_template.jinja and the named templates transformers 5 saves in additional_chat_templates/,
+generation_config.json)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from safetensors import SafetensorError
 from gptport import tokenizer as bpe
 from gptport.config import read_json
 from gptport.errors import ArtifactError, InputError
+from gptport.paths import CHAT_TEMPLATES_DIR
 
 if TYPE_CHECKING:
     import torch
@@ -139,5 +141,10 @@ def specials(hf_dir: Path, backend: Any, hf_config: dict[str, Any]) -> Specials:
 
 
 def kept_files(hf_dir: Path) -> dict[str, bytes]:
-    """The files a gptport directory keeps as transformers wrote them, by name."""
-    return {name: (hf_dir / name).read_bytes() for name in KEPT if (hf_dir / name).is_file()}
+    """The files a gptport directory keeps as transformers wrote them, by path relative to the directory:
+    KEPT, and each named chat template of additional_chat_templates/ (NAME.jinja, which `gptport serve`
+    offers beside the default one)."""
+    kept = {name: (hf_dir / name).read_bytes() for name in KEPT if (hf_dir / name).is_file()}
+    named = sorted((hf_dir / CHAT_TEMPLATES_DIR).glob("*.jinja")) if (hf_dir / CHAT_TEMPLATES_DIR).is_dir() else []
+    kept.update({f"{CHAT_TEMPLATES_DIR}/{p.name}": p.read_bytes() for p in named if p.is_file()})
+    return kept

@@ -346,7 +346,8 @@ def test_into_a_model_directory_only_with_force_and_no_stage_left(tmp_path: Path
 
 
 def test_export_hf_and_gguf_name_what_keeps_a_llama_model_from_gpt2() -> None:
-    """export-hf and export-gguf write GPT-2 only: a Llama-family model is refused with each difference named."""
+    """mismatches names each difference that keeps a Llama-family model from GPT-2 (export-hf then writes it
+    as its Llama-family class: tests/export/test_hf_export_llama.py)."""
     from gptport.config import ModelConfig
     from gptport.export.hf import mismatches
 

@@ -83,11 +83,12 @@ def greedy(model: Any, ids: list[int], new_tokens: int) -> list[int]:
 
 
 def build(arch: str, kind: str, out: Path, tokenizer_dir: Path, corpus: Path, prompt_ids: Any = None,
-          prompt: str = "ka to ri men", stop_at: int = 6) -> HfModel:
-    """A random `arch` model with a `kind` tokenizer saved to `out`. Greedy decoding of `prompt` (its ids:
-    `prompt_ids(tokenizer)`, else the tokenizer's encoding with its special tokens) is run with no end token
-    first; the first new token not seen before position `stop_at` becomes an end token of
-    generation_config.json, beside the tokenizer's eos (and config.json's)."""
+          prompt: str = "ka to ri men", stop_at: int = 6, config: dict[str, Any] | None = None) -> HfModel:
+    """A random `arch` model with a `kind` tokenizer saved to `out` (`config`: keys of its config beside or
+    instead of ARCHS'). Greedy decoding of `prompt` (its ids: `prompt_ids(tokenizer)`, else the tokenizer's
+    encoding with its special tokens) is run with no end token first; the first new token not seen before
+    position `stop_at` becomes an end token of generation_config.json, beside the tokenizer's eos (and
+    config.json's)."""
     import torch
     import transformers
     from transformers import GenerationConfig
@@ -98,7 +99,7 @@ def build(arch: str, kind: str, out: Path, tokenizer_dir: Path, corpus: Path, pr
     vocab = len(fast)
     config_cls, model_cls, extra = ARCHS[arch]
     config = getattr(transformers, config_cls)(vocab_size=vocab, bos_token_id=fast.bos_token_id,
-                                               eos_token_id=fast.eos_token_id, **SHAPE, **extra)
+                                               eos_token_id=fast.eos_token_id, **{**SHAPE, **extra, **(config or {})})
     model = getattr(transformers, model_cls)(config).eval()
     widen(model)
     if kind == "metaspace" and not config.tie_word_embeddings:  # random byte-fallback runs: invalid UTF-8

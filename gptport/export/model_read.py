@@ -1,0 +1,104 @@
+"""A model directory read without torch, for the writers of other runtimes' formats (export-hf of the Llama
+family, export-gguf): config.json (its format version, the model, the tokenizer it was trained with, where it
+was imported from), the tokenizer checked against it, and model.safetensors as float32 numpy arrays, checked
+name by name and shape by shape against what the config implies (the names gptport's torch model gives its
+tensors, the tied head stored once as wte.weight)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptport import provenance
+from gptport import tokenizer as bpe
+from gptport.config import ModelConfig, check_format_version, model_config_from_dict, read_json
+from gptport.errors import ArtifactError, InputError
+from gptport.paths import CONFIG, WEIGHTS
+
+IMPORTED_FROM = "imported_from"  # config.json: the source import-hf or import-gguf read
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """What config.json says, with the tokenizer it names."""
+
+    path: Path
+    cfg: ModelConfig
+    tok: bpe.BPETokenizer
+    source: dict[str, Any] = field(default_factory=dict)  # imported_from: {"format", "architecture", ...}
+
+
+def read_model(model_dir: Path) -> ModelFiles:
+    """config.json's model (its format version checked) and the tokenizer it was trained with."""
+    if not model_dir.is_dir():
+        raise InputError(f"{model_dir}: not a directory")
+    path = model_dir / CONFIG
+    if not path.is_file():
+        raise ArtifactError(f"{model_dir}: no {CONFIG}; train a model first (`gptport train`)")
+    data = read_json(path)
+    for key in ("model", "tokenizer_sha256"):
+        if key not in data:
+            raise ArtifactError(f"{path}: missing {key!r}")
+    check_format_version(data, str(path))
+    cfg = model_config_from_dict(data["model"], str(path))
+    tok = bpe.load(model_dir)  # checks tokenizer_meta.json's sha256
+    bpe.check_trained_with(tok, model_dir, data["tokenizer_sha256"], cfg.vocab_size)
+    source = data.get(IMPORTED_FROM)
+    return ModelFiles(model_dir, cfg, tok, source if isinstance(source, dict) else {})
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors model.safetensors holds for `cfg`, by gptport name: GPT-2's layers or the Llama family's
+    (RMSNorm without bias, SwiGLU's gate, q/k norms, each bias where the config has it)."""
+    d, f, v, q, kv = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.q_width, cfg.kv_width
+    norm_bias = cfg.norm == "layernorm" and cfg.bias
+    out: dict[str, tuple[int, ...]] = {"wte.weight": (v, d), "ln_f.weight": (d,)}
+    if cfg.pos_encoding == "learned":
+        out["wpe.weight"] = (cfg.n_ctx, d)
+    if norm_bias:
+        out["ln_f.bias"] = (d,)
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = (v, d)
+    mlp = {"mlp.c_fc": (f, d), "mlp.c_proj": (d, f), **({"mlp.c_gate": (f, d)} if cfg.mlp == "swiglu" else {})}
+    for i in range(cfg.n_layer):
+        block = {"ln_1.weight": (d,), "ln_2.weight": (d,), "attn.c_attn.weight": (q + 2 * kv, d),
+                 "attn.c_proj.weight": (d, q), **{f"{k}.weight": s for k, s in mlp.items()}}
+        if norm_bias:
+            block.update({"ln_1.bias": (d,), "ln_2.bias": (d,)})
+        if cfg.has_qkv_bias:
+            block["attn.c_attn.bias"] = (q + 2 * kv,)
+        if cfg.has_out_bias:
+            block["attn.c_proj.bias"] = (d,)
+        if cfg.has_mlp_bias:
+            block.update({f"{k}.bias": (s[0],) for k, s in mlp.items()})
+        if cfg.qk_norm:
+            block.update({"attn.q_norm.weight": (cfg.head_dim,), "attn.k_norm.weight": (cfg.head_dim,)})
+        out.update({f"h.{i}.{k}": s for k, s in block.items()})
+    return out
+
+
+def read_weights(model_dir: Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """model.safetensors as float32 numpy arrays (its sha256 checked against config.json), checked name by
+    name and shape by shape."""
+    from safetensors import SafetensorError, safe_open
+
+    path = model_dir / WEIGHTS
+    if not path.is_file():
+        raise ArtifactError(f"{model_dir}: no {WEIGHTS}; train a model first (`gptport train`)")
+    provenance.check_weights(model_dir)
+    try:
+        with safe_open(str(path), framework="np") as f:
+            state = {k: np.asarray(f.get_tensor(k), dtype=np.float32) for k in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{path}: unreadable ({e})") from e
+    want = expected_shapes(cfg)
+    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if missing or unexpected:
+        raise ArtifactError(f"{path}: does not fit {CONFIG} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, shape in want.items():
+        if state[name].shape != shape:
+            raise ArtifactError(f"{path}: {name} has shape {state[name].shape}, {CONFIG} implies {shape}")
+    return state
