@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -25,6 +26,8 @@ Mlp = Literal["gelu", "swiglu"]
 RopeScaling = Literal["none", "linear", "llama3"]
 MODEL_FORMAT_VERSION = 2  # config.json's format_version: 2 added the Llama family's keys (design record 0035)
 MODEL_FORMAT_VERSIONS = (1, 2)  # what this gptport reads: a version-1 file is a version-2 one at the defaults
+_ROPE = ("rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+         "rope_original_n_ctx")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pos_encoding": ("learned", "sinusoidal", "rope"), "gelu": ("tanh", "exact"), "norm": ("layernorm", "rmsnorm"),
     "mlp": ("gelu", "swiglu"), "rope_scaling": ("none", "linear", "llama3")}
@@ -115,6 +118,23 @@ class ModelConfig:
             (f"heads {self.q_width} wide over d_model {self.d_model}", self.q_width != self.d_model),
             ("q/k norm", self.qk_norm)) if used]
 
+    def inert(self) -> dict[str, str]:
+        """The fields this model's other choices leave without effect, each with why (a `--set` of one of
+        them would change nothing)."""
+        out: dict[str, str] = {}
+        if self.mlp != "gelu":
+            out["gelu"] = f"model.mlp is {self.mlp!r} (gelu is the GELU MLP's)"
+        if self.pos_encoding != "rope":
+            out |= {k: f"model.pos_encoding is {self.pos_encoding!r} ({k} is rope's)" for k in _ROPE}
+        elif self.rope_scaling == "none":
+            out |= {k: f"model.rope_scaling is 'none' ({k} is a scaling's)" for k in _ROPE[2:]}
+        elif self.rope_scaling == "linear":
+            out |= {k: f"model.rope_scaling is 'linear' ({k} is llama3's)" for k in _ROPE[3:]}
+        if self.bias:
+            out |= {k: f"model.bias is true (every layer has biases; {k} adds them where bias is false)"
+                    for k in ("qkv_bias", "out_bias", "mlp_bias")}
+        return out
+
     def validate(self) -> None:
         """Refuse shapes the model cannot have, naming the field."""
         positive = ("vocab_size", "n_ctx", "d_model", "n_layer", "n_head", "d_ff", "n_kv_head", "head_dim")
@@ -133,14 +153,16 @@ class ModelConfig:
             raise UsageError(f"model.head_dim must be even for rope positions, not {self.head_dim}")
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"model.dropout must be in [0, 1), not {self.dropout}")
+        if not 0.0 <= self.ln_eps < math.inf:
+            raise UsageError(f"model.ln_eps must be a finite number >= 0, not {self.ln_eps}")
         self._validate_rope()
         self._validate_tokens()
 
     def _validate_rope(self) -> None:
         for name in ("rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                      "rope_original_n_ctx"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"model.{name} must be positive, not {getattr(self, name)}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise UsageError(f"model.{name} must be a finite positive number, not {getattr(self, name)}")
         if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
             raise UsageError(f"model.rope_high_freq_factor ({self.rope_high_freq_factor}) must exceed "
                              f"model.rope_low_freq_factor ({self.rope_low_freq_factor})")
@@ -275,7 +297,8 @@ def _coerce(raw: str, kind: str, key: str) -> Any:
         if kind == "tuple[int, ...]":
             return tuple(int(x) for x in raw.split(",") if x.strip())
     except ValueError:
-        words = {"int | None": "an integer or none", "tuple[int, ...]": "comma-separated integers"}
+        words = {"int": "an integer", "float": "a number", "bool": "true or false",
+                 "int | None": "an integer or none", "tuple[int, ...]": "comma-separated integers"}
         raise UsageError(f"--set {key}={raw}: expected {words.get(kind, 'a ' + kind)}") from None
     return raw
 
@@ -293,10 +316,21 @@ def apply_overrides(preset: Preset, overrides: list[str]) -> Preset:
             model[name] = _coerce(raw, model_kinds[name], key)
         elif section in ("", "train") and name in train_kinds:
             train[name] = _coerce(raw, train_kinds[name], key)
+        elif name == "vocab_size":
+            raise UsageError(f"--set {key}: the vocabulary is the tokenizer's (train-tokenizer --vocab-size)")
         else:
             raise UsageError(f"--set {key}: unknown setting; model keys: "
                              f"{', '.join(k for k in model_kinds if k != 'vocab_size')}")
     return replace(preset, model=model, train=train)
+
+
+def refuse_inert(cfg: ModelConfig, overrides: list[str]) -> None:
+    """Refuse a `--set` of a model key that `cfg`'s other choices leave without effect, naming both."""
+    inert = cfg.inert()
+    for item in overrides:
+        name = item.partition("=")[0].rpartition(".")[2]
+        if name in inert:
+            raise UsageError(f"--set {item}: has no effect, {inert[name]}")
 
 
 def model_config_to_dict(cfg: ModelConfig) -> dict[str, Any]:

@@ -189,11 +189,12 @@ def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], opt
              resume: bool) -> tuple[ModelConfig, TrainConfig]:
     """New run: preset, then --set, then options. Resume: config.json's model and the resume state's
     settings, then --set train.* and options."""
-    from gptport.config import ModelConfig, Preset, TrainConfig, apply_overrides, load_preset
+    from gptport.config import ModelConfig, Preset, TrainConfig, apply_overrides, load_preset, refuse_inert
 
     if not resume:
         chosen = apply_overrides(load_preset(preset), sets)
         cfg = ModelConfig(vocab_size=vocab_size, **chosen.model)
+        refuse_inert(cfg, sets)
         tcfg = TrainConfig(**{**chosen.train, **options})
     else:
         changes = apply_overrides(Preset("resume"), sets)
