@@ -114,6 +114,28 @@ def test_two_ranks_end_with_the_weights_of_one_process_with_grad_accum_2(ddp_run
     assert read_resume_state(ranks)["world_size"] == 2
 
 
+def test_llama_tiny_on_two_ranks_ends_with_the_weights_of_one_process(tmp_path: Path, tokenizer_dir: Path,
+                                                                      corpus_file: Path) -> None:
+    """The llama-tiny preset (RoPE, RMSNorm, SwiGLU, 4 query heads over 2 key/value heads, untied head) under
+    torchrun: its gradients all-reduced like a GPT's, config.json records the choices."""
+    ranks, single = tmp_path / "ranks", tmp_path / "single"
+    for d in (ranks, single):
+        shutil.copytree(tokenizer_dir, d)
+    common = [str(corpus_file), "--preset", "llama-tiny", "--steps", "4", "--eval-every", "2", "--lr", "1e-2",
+              "--set", "warmup_steps=1", *SHAPE, "--set", "n_head=4"]
+    r = run_ranks(*common, "--model-dir", str(ranks))
+    assert r.returncode == 0, r.stderr
+    assert "global batch 4 × 1 × 2 = 8" in r.stderr
+    s = gptport("train", *common, "--model-dir", str(single), "--grad-accum", "2")
+    assert s.returncode == 0, s.stderr
+    assert max_delta(ranks, single) <= 1e-5
+    assert abs(losses(ranks)[-1][2] - losses(single)[-1][2]) <= 1e-5
+    model = json.loads((ranks / "config.json").read_text())["model"]
+    assert (model["pos_encoding"], model["norm"], model["mlp"], model["n_head"], model["n_kv_head"],
+            model["tie_embeddings"]) == ("rope", "rmsnorm", "swiglu", 4, 2, False)
+    assert losses(single)[0][2] - losses(single)[-1][2] > 0.01  # training moved the weights
+
+
 def test_validation_and_training_loss_are_the_single_process_figures(ddp_run: tuple) -> None:
     ranks, single, _, _ = ddp_run
     (a_step, a_train, a_val), (b_step, b_train, b_val) = losses(ranks)[-1], losses(single)[-1]
