@@ -20,7 +20,7 @@ from gptport.runtime.constraint import Grammars, Masks, Spec
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import open_slots
-from gptport.serve.engine import scheduler as scheduler_module
+from gptport.serve.engine import emit as emit_module
 from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 
 PROMPTS = ["ka to ri", "so ne ma lu", "the answer is", "ri"]
@@ -145,7 +145,7 @@ def test_a_masked_token_is_never_sampled(opened: Any, grammars: Grammars, monkey
     specs = [Spec("json_schema", schema, "s"), Spec("regex", r"(ka|to|ri)( (ka|to|ri)){0,5}", "r"), None]
     shadows: dict[int, Any] = {}
     checked = [0]
-    real = scheduler_module.choose_rows
+    real = emit_module.choose_rows
     vocab = opened.engine.config.vocab_size
     masks = Masks(vocab)
 
@@ -166,7 +166,7 @@ def test_a_masked_token_is_never_sampled(opened: Any, grammars: Grammars, monkey
             checked[0] += 1
         return picks
 
-    monkeypatch.setattr(scheduler_module, "choose_rows", spy)
+    monkeypatch.setattr(emit_module, "choose_rows", spy)
     run = Run(opened, 4)
     choices = []
     for i, spec in enumerate(specs * 2):

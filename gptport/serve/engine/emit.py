@@ -1,0 +1,88 @@
+"""The sampling half of the scheduler (scheduler.py): each row's next token chosen from its logits
+(its logit_bias added, its constraint's mask applied), its text emitted, what is finished finished.
+No torch here."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from gptport.runtime.sampling import choose_rows, logprob_entries
+from gptport.serve.engine.choice import Choice
+from gptport.serve.engine.events import Event, Failure, Finish, Piece
+
+
+class Emitting:
+    """Scheduler's sampling and emitting methods (a mixin: the state they use is Scheduler's)."""
+
+    def _sample(self, rows: list[Choice], logits: np.ndarray, events: list[tuple[Any, Event]], now: float,
+                picks: list[int] | None = None) -> list[Choice]:
+        """Choose each row's next token from logits (k, V) (or take `picks`, chosen already), emit its
+        text, finish what is finished; the rows that go on decoding."""
+        t0 = time.perf_counter()
+        self.observer.tokens(0, len(rows))
+        raw = self._adjust(rows, logits)
+        t_mask = time.perf_counter()
+        if picks is None:
+            picks = choose_rows(logits, [(c.sampling, c.rng, (c.prompt_ids, c.new_ids), c.counts) for c in rows])
+        t1 = time.perf_counter()
+        still: list[Choice] = []
+        for i, (c, tok) in enumerate(zip(rows, picks, strict=True)):
+            row_logits = raw.get(i, logits[i])
+            if c.new_ids:
+                self.observer.next_token(now - c.t_last)
+            c.t_last = now
+            c.new_ids.append(tok)
+            if c.counts is not None:
+                c.counts[tok] += 1
+            lp = logprob_entries(row_logits[None], [tok], c.logprobs)[0:1] if c.logprobs is not None else None
+            eot = tok in self.end_ids and not c.ignore_eos
+            text = "" if eot else c.text_stream.push(tok)  # type: ignore[union-attr]
+            reason = None
+            if c.matcher is not None and not eot and not c.matcher.consume(tok):
+                events.append((c.out, Failure(f"the constraint refused token {tok}: {c.matcher.error}")))
+                self._release(c)
+                continue
+            if eot or c.text_stream.stopped or (c.matcher is not None and c.matcher.finished):  # type: ignore[union-attr]
+                reason = "stop"
+            elif len(c.new_ids) >= c.max_tokens or self.engine.length(c.slot) >= self.engine.n_ctx:
+                reason = "length"
+            if reason is not None:  # what the stream held back (nothing after a stop string)
+                text += c.text_stream.finish()  # type: ignore[union-attr]
+            if text or lp:
+                events.append((c.out, Piece(text, lp)))
+            if reason is None:
+                still.append(c)
+                continue
+            events.append((c.out, Finish(reason, len(c.prompt_ids), len(c.new_ids), c.cached)))
+            self._release(c)
+        if raw or t_mask - t0 > 1e-4:
+            self.observer.phase("mask", t_mask - t0)
+        self.observer.phase("sample", t1 - t_mask)
+        self.observer.phase("emit", time.perf_counter() - t1)
+        return still
+
+    def _adjust(self, rows: list[Choice], logits: np.ndarray) -> dict[int, np.ndarray]:
+        """Each row's logit_bias added, and -inf on every logit a row's constraint disallows (logits (k, V),
+        in place); the logits of those rows as the model gave them, for log-probabilities (only rows that
+        ask for them)."""
+        at = [i for i, c in enumerate(rows) if c.matcher is not None or c.logit_bias]
+        if not at:
+            return {}
+        raw = {i: logits[i].copy() for i in at if rows[i].logprobs is not None}
+        for i in at:
+            bias = rows[i].logit_bias
+            if bias:
+                ids = np.fromiter(bias.keys(), dtype=np.int64)
+                logits[i, ids] += np.fromiter(bias.values(), dtype=np.float32)
+        masked = [i for i in at if rows[i].matcher is not None]
+        if masked and self.masks is not None:
+            if self._masking is not None:  # started before the model ran
+                self._masking.result()
+                self._masking = None
+            matchers = [rows[i].matcher for i in masked]
+            self.masks.fill(matchers)  # type: ignore[arg-type]  # any the background did not reach
+            self.masks.apply(logits, masked, matchers)  # type: ignore[arg-type]
+        return raw
