@@ -193,7 +193,8 @@ class TrainConfig:
     """How to train. Defaults suit the `small` preset on one GPU; presets override them."""
 
     steps: int = 2000
-    minutes: float = 0.0  # > 0: train for this wall time instead of a number of steps
+    minutes: float = 0.0  # > 0: train for this time (as `clock` counts it) instead of a number of steps
+    clock: str = "wall"  # what --minutes counts: wall time, or "cpu": the process's CPU time / torch threads
     schedule_steps: int = 0  # horizon of the LR schedule; 0 means `steps`
     batch_size: int = 32
     grad_accum: int = 1  # micro-batches per optimizer step on each rank
@@ -227,6 +228,8 @@ class TrainConfig:
             raise UsageError(f"--val-fraction must be in (0, 0.5), not {self.val_fraction}")
         if self.minutes < 0:
             raise UsageError(f"--minutes must be positive, not {self.minutes}")
+        if self.clock not in ("wall", "cpu"):
+            raise UsageError(f"train.clock must be wall or cpu, not {self.clock!r}")
         if self.autocast not in ("auto", "bf16", "fp32"):
             raise UsageError(f"train.autocast must be auto, bf16 or fp32, not {self.autocast!r}")
         if self.device not in ("auto", "cpu", "cuda", "mps"):

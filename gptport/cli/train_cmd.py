@@ -53,7 +53,9 @@ def train(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key=value "
                                                    "(d_model=256, model.dropout=0.1, train.lr=3e-4).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps to train, in all.")] = None,
-    minutes: Annotated[float | None, typer.Option(help="Train for this wall time instead of --steps.")] = None,
+    minutes: Annotated[float | None, typer.Option(help="Train for this wall time instead of --steps (--set "
+                                                  "clock=cpu: CPU time over threads, as on an idle machine)."
+                                                  )] = None,
     schedule_steps: Annotated[int | None, typer.Option(help="Horizon of the LR schedule (default: --steps); "
                                                        "set it to stop early and --resume later exactly.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Sequences per micro-batch (on each rank).")] = None,

@@ -97,6 +97,17 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def run_clock(kind: str) -> Callable[[], float]:
+    """What --minutes and tokens/s count: the wall clock, or ("cpu") this process's CPU seconds over its torch
+    threads, which is the wall time on an idle machine and is not stretched by other processes' load (for a
+    budget that is the same on a shared host; run under OMP_WAIT_POLICY=PASSIVE so that threads waiting for
+    a descheduled partner sleep instead of spinning, or the spinning counts)."""
+    if kind == "wall":
+        return time.perf_counter
+    threads = torch.get_num_threads()
+    return lambda: time.process_time() / threads
+
+
 def lr_at(progress: float, tcfg: TrainConfig, warmup_fraction: float) -> float:
     """Linear warm-up over `warmup_fraction` of the run, then cosine decay to lr * min_lr_ratio."""
     if progress < warmup_fraction:
@@ -233,17 +244,18 @@ class Trainer:
         tcfg = self.tcfg
         every_ckpt = tcfg.checkpoint_every or tcfg.eval_every
         loss_sum, loss_n, tokens, t_window = 0.0, 0, 0, 0.0
-        t_start = time.perf_counter()
-        elapsed_before = self.elapsed  # wall time of earlier runs of this training (--resume)
+        clock = run_clock(tcfg.clock)
+        t_start, wall_start = clock(), time.perf_counter()
+        elapsed_before = self.elapsed  # time of earlier runs of this training (--resume), as `clock` counts
         stopping = False  # the stop flag as all ranks agree on it
         with stop.installed():
             while not self._done() and not stopping:
-                t0 = time.perf_counter()
+                t0 = clock()
                 lr = lr_at(self._progress(), tcfg, self._warmup_fraction())
                 loss = self._train_step(lr)
-                dt = time.perf_counter() - t0
+                dt = clock() - t0
                 self.step += 1
-                elapsed = elapsed_before + time.perf_counter() - t_start  # evals and checkpoints count
+                elapsed = elapsed_before + clock() - t_start  # evals and checkpoints count
                 # every rank must take the same decisions (stop, eval, the LR of --minutes): the slowest
                 # rank's clock and any rank's signal count, one small all-reduce per step
                 self.elapsed, flag = self.ctx.all_reduce([elapsed, float(stop.set)], op="max")
@@ -261,7 +273,7 @@ class Trainer:
                     self.save()
             if stopping:
                 self.save()
-        return TrainResult(self.step, records, stopping, time.perf_counter() - t_start)
+        return TrainResult(self.step, records, stopping, time.perf_counter() - wall_start)
 
     def _train_step(self, lr: float) -> float:
         tcfg = self.tcfg

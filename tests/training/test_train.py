@@ -19,9 +19,10 @@ from safetensors import safe_open
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, TrainConfig
 from gptport.corpus import CorpusReader, resolve_sources
+from gptport.errors import UsageError
 from gptport.training import shards as data
 from gptport.training.checkpoint import read_resume_state
-from gptport.training.train import Trainer
+from gptport.training.train import Trainer, run_clock
 from tests.support.cli import assert_one_line_error, gptport
 
 SHAPE = ["--set", "n_ctx=32", "--set", "d_model=32", "--set", "n_layer=2", "--set", "n_head=2",
@@ -82,6 +83,25 @@ def test_resume_continues_exactly(tmp_path: Path, tokenizer_dir: Path, corpus_fi
         for key in a.keys():
             assert torch.equal(a.get_tensor(key), b.get_tensor(key)), key
     assert losses(straight)[-1] == losses(split)[-1]
+
+
+def test_the_cpu_clock_counts_this_process_s_work_not_sleep(model_dir: Path, corpus_file: Path) -> None:
+    """clock=cpu: --minutes counts CPU seconds over torch threads, which a sleep does not advance and work
+    does; a run trains until that much CPU time is spent, and --resume keeps the clock."""
+    clock = run_clock("cpu")
+    t0 = clock()
+    time.sleep(0.3)
+    slept = clock() - t0
+    a = torch.randn(256, 256)
+    for _ in range(50):
+        a = torch.tanh(a @ a)
+    assert slept < 0.1 and clock() - t0 - slept > 0
+    result = make_trainer(model_dir, corpus_file, minutes=0.004, clock="cpu", eval_every=1000).run()
+    state = read_resume_state(model_dir)
+    assert state["train"]["clock"] == "cpu" and state["elapsed_s"] >= 0.24 and result.step >= 1
+    assert json.loads((model_dir / "logs" / "train.jsonl").read_text().splitlines()[-1])["elapsed_s"] >= 0.24
+    with pytest.raises(UsageError, match="train.clock must be wall or cpu, not 'gpu'"):
+        TrainConfig(clock="gpu").validate()
 
 
 def test_checkpoint_files(model_dir: Path, corpus_file: Path) -> None:
