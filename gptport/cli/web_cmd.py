@@ -15,6 +15,9 @@ EXAMPLES = """Examples:
 
   gptport export-web models/mymodel --out web/ --force --serve --port 8080
 
+  gptport export models/smollm2 --precision fp32,int8 --heldout heldout.txt
+  gptport export-web models/smollm2 --out web/ --precision int8
+
   python -m http.server -d web/     # any static host works (one thread without COOP/COEP headers)
 """
 
@@ -27,20 +30,25 @@ def export_web(
                                         "COOP/COEP headers for multi-threaded wasm) until Ctrl-C.")] = False,
     host: Annotated[str, typer.Option(help="Address to serve on (with --serve).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to serve on (with --serve; 0 picks a free one).")] = 8080,
+    precision: Annotated[str, typer.Option(
+        help="The graph to ship: fp32, int8 or int4 (a variant that passed export's accuracy gate); auto: fp32 "
+        "up to 100 MiB, else the gated int8 variant, else the gated int4.")] = "auto",
     runtime_dir: Annotated[Path | None, typer.Option(
         "--runtime-dir", help="A node_modules folder holding the lock file's onnxruntime-web and tokenizers.js "
         "(default: fetched once with npm into the user cache).", show_default=False)] = None,
 ) -> None:
-    """Write a static bundle (page, ES module, graph, tokenizer, onnxruntime-web, manifest) that runs the
+    """Write a static bundle (page, ES modules, one graph, tokenizer, onnxruntime-web, manifest) that runs the
     model in a browser with WebAssembly or WebGPU."""
     from gptport.export.web import export_web as run
     from gptport.export.web_server import make_server
 
     with err.status("export-web") as status:
-        bundle = run(model_dir, out, force, runtime_dir, say=status.update)
-    versions = ", ".join(f"{k} {v}" for k, v in bundle.manifest["versions"].items())
-    err.print(f"wrote {out}: {len(bundle.files)} files, {human_bytes(bundle.total_bytes)} ({versions}); "
-              f"{len(bundle.manifest['reference'])} reference prompts for the page's self-check")
+        bundle = run(model_dir, out, force, runtime_dir, say=status.update, precision=precision)
+    m = bundle.manifest
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    err.print(f"wrote {out}: {len(bundle.files)} files, {human_bytes(bundle.total_bytes)} ({versions}); the "
+              f"{m['precision']} graph ({m['source_graph']}, {human_bytes(m['files'][m['graph']]['bytes'])}, "
+              f"gated); {len(m['reference'])} reference prompts for the page's self-check")
     if not serve:
         err.print(f"next: gptport export-web {model_dir} --out {out} --force --serve, or any static file server")
         return

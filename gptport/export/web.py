@@ -1,9 +1,10 @@
 """`gptport export-web`: a static bundle that runs the model in a browser with nothing else — the page,
-its ES module, the fp32 graph, the tokenizer, onnxruntime-web and tokenizers.js (from the npm packages
-pinned by webpage/package-lock.json, fetched once into a cache by `npm ci`), and a manifest with every
-file's sha256 and reference greedy tokens that the page checks itself against. The layout also loads in
-transformers.js: config.json of model_type gpt2, onnx/model.onnx with the batch dimension `batch_size`.
-No torch: the graph and the reference tokens come from the runtime."""
+its ES modules, one contract graph (fp32, or a quantized variant that passed export's accuracy gate:
+web_graph.py), the tokenizer, onnxruntime-web and tokenizers.js (from the npm packages pinned by
+webpage/package-lock.json, fetched once into a cache by `npm ci`), and a manifest with every file's sha256,
+the graph it ships and reference greedy tokens that the page checks itself against. The layout is
+transformers.js's: config.json, onnx/model.onnx (fp32), model_quantized.onnx (int8) or model_q4.onnx (int4)
+with the batch dimension `batch_size`. No torch: the graph and the reference tokens come from the runtime."""
 
 from __future__ import annotations
 
@@ -18,19 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptport import __version__, atomic, contract, specials
+from gptport import __version__, atomic, specials
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
-from gptport.errors import ArtifactError, InputError, UsageError
-from gptport.export.hf import gpt2_config
+from gptport.errors import InputError, UsageError
+from gptport.export import web_graph
+from gptport.export.hf import gpt2_config, mismatches
+from gptport.export.web_graph import GRAPHS
 from gptport.page_style import styled
 from gptport.provenance import file_digest
-from gptport.runtime.onnx_engine import OnnxModel
 
-ASSETS = Path(__file__).with_name("webpage")  # index.html, gptport.js, package.json, package-lock.json
-PAGE_FILES = ("index.html", "gptport.js")
-GRAPH = "onnx/model.onnx"  # where transformers.js looks for the decoder
-WEB_BATCH = "batch_size"  # transformers.js sizes its empty cache by a dimension of this name
+ASSETS = Path(__file__).with_name("webpage")  # the page's files, package.json, package-lock.json
+PAGE_FILES = ("index.html", "gptport.js", "tokenizer.js")
 # What the bundle needs of the npm packages: onnxruntime-web's WebAssembly build (the wasm device) and its
 # WebGPU build (the webgpu device; its asyncify binary runs the wasm provider ~2x slower, so both ship),
 # and tokenizers.js's browser module.
@@ -43,8 +43,6 @@ RUNTIME_FILES = {
     "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm": "runtime/ort-wasm-simd-threaded.asyncify.wasm",
     "@huggingface/tokenizers/dist/tokenizers.min.mjs": "runtime/tokenizers.min.mjs",
 }
-REFERENCE_PROMPTS = ("To be or not", "The ", "")  # "" starts from <|endoftext|>, as generate does
-REFERENCE_TOKENS = 32
 
 
 @dataclass
@@ -123,71 +121,56 @@ def package_versions(modules: Path) -> dict[str, str]:
             for name in ("onnxruntime-web", "@huggingface/tokenizers")}
 
 
-def web_graph(src: Path, dst: Path) -> None:
-    """The fp32 contract graph with its batch dimension renamed for transformers.js (nothing else changes)."""
-    import onnx
-
-    model = onnx.load(str(src))
-    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param == contract.BATCH:
-                dim.dim_param = WEB_BATCH
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(dst))
+def page_config(cfg: ModelConfig, tok: bpe.BPETokenizer) -> dict[str, Any]:
+    """What the page needs of the model: the cache's shape (n_kv_head heads of head_dim), the context, the
+    begin token it puts first (add_bos) and the tokens that end a sequence (end_ids, any of them)."""
+    return {"n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_kv_head": cfg.n_kv_head, "head_dim": cfg.head_dim,
+            "n_ctx": cfg.n_ctx, "vocab_size": cfg.vocab_size, "eot_id": tok.eot_id, "bos_id": cfg.bos_id,
+            "add_bos": bool(specials.start_ids(cfg)), "end_ids": sorted(specials.end_ids(cfg, tok))}
 
 
-def reference_tokens(model_dir: Path) -> tuple[list[dict[str, Any]], OnnxModel, bpe.BPETokenizer]:
-    """Greedy tokens of the contract graph on onnxruntime's CPU provider — what the page must reproduce —
-    with the graph (its recorded config sizes the page's cache) and the tokenizer, both checked."""
-    from gptport.runtime.generate import generate
-    from gptport.runtime.loader import open_model
-    from gptport.runtime.sampling import Sampling
-
-    opened = open_model(model_dir, cache=contract.CACHE_CONCAT)
-    tok, out, cfg = opened.tok, [], opened.engine.config
-    refuse_llama(cfg, model_dir / contract.onnx_file("fp32", contract.CACHE_CONCAT))
-    for prompt in REFERENCE_PROMPTS:
-        ids = specials.prompt_ids(cfg, tok, prompt)
-        row = generate(opened.engine, [ids], REFERENCE_TOKENS, Sampling(), specials.end_ids(cfg, tok))[0]
-        out.append({"prompt": prompt, "prompt_ids": ids, "token_ids": row.new_ids})
-    return out, opened.engine, tok
-
-
-def refuse_llama(cfg: ModelConfig, graph: Path) -> None:
-    """A UsageError naming what the page and transformers.js's gpt2 config lack for this model: the Llama
-    family's layers (the page's cache has n_head heads), a begin token, end tokens besides <|endoftext|>."""
-    lacking = [*cfg.llama_choices(), *(["a begin token (add_bos)"] if cfg.add_bos else []),
-               *([f"end tokens {list(cfg.eos_ids)}"] if cfg.eos_ids else [])]
-    if lacking:
-        raise UsageError(f"{graph}: export-web writes GPT-2-shaped models only; this one has {', '.join(lacking)}")
+def hf_config(cfg: ModelConfig, tok: bpe.BPETokenizer) -> dict[str, Any]:
+    """config.json: a GPT-2's GPT2Config; for other layers, what transformers.js reads of a Llama-family model
+    to run its graph (the cache's shape, the special tokens), in LlamaConfig's names, not a checkpoint's config."""
+    if not mismatches(cfg):
+        return gpt2_config(cfg, tok.eot_id)
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer,
+            "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
+            "max_position_embeddings": cfg.n_ctx, "rms_norm_eps": cfg.ln_eps, "rope_theta": cfg.rope_theta,
+            "tie_word_embeddings": cfg.tie_embeddings, "use_cache": True,
+            "bos_token_id": cfg.bos_id, "eos_token_id": sorted(specials.end_ids(cfg, tok))}
 
 
 def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Path | None = None,
-               say: Callable[[str], None] = lambda m: None) -> WebBundle:
-    """Write the bundle to `out` (staged beside it and renamed into place)."""
-    graph = model_dir / contract.onnx_file("fp32", contract.CACHE_CONCAT)
-    if not graph.is_file():
-        raise ArtifactError(f"{graph}: missing; run `gptport export {model_dir}` first")
+               say: Callable[[str], None] = lambda m: None, precision: str = "auto") -> WebBundle:
+    """Write the bundle to `out` (staged beside it and renamed into place), shipping the contract graph of
+    `precision` (choose_precision)."""
     if out.exists() and not force:
         raise InputError(f"{out}: exists; pass --force to replace it")
     if out.resolve() == model_dir.resolve() or model_dir.resolve() in out.resolve().parents:
         raise UsageError(f"--out {out}: inside the model directory; choose a folder of its own")
-    say("greedy reference tokens (onnxruntime, cpu)")
-    references, engine, tok = reference_tokens(model_dir)
-    cfg = engine.config
+    precision, graph, meta = web_graph.choose(model_dir, precision)
+    tok = web_graph.checked_tokenizer(model_dir, graph, meta)
     modules = npm_modules(runtime_dir, say)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        say("writing the bundle")
+        say(f"writing the bundle ({graph.name})")
         for name in PAGE_FILES:
             text = (ASSETS / name).read_text(encoding="utf-8")
             (stage / name).write_text(styled(text) if name.endswith(".html") else text, encoding="utf-8")
-        web_graph(graph, stage / GRAPH)
+        nbits = web_graph.write(graph, stage / GRAPHS[precision])
+        say(f"greedy reference tokens of {GRAPHS[precision]} (onnxruntime, cpu)")
+        references, engine = web_graph.reference_tokens(stage / GRAPHS[precision], tok)
+        cfg = engine.config
+        del engine  # its session holds the weights: not kept while the bundle is hashed
         for name in (bpe.TOKENIZER_FILE, bpe.HF_CONFIG_FILE):
             shutil.copyfile(model_dir / name, stage / name)
-        (stage / "config.json").write_text(json.dumps(gpt2_config(cfg, tok.eot_id), indent=2) + "\n")
-        generation = {"bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id, "max_length": cfg.n_ctx}
+        (stage / "config.json").write_text(json.dumps(hf_config(cfg, tok), indent=2) + "\n")
+        ends = sorted(specials.end_ids(cfg, tok))
+        generation = {"bos_token_id": tok.eot_id if cfg.bos_id is None else cfg.bos_id,
+                      "eos_token_id": ends[0] if len(ends) == 1 else ends, "max_length": cfg.n_ctx}
         (stage / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         for src, dst in RUNTIME_FILES.items():
             (stage / dst).parent.mkdir(parents=True, exist_ok=True)
@@ -195,10 +178,11 @@ def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Pat
         files = {p.relative_to(stage).as_posix(): p.stat().st_size for p in sorted(stage.rglob("*")) if p.is_file()}
         manifest = {
             "format": "gptport-web/1", "gptport": __version__, "model": model_dir.name,
-            "graph": GRAPH, "source_graph_sha256": file_digest(graph), "tokenizer_sha256": tok.sha256,
-            "config": {"n_layer": cfg.n_layer, "n_head": cfg.n_head, "head_dim": cfg.head_dim, "n_ctx": cfg.n_ctx,
-                       "vocab_size": cfg.vocab_size, "eot_id": tok.eot_id},
-            "versions": package_versions(modules), "reference": references,
+            "graph": GRAPHS[precision], "precision": precision, "gated": True, "source_graph": graph.name,
+            # a variant's quantized MatMuls, set to float compute (web_graph.py says why)
+            **({"matmulnbits": {"nodes": nbits, "accuracy_level": web_graph.FLOAT_COMPUTE}} if nbits else {}),
+            "source_graph_sha256": file_digest(graph), "tokenizer_sha256": tok.sha256,
+            "config": page_config(cfg, tok), "versions": package_versions(modules), "reference": references,
             "files": {name: {"bytes": size, "sha256": file_digest(stage / name)} for name, size in files.items()},
         }
         (stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -208,4 +192,3 @@ def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Pat
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return WebBundle(out, files, manifest)
-

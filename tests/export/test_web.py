@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,34 +22,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gptport import tokenizer as bpe
-from gptport.export.web import REFERENCE_PROMPTS, WEB_BATCH, export_web
-from gptport.export.web_server import make_server
+from gptport.export.web import export_web
+from gptport.export.web_graph import REFERENCE_PROMPTS, WEB_BATCH
 from gptport.provenance import file_digest
 from tests.support.chromium import CHROMIUM_ARGS, chromium_path
 from tests.support.cli import assert_one_line_error, gptport
+from tests.support.web_page import WEBGPU, Page, has_webgpu
 
-WAIT_MS = 120_000  # a page step on a loaded 2-core machine
 PROMPTS = ["To be or not", "ka to", "the ", "\n"]
-WEBGPU = ["--enable-unsafe-webgpu"]  # headless Chromium then offers SwiftShader's adapter, a CPU-emulated GPU
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("npm") is None, reason="no npm: export-web fetches onnxruntime-web "
                                  "with it (install Node.js)")]
 needs_browser = pytest.mark.skipif(chromium_path() is None, reason="no Chromium: `apt-get install chromium` "
                                    "(Debian), or set GPTPORT_CHROMIUM")
-
-
-@pytest.fixture(scope="session")
-def web_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A cache folder of the session's own, so the test fetches the lock file's packages itself."""
-    cache = tmp_path_factory.mktemp("xdg-cache")
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(cache)
-    yield cache
-    if old is None:
-        os.environ.pop("XDG_CACHE_HOME", None)
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.fixture(scope="session")
@@ -144,47 +129,6 @@ def test_serve_flag_sends_types_and_isolation_headers(bundle: Path, trained_dir:
         assert proc.wait(timeout=60) == 0
 
 
-class Page:
-    """The bundle's page in a browser, with the URLs it requested and the console errors it logged."""
-
-    def __init__(self, browser: Any, bundle: Path, device: str = "wasm", threads: int = 1) -> None:
-        self.server = make_server(bundle)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.page = browser.new_page()
-        self.page.set_default_timeout(WAIT_MS)
-        self.requests: list[str] = []
-        self.errors: list[str] = []
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.goto(f"{self.origin}/?device={device}&threads={threads}")
-        self.info = self.page.evaluate("window.gptport.ready")
-
-    def generate(self, prompt: str, **opts: Any) -> dict[str, Any]:
-        return self.page.evaluate("([p, o]) => window.gptport.generate(p, o)", [prompt, opts])
-
-    def close(self) -> None:
-        self.page.close()
-        self.server.shutdown()
-        self.server.server_close()
-
-    def check_clean(self) -> None:
-        assert self.errors == []
-        assert self.requests and all(u.startswith(self.origin + "/") for u in self.requests), self.requests
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Any]:
-    """One Playwright driver for the module (its sync API cannot be entered twice)."""
-    if chromium_path() is None:
-        pytest.skip("no Chromium: `apt-get install chromium` (Debian), or set GPTPORT_CHROMIUM")
-    from playwright import sync_api  # a dev dependency: its absence is a failure, not a skip
-
-    with sync_api.sync_playwright() as p:
-        yield p
-
-
 @pytest.fixture(scope="module")
 def wasm_page(playwright: Any, bundle: Path) -> Iterator[Page]:
     browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
@@ -264,15 +208,7 @@ def test_webgpu_greedy_tokens_equal_generate(playwright: Any, bundle: Path, want
     args = CHROMIUM_ARGS + WEBGPU
     browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=args)
     try:
-        server = make_server(bundle)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        probe = browser.new_page()  # WebGPU needs a secure context: the bundle's origin (127.0.0.1), not about:blank
-        probe.goto(f"http://127.0.0.1:{server.server_address[1]}/manifest.json")
-        has_adapter = probe.evaluate("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())")
-        probe.close()
-        server.shutdown()
-        server.server_close()
-        if not has_adapter:
+        if not has_webgpu(browser, bundle):
             pytest.skip("this Chromium offers no WebGPU adapter (SwiftShader Vulkan missing)")
         page = Page(browser, bundle, device="webgpu")
         try:

@@ -1,10 +1,11 @@
-// gptport in the browser: the bundle's model (onnx/model.onnx, the fp32 KV-cache graph of gptport's
-// contract) on onnxruntime-web, the tokenizer on tokenizers.js, and the generation loop of
-// `gptport generate`: prefill, then one token per step with the cache kept as the runtime's tensors.
+// gptport in the browser: the bundle's model (the KV-cache graph of gptport's contract, fp32 or a gated
+// int8/int4 variant: manifest.graph) on onnxruntime-web, the tokenizer on tokenizers.js (tokenizer.js), and
+// the generation loop of `gptport generate`: the begin token first where the tokenizer adds one, prefill,
+// then one token per step with the cache kept as the runtime's tensors, until any of the model's end tokens.
 // Sampling mirrors gptport's (greedy, repetition penalty, temperature, top-k, top-p) with a seeded
 // generator of its own: greedy output equals gptport's token for token; a seed reproduces a sampled run
 // in the browser (its random numbers are not numpy's).
-import { Tokenizer } from "./runtime/tokenizers.min.mjs";
+import { makeTokenizer } from "./tokenizer.js";
 
 // onnxruntime-web's builds: the plain WebAssembly one decodes ~2x faster on the CPU than the WebGPU
 // build's (asyncify) binary running the wasm provider, so each device loads its own.
@@ -24,9 +25,8 @@ export async function load({ device = "wasm", threads = 0, base = HERE } = {}) {
   if (device === "webgpu" && !(navigator.gpu && (await navigator.gpu.requestAdapter()))) {
     throw new Error("device webgpu: this browser offers no WebGPU adapter");
   }
-  const [manifest, tokJson, tokConfig] = await Promise.all(
-    ["manifest.json", "tokenizer.json", "tokenizer_config.json"].map((f) => json(new URL(f, base))));
-  const tokenizer = new Tokenizer(tokJson, tokConfig);
+  const [manifest, tokJson] = await Promise.all(["manifest.json", "tokenizer.json"].map((f) => json(new URL(f, base))));
+  const tokenizer = makeTokenizer(tokJson);
   const ort = await import(BUILDS[device]);
   ort.env.wasm.wasmPaths = new URL("runtime/", base).href;
   ort.env.logLevel = "error";  // onnxruntime's warnings (which nodes run on the CPU) reach the console as errors
@@ -100,6 +100,9 @@ export class Model {
   constructor(ort, session, tokenizer, manifest, device, threads) {
     Object.assign(this, { ort, session, tokenizer, manifest, device, threads });
     this.config = manifest.config;
+    const { add_bos, bos_id, end_ids, eot_id } = this.config;
+    this.start = add_bos ? [bos_id] : [];  // what every encoded prompt starts with
+    this.ends = new Set(end_ids ?? [eot_id]);  // a bundle of an older gptport names <|endoftext|> alone
   }
 
   i64(values, dims) {
@@ -108,20 +111,28 @@ export class Model {
 
   /** Token ids of `text`, as gptport's tokenizer gives them (no special tokens added). */
   encode(text) {
-    return this.tokenizer.encode(text, { add_special_tokens: false }).ids;
+    return this.tokenizer.encode(text);
   }
 
-  /** Text of token ids (tokenizers.js throws on an empty list; gptport gives ""). */
+  /** Text of token ids, special tokens included ("" for none). */
   decode(ids) {
-    return ids.length ? this.tokenizer.decode(ids, { skip_special_tokens: false }) : "";
+    return this.tokenizer.decode(ids);
+  }
+
+  /** A prompt's ids as gptport encodes a prompt: the begin token first where the tokenizer adds one; an
+   *  empty prompt is the begin token alone, or <|endoftext|> for a model without one. */
+  promptIds(prompt) {
+    const ids = [...this.start, ...this.encode(prompt)];
+    return ids.length ? ids : [this.config.eot_id];
   }
 
   emptyPast() {
-    const { n_layer, n_head, head_dim } = this.config;
+    const { n_layer, n_head, n_kv_head, head_dim } = this.config;
+    const heads = n_kv_head || n_head;  // each key/value head shared by n_head / n_kv_head query heads
     const past = {};
     for (let i = 0; i < n_layer; i++) {
       for (const kv of ["key", "value"]) {
-        past[`past_key_values.${i}.${kv}`] = new this.ort.Tensor("float32", new Float32Array(0), [1, n_head, 0, head_dim]);
+        past[`past_key_values.${i}.${kv}`] = new this.ort.Tensor("float32", new Float32Array(0), [1, heads, 0, head_dim]);
       }
     }
     return past;
@@ -150,19 +161,22 @@ export class Model {
 
   /**
    * Generate from `prompt`: {token_ids, text, finish_reason, prompt_tokens, ttft_ms, decode_tok_s}.
-   * `ignore_eos` goes on past <|endoftext|> (for measurements: every run makes max_new_tokens).
-   * `onText(piece)` receives the text as it grows, whole characters only, stop strings held back.
-   * finish_reason: eot (the model's <|endoftext|>), stop (a stop string), length (max_new_tokens),
+   * `ignore_eos` goes on past the end tokens (for measurements: every run makes max_new_tokens).
+   * `onText(piece)` receives the text as it grows, whole characters only, stop strings held back; the
+   * text is the decoding of all new tokens (a SentencePiece-style decoder's spaces depend on the tokens
+   * before), so a token's text is what it adds to it.
+   * finish_reason: eot (one of the model's end tokens), stop (a stop string), length (max_new_tokens),
    * context (the model's n_ctx is full), or abort (`signal`).
    */
   async generate(prompt, opts = {}, onText = () => {}) {
     const { max_new_tokens = 64, seed = 0, stop = [], signal, ignore_eos = false } = opts;
     const sampling = { temperature: opts.temperature ?? 0, top_k: opts.top_k ?? 0, top_p: opts.top_p ?? 1,
                        repetition_penalty: opts.repetition_penalty ?? 1 };
-    const { n_ctx, eot_id } = this.config;
-    let promptIds = this.encode(prompt);
-    if (!promptIds.length) promptIds = [eot_id];  // as gptport generate: an empty prompt starts from EOT
-    if (promptIds.length > n_ctx) promptIds = promptIds.slice(-n_ctx);
+    const { n_ctx } = this.config;
+    let promptIds = this.promptIds(prompt);
+    if (promptIds.length > n_ctx) {  // as gptport generate: the last n_ctx tokens, the begin token kept
+      promptIds = [...this.start, ...promptIds.slice(this.start.length - n_ctx)];
+    }
     const random = rng(seed);
     const t0 = performance.now();
     let { logits, past } = await this.step(promptIds, 0, this.emptyPast());
@@ -171,7 +185,7 @@ export class Model {
     let shown = 0, finish = "length", text = "", tFirst = 0;
     while (true) {
       const tok = choose(logits, sampling, random, sampling.repetition_penalty !== 1 ? [...promptIds, ...ids] : []);
-      if (tok === eot_id && !ignore_eos) { finish = "eot"; break; }
+      if (this.ends.has(tok) && !ignore_eos) { finish = "eot"; break; }
       ids.push(tok);
       if (ids.length === 1) tFirst = performance.now();
       text = this.decode(ids);
