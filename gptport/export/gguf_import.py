@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gptport import atomic, provenance
+from gptport import atomic, model_card, provenance
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig
 from gptport.errors import ArtifactError, InputError
@@ -103,10 +103,8 @@ def write_weights(path: Path, f: GGUFFile, planned: list[Planned], progress: Pro
 
 
 def _write_config(model_dir: Path, cfg: ModelConfig, tok: bpe.BPETokenizer, sha: str, source: dict[str, Any]) -> None:
-    """checkpoint.write_config's config.json, with the source file recorded."""
-    from gptport.training import checkpoint
-
-    checkpoint.write_config(model_dir, cfg, tok, 0, sha)
+    """model_card.write_config's config.json, with the source file recorded."""
+    model_card.write_config(model_dir, cfg, tok, 0, sha)
     path = model_dir / CONFIG
     data = json.loads(path.read_text(encoding="utf-8"))
     atomic.write_text(path, json.dumps({**data, IMPORTED_FROM: source}, indent=2) + "\n")
@@ -154,12 +152,10 @@ def import_gguf(path: Path, out: Path, force: bool = False, progress: Progress |
             _write_config(stage, cfg, rebuilt.tokenizer, sha, source)
             atomic.replace_dir(stage, out)
         else:  # into a directory holding other files: config.json last, accepting the new weights before they land
-            from gptport.training import checkpoint
-
             for item in stage.iterdir():
                 if item != staged:
                     item.replace(out / item.name)
-            checkpoint.mark_pending(out, sha)
+            model_card.mark_pending(out, sha)
             staged.replace(out / WEIGHTS)
             _write_config(out, cfg, rebuilt.tokenizer, sha, source)
     finally:
