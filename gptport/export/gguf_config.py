@@ -1,8 +1,9 @@
-"""A GGUF file's model as gptport's: the architecture's metadata (llama.cpp's `llama` and `gpt2`) as a ModelConfig,
-each `{arch}.*` key used, ignored because it does not change what the model computes, or refused by name (as
-hf_llama.py does with config.json), and the plan of gptport's tensors, each made of the file's tensors: q, k and v
-stacked into c_attn, with llama.cpp's q/k row permutation undone (its converter reorders each head's rows so that
-its rotation pairs neighbours; gptport rotates halves, as transformers does). No torch."""
+"""A GGUF file's model as gptport's: the architecture's metadata (llama.cpp's `llama`, `qwen2`, `qwen3` and `gpt2`)
+as a ModelConfig, each `{arch}.*` key used, ignored because it does not change what the model computes, or refused
+by name (as hf_llama.py does with config.json), and the plan of gptport's tensors, each made of the file's tensors:
+q, k and v stacked into c_attn, with llama.cpp's q/k row permutation undone for `llama` (its converter reorders
+each head's rows so that its rotation pairs neighbours; gptport rotates halves, as transformers does, and as
+llama.cpp's qwen2 and qwen3 do, whose rows are left as they are); qwen3's q/k norms. No torch."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from gptport.export.gguf_export import BLOCK_NAMES
 from gptport.export.gguf_file import GGUFFile
 from gptport.export.hf_files import Specials
 
-ARCHS = ("llama", "gpt2")
+ARCHS = ("llama", "qwen2", "qwen3", "gpt2")
+ROTATE_HALVES = ("qwen2", "qwen3")  # llama.cpp's NEOX rotation, gptport's: their q and k rows are not permuted
 USED = {
     "llama": {"context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
               "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
@@ -27,6 +29,7 @@ USED = {
     "gpt2": {"context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
              "attention.layer_norm_epsilon", "vocab_size"},
 }
+USED.update(dict.fromkeys(ROTATE_HALVES, USED["llama"]))  # the same keys, under the architecture's prefix
 IGNORED = {"rope.scaling.finetuned", "tensor_data_layout"}  # a fine-tuning note; the layout every llama file has
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's frequency factors, which llama.cpp's converter writes as a tensor
 LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}  # Llama 3.1's and 3.2's, the ones checked against it
@@ -72,16 +75,17 @@ def _check_keys(f: GGUFFile, arch: str) -> None:
                          "rather than importing a model that may compute otherwise")
 
 
-def _rope(f: GGUFFile, head_dim: int) -> dict[str, Any]:
-    """rope_theta and its scaling: none, linear (rope.scaling.type or the older rope.scale_linear) or Llama 3's,
-    read back from the frequency factors of rope_freqs.weight (refused unless they are Llama 3's formula's)."""
-    out: dict[str, Any] = {"pos_encoding": "rope", "rope_theta": f.number("llama.rope.freq_base", 10000.0)}
-    kind = f.text("llama.rope.scaling.type", "none")
-    linear = f.number("llama.rope.scale_linear", 1.0)
+def _rope(f: GGUFFile, p: str, head_dim: int) -> dict[str, Any]:
+    """rope_theta and its scaling (keys under the architecture's prefix `p`): none, linear (rope.scaling.type or
+    the older rope.scale_linear) or Llama 3's, read back from the frequency factors of rope_freqs.weight (refused
+    unless they are Llama 3's formula's)."""
+    out: dict[str, Any] = {"pos_encoding": "rope", "rope_theta": f.number(p + "rope.freq_base", 10000.0)}
+    kind = f.text(p + "rope.scaling.type", "none")
+    linear = f.number(p + "rope.scale_linear", 1.0)
     if kind not in ("none", "linear"):
-        raise InputError(f"{f.path}: llama.rope.scaling.type {kind!r} is not one gptport has (none, linear)")
+        raise InputError(f"{f.path}: {p}rope.scaling.type {kind!r} is not one gptport has (none, linear)")
     if kind == "linear" or linear != 1.0:
-        factor = f.number("llama.rope.scaling.factor") if kind == "linear" else linear
+        factor = f.number(p + "rope.scaling.factor") if kind == "linear" else linear
         out.update(rope_scaling="linear", rope_factor=factor)
     if ROPE_FREQS in f.tensors:
         freqs = f.dequantize(ROPE_FREQS).astype(np.float64)
@@ -90,14 +94,14 @@ def _rope(f: GGUFFile, head_dim: int) -> dict[str, Any]:
         if not np.all(freqs == 1.0):
             if "rope_scaling" in out:
                 raise InputError(f"{f.path}: both {ROPE_FREQS} and linear rope scaling")
-            out.update(_llama3(f, freqs, out["rope_theta"], head_dim))
+            out.update(_llama3(f, p, freqs, out["rope_theta"], head_dim))
     return out
 
 
-def _llama3(f: GGUFFile, freqs: np.ndarray, theta: float, head_dim: int) -> dict[str, Any]:
+def _llama3(f: GGUFFile, p: str, freqs: np.ndarray, theta: float, head_dim: int) -> dict[str, Any]:
     """The llama3 scaling whose frequency factors (as llama.cpp's converter computes them) are `freqs`."""
     factor = float(str(np.float32(freqs.max())))
-    original = f.integer("llama.rope.scaling.original_context_length", 8192)
+    original = f.integer(p + "rope.scaling.original_context_length", 8192)
     low, high = LLAMA3["low_freq_factor"], LLAMA3["high_freq_factor"]
     expected = []
     for i in range(0, head_dim, 2):
@@ -137,22 +141,26 @@ def model_config(f: GGUFFile, arch: str, vocab_size: int, tokens: Specials) -> M
             n_kv_head=f.integer(p + "attention.head_count_kv", n_head), head_dim=head_dim, norm="rmsnorm",
             mlp="swiglu", bias=False, ln_eps=f.number(p + "attention.layer_norm_rms_epsilon", 1e-5),
             qkv_bias=blk + "attn_q.bias" in f.tensors, out_bias=blk + "attn_output.bias" in f.tensors,
-            mlp_bias=blk + "ffn_up.bias" in f.tensors, **_rope(f, head_dim))
+            mlp_bias=blk + "ffn_up.bias" in f.tensors, qk_norm=blk + "attn_q_norm.weight" in f.tensors,
+            **_rope(f, p, head_dim))
     try:
         return ModelConfig(**values)
     except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig
         raise InputError(f"{f.path}: {e}") from e
 
 
-def _llama_plan(cfg: ModelConfig) -> list[tuple[str, tuple[Part, ...]]]:
+def _llama_plan(cfg: ModelConfig, arch: str) -> list[tuple[str, tuple[Part, ...]]]:
     plan: list[tuple[str, tuple[Part, ...]]] = []
     kinds = ["weight", *(["bias"] if cfg.has_qkv_bias else [])]
+    q_heads, kv_heads = (None, None) if arch in ROTATE_HALVES else (cfg.n_head, cfg.n_kv_head)
     for i in range(cfg.n_layer):
         blk, ours = f"blk.{i}.", f"h.{i}."
         for kind in kinds:  # [q | k | v] along the output, q and k back in halves order
-            plan.append((f"{ours}attn.c_attn.{kind}", (Part(f"{blk}attn_q.{kind}", cfg.n_head),
-                                                        Part(f"{blk}attn_k.{kind}", cfg.n_kv_head),
+            plan.append((f"{ours}attn.c_attn.{kind}", (Part(f"{blk}attn_q.{kind}", q_heads),
+                                                        Part(f"{blk}attn_k.{kind}", kv_heads),
                                                         Part(f"{blk}attn_v.{kind}"))))
+        if cfg.qk_norm:
+            plan += [(f"{ours}attn.{x}_norm.weight", (Part(f"{blk}attn_{x}_norm.weight"),)) for x in "qk"]
         for mine, theirs in LLAMA_BLOCK.items():
             has_bias = mine.startswith("mlp.") and cfg.has_mlp_bias or mine == "attn.c_proj" and cfg.has_out_bias
             for kind in ["weight", *(["bias"] if has_bias else [])]:
@@ -177,6 +185,8 @@ def _shape(name: str, cfg: ModelConfig) -> tuple[int, ...]:
     rows = {"wte": cfg.vocab_size, "lm_head": cfg.vocab_size, "wpe": cfg.n_ctx, "attn.c_attn": q + 2 * kv,
             "attn.c_proj": d, "mlp.c_gate": f, "mlp.c_fc": f, "mlp.c_proj": d}.get(sub, d)
     cols = {"attn.c_proj": q, "mlp.c_proj": f}.get(sub, d)
+    if sub in ("attn.q_norm", "attn.k_norm"):
+        return (cfg.head_dim,)
     return (rows,) if kind == "bias" or sub.startswith("ln_") else (rows, cols)
 
 
@@ -187,7 +197,7 @@ def plan(f: GGUFFile, arch: str, cfg: ModelConfig) -> list[Planned]:
     rows: list[tuple[str, tuple[Part, ...]]] = [
         ("wte.weight", (Part("token_embd.weight", rows=V),)), ("ln_f.weight", (Part("output_norm.weight"),)),
         *([] if cfg.tie_embeddings else [("lm_head.weight", (Part("output.weight", rows=V),))]),
-        *(_llama_plan(cfg) if arch == "llama" else _gpt2_plan(cfg))]
+        *(_gpt2_plan(cfg) if arch == "gpt2" else _llama_plan(cfg, arch))]
     out, used = [], {ROPE_FREQS}
     for name, parts in rows:
         for part in parts:
