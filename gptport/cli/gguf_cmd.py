@@ -1,5 +1,6 @@
-"""`gptport export-gguf`: one GGUF file of llama.cpp's gpt2 architecture (no torch needed); `gptport import-gguf`:
-a llama.cpp GGUF file (llama or gpt2, float or quantized) as a gptport model directory."""
+"""`gptport export-gguf`: one GGUF file that llama.cpp runs (architecture gpt2, or llama, qwen2 or qwen3 for the Llama
+family; no torch needed); `gptport import-gguf`: a llama.cpp GGUF file (llama, qwen2, qwen3 or gpt2, float or
+quantized) as a gptport model directory."""
 
 from __future__ import annotations
 
@@ -39,20 +40,22 @@ def export_gguf(
                                              "MODEL_DIR/model.OUTTYPE.gguf).", show_default=False)] = None,
     force: Force = False,
 ) -> None:
-    """Write the model and its tokenizer as a GGUF file that llama.cpp runs (architecture gpt2)."""
+    """Write the model and its tokenizer as a GGUF file that llama.cpp runs (architecture gpt2 for GPT-2's layers;
+    llama, qwen2 or qwen3 for the Llama family's, as llama.cpp's converter writes each)."""
     from gptport.export.gguf_export import export_gguf as run
 
     s = run(model_dir, outtype.value, out, force)
     types = ", ".join(f"{n} {t.lower()}" for t, n in sorted(s.tensor_types.items()))
-    err.print(f"wrote {s.path} ({human_bytes(s.n_bytes)}, gpt2, {s.outtype}): {s.n_params / 1e6:.2f}M parameters "
-              f"in {sum(s.tensor_types.values())} tensors ({types}); vocabulary {s.vocab_size}, "
-              f"{s.n_merges} merges")
+    err.print(f"wrote {s.path} ({human_bytes(s.n_bytes)}, {s.architecture}, {s.outtype}): "
+              f"{s.n_params / 1e6:.2f}M parameters in {sum(s.tensor_types.values())} tensors ({types}); "
+              f"vocabulary {s.vocab_size}, {s.n_merges} merges")
     err.print(f"next: llama-cli -m {s.path} -p \"...\" --temp 0")
 
 
 def import_gguf(
-    gguf_file: Annotated[Path, typer.Argument(help="A llama.cpp GGUF file of architecture llama or gpt2 (F32, F16, "
-                                              "BF16 or block-quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K).",
+    gguf_file: Annotated[Path, typer.Argument(help="A llama.cpp GGUF file of architecture llama, qwen2, qwen3 or gpt2 "
+                                              "(F32, F16, BF16 or block-quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                                              "Q2_K-Q6_K).",
                                               show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="gptport model directory to create.")],
     force: Force = False,

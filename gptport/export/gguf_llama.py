@@ -1,0 +1,116 @@
+"""The Llama family as llama.cpp's GGUF architectures, as its convert_hf_to_gguf.py writes them: `llama` (Llama,
+Mistral, SmolLM, a model trained here with --preset llama-tiny; biases where the model has them), `qwen2` (q/k/v
+biases alone) and `qwen3` (q/k norm). For `llama`, each q and k head's rows are permuted from halves order
+(transformers' and gptport's rotation) to interleaved pairs (llama.cpp's rotation of that architecture), biases
+too; qwen2 and qwen3 rotate halves, as gptport does. Llama 3's rope scaling goes in as the frequency factors of
+rope_freqs.weight, computed as the converter computes them; linear scaling as rope.scaling.type and factor. No
+torch."""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+
+from gptport.config import ModelConfig
+from gptport.errors import InputError
+
+ARCHS = ("llama", "qwen2", "qwen3")
+ROPE_FREQS = "rope_freqs.weight"
+BLOCK = {"ln_1.weight": "attn_norm.weight", "ln_2.weight": "ffn_norm.weight", "attn.c_proj": "attn_output",
+         "attn.q_norm.weight": "attn_q_norm.weight", "attn.k_norm.weight": "attn_k_norm.weight",
+         "mlp.c_gate": "ffn_gate", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+
+
+def architecture(cfg: ModelConfig) -> str:
+    """The llama.cpp architecture that computes what `cfg` does (as the converter picks it for the transformers
+    class export-hf writes); a combination none of them has is refused naming it."""
+    biased = cfg.has_qkv_bias or cfg.has_out_bias or cfg.has_mlp_bias
+    if cfg.qk_norm:
+        if biased:
+            raise InputError("q/k norm with biases: llama.cpp's qwen3 architecture has neither q/k/v, output nor MLP "
+                             "biases")
+        arch = "qwen3"
+    elif cfg.has_qkv_bias and not cfg.has_out_bias and not cfg.has_mlp_bias and cfg.q_width == cfg.d_model \
+            and cfg.rope_scaling != "llama3":
+        arch = "qwen2"
+    else:
+        if cfg.has_qkv_bias and cfg.q_width != cfg.d_model:
+            raise InputError(f"q/k/v biases with heads {cfg.q_width} wide over d_model {cfg.d_model}: llama.cpp's "
+                             "llama architecture takes q biases d_model wide")
+        return "llama"
+    if cfg.rope_scaling == "llama3":
+        raise InputError(f"Llama 3's rope scaling with {'q/k norm' if cfg.qk_norm else 'q/k/v biases'}: llama.cpp's "
+                         f"{arch} architecture applies no rope_freqs")
+    return arch
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: each head's rows from halves order to interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_factors(cfg: ModelConfig) -> np.ndarray:
+    """rope_freqs.weight: Llama 3's frequency factors, as LlamaModel.generate_extra_tensors computes them (llama.cpp
+    divides each frequency by its factor)."""
+    dim = cfg.head_dim
+    freqs = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    old, low, high = cfg.rope_original_n_ctx, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq  # float32, as the converter's torch scalars
+        smooth = (old / wavelen - low) / (high - low)
+        out.append(1.0 if wavelen < old / high else cfg.rope_factor if wavelen > old / low
+                   else 1 / ((1 - smooth) / cfg.rope_factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def tensors(state: dict[str, np.ndarray], cfg: ModelConfig, arch: str) -> list[tuple[str, np.ndarray]]:
+    """gptport's tensors (popped from `state` as they are taken) under the architecture's GGUF names: c_attn
+    split into attn_q, attn_k and attn_v (permuted for `llama`), rope_freqs.weight for Llama 3's scaling."""
+    out = [("token_embd.weight", state.pop("wte.weight")), ("output_norm.weight", state.pop("ln_f.weight"))]
+    if not cfg.tie_embeddings:
+        out.append(("output.weight", state.pop("lm_head.weight")))
+    if cfg.rope_scaling == "llama3":
+        out.append((ROPE_FREQS, llama3_factors(cfg)))
+    q, kv = cfg.q_width, cfg.kv_width
+    for i in range(cfg.n_layer):
+        ours, blk = f"h.{i}.", f"blk.{i}."
+        for kind in ("weight", "bias"):
+            w = state.pop(f"{ours}attn.c_attn.{kind}", None)
+            if w is None:
+                continue
+            parts = {"attn_q": (w[:q], cfg.n_head), "attn_k": (w[q:q + kv], cfg.n_kv_head), "attn_v": (w[q + kv:], 0)}
+            for name, (part, heads) in parts.items():
+                out.append((f"{blk}{name}.{kind}", permute(part, heads) if heads and arch == "llama" else part))
+        for name in sorted(k for k in state if k.startswith(ours)):
+            sub = name[len(ours):]
+            module, _, kind = sub.rpartition(".")
+            gguf_name = BLOCK[sub] if sub in BLOCK else f"{BLOCK[module]}.{kind}"
+            out.append((blk + gguf_name, state.pop(name)))
+    if state:
+        raise InputError(f"tensor {sorted(state)[0]} has no place in llama.cpp's {arch} architecture")
+    return [(name, np.ascontiguousarray(a, dtype=np.float32)) for name, a in out]
+
+
+def add_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    """The architecture's hyperparameters (writer.arch's prefix): shape, heads, RMSNorm's epsilon, RoPE."""
+    writer.add_block_count(cfg.n_layer)
+    writer.add_context_length(cfg.n_ctx)
+    writer.add_embedding_length(cfg.d_model)
+    writer.add_feed_forward_length(cfg.d_ff)
+    writer.add_head_count(cfg.n_head)
+    writer.add_head_count_kv(cfg.n_kv_head)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.ln_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    if cfg.q_width != cfg.d_model:  # heads wider (or narrower) than d_model / n_head, as Qwen3's
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+    if cfg.rope_scaling == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(cfg.rope_factor)
+    elif cfg.rope_scaling == "llama3":  # the factors are rope_freqs.weight; the context import-gguf reads them with
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_n_ctx)
