@@ -226,10 +226,10 @@ def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
 
 def _write_config(model_dir: Path, cfg: ModelConfig, tok: bpe.BPETokenizer, sha: str,
                   source: dict[str, Any] | None) -> None:
-    """checkpoint.write_config's config.json, with the source recorded under imported_from when given."""
-    from gptport.training import checkpoint
+    """model_card.write_config's config.json, with the source recorded under imported_from when given."""
+    from gptport.model_card import write_config
 
-    checkpoint.write_config(model_dir, cfg, tok, 0, sha)
+    write_config(model_dir, cfg, tok, 0, sha)
     if source is not None:
         data = read_json(model_dir / CONFIG)
         atomic.write_text(model_dir / CONFIG, json.dumps({**data, IMPORTED_FROM: source}, indent=2) + "\n")

@@ -14,8 +14,9 @@ import numpy as np
 
 from gptport import provenance
 from gptport import tokenizer as bpe
-from gptport.config import ModelConfig, check_format_version, model_config_from_dict, read_json
+from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError
+from gptport.model_card import check_tokenizer, read_card
 from gptport.paths import CONFIG, WEIGHTS
 
 IMPORTED_FROM = "imported_from"  # config.json: the source import-hf or import-gguf read
@@ -32,22 +33,15 @@ class ModelFiles:
 
 
 def read_model(model_dir: Path) -> ModelFiles:
-    """config.json's model (its format version checked) and the tokenizer it was trained with."""
+    """config.json's model (model_card's checks: its keys, its format version) and the tokenizer it was
+    trained with."""
     if not model_dir.is_dir():
         raise InputError(f"{model_dir}: not a directory")
-    path = model_dir / CONFIG
-    if not path.is_file():
-        raise ArtifactError(f"{model_dir}: no {CONFIG}; train a model first (`gptport train`)")
-    data = read_json(path)
-    for key in ("model", "tokenizer_sha256"):
-        if key not in data:
-            raise ArtifactError(f"{path}: missing {key!r}")
-    check_format_version(data, str(path))
-    cfg = model_config_from_dict(data["model"], str(path))
+    card = read_card(model_dir)
     tok = bpe.load(model_dir)  # checks tokenizer_meta.json's sha256
-    bpe.check_trained_with(tok, model_dir, data["tokenizer_sha256"], cfg.vocab_size)
-    source = data.get(IMPORTED_FROM)
-    return ModelFiles(model_dir, cfg, tok, source if isinstance(source, dict) else {})
+    check_tokenizer(card, tok, model_dir)
+    source = read_json(model_dir / CONFIG).get(IMPORTED_FROM)
+    return ModelFiles(model_dir, card.model, tok, source if isinstance(source, dict) else {})
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
