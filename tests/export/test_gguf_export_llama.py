@@ -202,3 +202,50 @@ def test_architecture_choice() -> None:
     assert architecture(ModelConfig(**base, qkv_bias=True, **llama3)) == "llama"  # llama takes biases and rope_freqs
     assert architecture(ModelConfig(**base, qkv_bias=True, out_bias=True, mlp_bias=True)) == "llama"
     assert architecture(ModelConfig(**base, qk_norm=True, head_dim=32)) == "qwen3"
+
+
+# ---- llama.cpp itself, where it is installed (as tests/export/test_gguf.py) ------------------------------------
+
+LLAMA_ENV = "GPTPORT_LLAMA_CPP_BIN"
+# none starts with a space: llama.cpp's SentencePiece tokenizer puts its "▁" before such a text too, as SentencePiece
+# does, where tokenizers' Metaspace (transformers' conversion) does not double it (docs/guide/real-models.md)
+LLAMA_CPP_TEXTS = ["ka to ri 日本 🙂", "spaces  \nand  lines\n\n", "x1y22z333 isn't", "tab\there"]
+
+
+def _post(port: int, path: str, body: dict[str, Any]) -> Any:
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def test_llama_cpp_tokenizes_and_decodes_as_the_source(exported: tuple[str, HfModel, Path]) -> None:
+    """llama-server on the F32 file: /tokenize gives the source tokenizer's ids; greedy decoding from the prompt's
+    ids gives transformers' greedy tokens, ending on generation_config.json's own end token."""
+    import os
+
+    from gptport.load import server_proc
+    from tests.support.hf_models import greedy
+
+    folder = os.environ.get(LLAMA_ENV)
+    if not folder:
+        pytest.skip(f"set {LLAMA_ENV} to a folder with llama.cpp's llama-server to run this")
+    binary = Path(folder) / "llama-server"
+    assert binary.is_file(), f"{LLAMA_ENV}={folder}: no llama-server there"
+    _, hf, model_dir = exported
+    path = model_dir / "model.f32.gguf"
+    port, log = server_proc.free_port(), model_dir / "llama-server.log"
+    cmd = [str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-t", "2"]
+    prompt = hf.tokenizer(hf.prompt)["input_ids"]
+    want = greedy(hf.model, prompt, 24)
+    with server_proc.running(cmd, server_proc.url_of(port), log, limit=60, stop_timeout=10):
+        for text in LLAMA_CPP_TEXTS:
+            got = _post(port, "/tokenize", {"content": text, "add_special": False})["tokens"]
+            assert got == hf.tokenizer(text, add_special_tokens=False)["input_ids"], text
+        assert _post(port, "/tokenize", {"content": hf.prompt, "add_special": True})["tokens"] == prompt
+        r = _post(port, "/completion", {"prompt": prompt, "n_predict": 24, "temperature": 0, "top_k": 1,
+                                        "return_tokens": True, "cache_prompt": False})
+    assert want[-1] == hf.stop_id
+    assert r["tokens"] == want and r["stop_type"] == "eos"  # the end token included, as transformers gives it
