@@ -109,8 +109,8 @@ class ModelConfig:
         return self.n_kv_head * self.head_dim
 
     def llama_choices(self) -> list[str]:
-        """The Llama family's choices of this model's layers, named (empty for GPT-2's layers): what the
-        static-cache graphs and the web page are not written for yet."""
+        """The Llama family's choices of this model's layers, named (empty for GPT-2's layers): what a writer
+        made for GPT-2's layers alone names when it refuses a model (the static-cache graphs take them all)."""
         return [what for what, used in (
             ("rope positions", self.pos_encoding == "rope"), ("RMSNorm", self.norm == "rmsnorm"),
             ("SwiGLU", self.mlp == "swiglu"),

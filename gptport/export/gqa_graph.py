@@ -1,6 +1,13 @@
-"""The static-cache graph: the same GPT written directly in onnxruntime's operators, with one
+"""The static-cache graph: the same model written directly in onnxruntime's operators, with one
 GroupQueryAttention (com.microsoft) per layer that appends each step's keys and values in place to a
-cache preallocated at n_ctx. No torch here: it is built from model.safetensors and config.json.
+cache preallocated at n_ctx. Built from model.safetensors and config.json, not traced (no torch but
+RoPE's frequencies: graph_body.rope_tables).
+
+GPT-2's layers and the Llama family's: GroupQueryAttention takes the fused q|k|v (kv_num_heads
+n_kv_head), or q, k and v apart after a q/k norm (onnxruntime's CPU kernel does not take the norm's
+weights itself); with rope it rotates q and k itself (do_rotary, the halves layout: rotary_interleaved
+0) by cos/sin tables of n_ctx positions at each row's cache positions, which are its token positions
+(rows start at cache position 0).
 
 Why a second graph: the contract graph (model.onnx) concatenates past and new keys, so every decode
 step allocates and copies the whole cache, and it is made of ~230 small nodes. This one has ~14
@@ -9,12 +16,12 @@ nothing per step. It is onnxruntime-specific (GroupQueryAttention: CPU in float3
 so it sits beside model.onnx rather than replacing it.
 
 I/O, B = batch, S = new tokens, C = n_ctx (the cache length), rows right-aligned at position 0:
-    input_ids (B, S) int64, position_ids (B, S) int64,
+    input_ids (B, S) int64, position_ids (B, S) int64 (read by learned and sinusoidal positions only),
     seqlens_k (B,) int32: tokens in the cache after this call, minus one,
     total_sequence_length () int32: the longest row's tokens after this call (S on a prefill),
     logits_index (B, L) int64: the new positions (0..S-1) whose logits are wanted: all of them to
         score a text, each row's last to generate (the head then runs on L = 1 row, not S),
-    past_key_values.{i}.key/.value (B, H, C, hd) -> present.{i}.key/.value (B, H, C, hd), same buffer,
+    past_key_values.{i}.key/.value (B, Hkv, C, hd) -> present.{i}.key/.value, same buffer (Hkv = n_kv_head),
     -> logits (B, L, V).
 """
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,7 +39,7 @@ from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.export import graph_body
-from gptport.export.graph_body import Builder, sinusoidal_table
+from gptport.export.graph_body import FASTEST, Builder, Forms, Qkv, sinusoidal_table
 
 CACHE = graph_body.CACHE
 OPSET = 21
@@ -41,10 +49,7 @@ __all__ = ["CACHE", "IR_VERSION", "OPSET", "build", "refuse_unsupported", "sinus
 
 def unsupported(config: ModelConfig) -> str:
     """Why this config cannot have the static-cache graphs, this one and scatter_graph.py's ("" when it
-    can): they are written for GPT-2's layers, so each of the Llama family's choices is named."""
-    llama = config.llama_choices()
-    if llama:
-        return f"the static-cache graphs are written for GPT-2's layers, not yet for {', '.join(llama)}"
+    can): GroupQueryAttention's head size and, with rope, its rotation's."""
     head_dim = config.head_dim
     if head_dim % 8:
         return f"GroupQueryAttention needs a head size that is a multiple of 8 (this model's is {head_dim})"
@@ -58,21 +63,29 @@ def refuse_unsupported(config: ModelConfig) -> None:
         raise UsageError(f"no static-cache graph: {reason}")
 
 
-def build(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """The static-cache graph of a GPT with this config (config.json's "model") and these weights
-    (model.safetensors as numpy, GPT-2 names; the head is wte.weight when the embeddings are tied);
-    refused for a config it cannot have (unsupported)."""
+def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST) -> onnx.ModelProto:
+    """The static-cache graph of a model with this config (config.json's "model") and these weights
+    (model.safetensors as numpy, gptport's names; the head is wte.weight when the embeddings are tied);
+    refused for a config it cannot have (unsupported). `forms`: which operators write RMSNorm and SwiGLU."""
     refuse_unsupported(config)
-    n_layer, n_head = config.n_layer, config.n_head
+    n_layer = config.n_layer
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
     lengths = [contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH]
+    rope: dict[str, Any] = {}
+    tables: list[str] = []
 
-    def attend(g: Builder, i: int, qkv: str) -> str:  # appends in place to the cache at each row's seqlens_k
-        return g.op("GroupQueryAttention", [qkv, "", "", pasts[2 * i], pasts[2 * i + 1], *lengths],
+    def attend(g: Builder, i: int, qkv: Qkv) -> str:  # appends in place to the cache at each row's seqlens_k
+        if config.pos_encoding == "rope" and not tables:  # rotated inside, at each row's cache positions
+            cos, sin = graph_body.rope_tables(config)  # (C, hd/2) each
+            tables.extend([g.const("rope.cos", cos), g.const("rope.sin", sin)])
+            rope.update(do_rotary=1, rotary_interleaved=0)
+        q, k, v = (qkv.packed, "", "") if qkv.parts is None else qkv.parts  # packed, or apart after q/k norm
+        return g.op("GroupQueryAttention", [q, k, v, pasts[2 * i], pasts[2 * i + 1], *lengths, *tables],
                     [f"h.{i}.attn", presents[2 * i], presents[2 * i + 1]], domain="com.microsoft",
-                    num_heads=n_head, kv_num_heads=n_head, scale=1.0 / math.sqrt(config.head_dim))[0]  # (B, S, D)
+                    num_heads=config.n_head, kv_num_heads=config.n_kv_head,
+                    scale=1.0 / math.sqrt(config.head_dim), **rope)[0]  # (B, S, H*hd)
 
-    g = graph_body.transformer(config, weights, attend)
+    g = graph_body.transformer(config, weights, attend, forms)
     past_values, outputs = graph_body.cache_values(config)
     inputs = [
         *graph_body.token_inputs(),

@@ -1,14 +1,17 @@
 """What the static-cache graphs share, written op by op from the weights: the embeddings, each layer
-around its attention (LayerNorm, the fused q|k|v projection, the output projection, the MLP), the final
-LayerNorm and the head on the positions `logits_index` asks for, and the inputs and outputs the graphs
-have in common. Each graph supplies its own attention (gqa_graph.py: GroupQueryAttention;
-scatter_graph.py: TensorScatter + Attention). No torch here.
+around its attention (its norms, the fused q|k|v projection and the q/k norm, the output projection, the
+MLP), the final norm and the head on the positions `logits_index` asks for, and the inputs and outputs
+the graphs have in common. Each graph supplies its own attention (gqa_graph.py: GroupQueryAttention;
+scatter_graph.py: TensorScatter + Attention). GPT-2's layers and the Llama family's (RMSNorm, SwiGLU,
+rope, grouped kv heads, q/k norm, separate biases) alike, as ModelConfig says. No torch here but RoPE's
+frequencies (rope_tables).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,8 +23,34 @@ from gptport.config import ModelConfig
 
 CACHE = "max_sequence"  # the cache's length dimension: n_ctx at run time (or more: the buffers' capacity)
 IR_VERSION = 10  # what onnxruntime 1.20 and later read (onnx writes newer ones by default)
-# the attention of layer i: (builder, i, qkv (B, S, 3D), q | k | v with heads contiguous) -> its output (B, S, D)
-Attend = Callable[["Builder", int, str], str]
+RMS_NORM_OPSET = 23  # onnx's own RMSNormalization
+
+
+@dataclass(frozen=True)
+class Qkv:
+    """A layer's queries, keys and values: `packed` (B, S, q | k | v, heads contiguous in each) or, when a
+    q/k norm had to take them apart, `parts` (q (B, S, H*hd), k and v (B, S, Hkv*hd))."""
+
+    packed: str
+    parts: tuple[str, str, str] | None = None
+
+
+# the attention of layer i: (builder, i, its q/k/v) -> its output (B, S, H*hd)
+Attend = Callable[["Builder", int, Qkv], str]
+
+
+@dataclass(frozen=True)
+class Forms:
+    """Which of onnxruntime's operators write the Llama family's RMSNorm and SwiGLU. The defaults are the
+    fastest on the CPU (benchmarks/decode/static_llama.py; design record 0035's amendment)."""
+
+    rms: str = "onnx"  # onnx: Add + RMSNormalization (opset 23); skip: SkipSimplifiedLayerNormalization where
+    #                    a sum is normalised, RMSNormalization elsewhere; simplified: Add +
+    #                    SimplifiedLayerNormalization (onnxruntime's, in the onnx domain: onnx's checker refuses it)
+    swiglu: str = "fused"  # fused: one MatMul of [gate | up], then Split; apart: two MatMuls
+
+
+FASTEST = Forms()
 
 
 def sinusoidal_table(n_ctx: int, d_model: int) -> np.ndarray:
@@ -32,12 +61,32 @@ def sinusoidal_table(n_ctx: int, d_model: int) -> np.ndarray:
     return np.concatenate([np.sin(angles), np.cos(angles)], axis=-1).astype(np.float32)  # (C, D)
 
 
-class Builder:
-    """Nodes and initializers, with unique names."""
+def rope_tables(config: ModelConfig, positions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE's cos and sin of position * frequency for positions 0..positions-1 (default n_ctx), (P, hd/2)
+    float32 each: each frequency once, as GroupQueryAttention (do_rotary) and RotaryEmbedding read them in
+    the halves (rotate_half) layout. The frequencies are the torch model's own (training/layers.py, its
+    float32 values bit for bit: torch's pow differs from numpy's by an ulp or two, which at position 8000
+    turns a rotation by ~1e-3 rad); the angles are taken in float64 and their cos and sin rounded once."""
+    from gptport.training.layers import rope_inv_freq  # torch, at export only
 
-    def __init__(self) -> None:
+    n = config.n_ctx if positions is None else positions
+    freq = rope_inv_freq(config).numpy().astype(np.float64)  # (hd/2,)
+    angles = np.arange(n, dtype=np.float64)[:, None] * freq[None, :]  # (P, hd/2)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _i64(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+class Builder:
+    """Nodes and initializers, with unique names; `opset`: the default domain's version its nodes need."""
+
+    def __init__(self, config: ModelConfig, forms: Forms = FASTEST) -> None:
+        self.config, self.forms = config, forms
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
+        self.opset = 1
         self._count = 0
         self._names: set[str] = set()
 
@@ -72,19 +121,40 @@ class Builder:
         y, bias = self.matmul(x, weights, prefix)
         return self.op("Add", [y, bias], [out] if out else 1)[0]
 
-    def add_layer_norm(self, x: str, delta: str, bias: str, weights: Mapping[str, np.ndarray], prefix: str,
-                       eps: float) -> tuple[str, str]:
-        """x + delta (+ bias) and its LayerNorm: -> (normalized, sum). Add and LayerNormalization rather
-        than the fused SkipLayerNormalization, whose CPU kernel is 2x slower (benchmarks/results)."""
+    def add_norm(self, x: str, delta: str, bias: str, weights: Mapping[str, np.ndarray], prefix: str
+                 ) -> tuple[str, str]:
+        """x + delta (+ bias) and its norm: -> (normalized, sum); x alone when there is no delta (a rope
+        model's first layer). Add and LayerNormalization rather than the fused SkipLayerNormalization,
+        whose CPU kernel is 2x slower (benchmarks/results); RMSNorm as Forms.rms says."""
+        if not delta:
+            return self.norm(x, weights, prefix), x
         if bias:  # onto the MatMul's output first: onnxruntime folds it into a quantized MatMulNBits
             delta = self.op("Add", [delta, bias])[0]
+        if self.config.norm == "rmsnorm" and self.forms.rms == "skip":
+            gamma = self.const(f"{prefix}.weight", weights[f"{prefix}.weight"])
+            outs = self.op("SkipSimplifiedLayerNormalization", [x, delta, gamma], 4, domain="com.microsoft",
+                           epsilon=self.config.ln_eps)
+            return outs[0], outs[3]  # the normalized sum, and the sum (input_skip_bias_sum)
         total = self.op("Add", [x, delta])[0]
-        return self.layer_norm(total, weights, prefix, eps), total
+        return self.norm(total, weights, prefix), total
 
-    def layer_norm(self, x: str, weights: Mapping[str, np.ndarray], prefix: str, eps: float) -> str:
+    def norm(self, x: str, weights: Mapping[str, np.ndarray], prefix: str) -> str:
+        """The model's norm (LayerNorm or RMSNorm, epsilon ln_eps) over x's last axis, weights `prefix`."""
+        gamma = self.const(f"{prefix}.weight", weights[f"{prefix}.weight"])
+        return self.rms_norm(x, gamma) if self.config.norm == "rmsnorm" else self.layer_norm(x, weights, prefix)
+
+    def rms_norm(self, x: str, gamma: str) -> str:
+        """x / sqrt(mean(x^2) + eps) * gamma over the last axis, in float32 (Forms.rms's operator)."""
+        eps = self.config.ln_eps
+        if self.forms.rms == "simplified":
+            return self.op("SimplifiedLayerNormalization", [x, gamma], axis=-1, epsilon=eps, stash_type=1)[0]
+        self.opset = max(self.opset, RMS_NORM_OPSET)
+        return self.op("RMSNormalization", [x, gamma], axis=-1, epsilon=eps)[0]
+
+    def layer_norm(self, x: str, weights: Mapping[str, np.ndarray], prefix: str) -> str:
         beta = [self.const(f"{prefix}.bias", weights[f"{prefix}.bias"])] if f"{prefix}.bias" in weights else []
         gamma = self.const(f"{prefix}.weight", weights[f"{prefix}.weight"])
-        return self.op("LayerNormalization", [x, gamma, *beta], axis=-1, epsilon=eps)[0]
+        return self.op("LayerNormalization", [x, gamma, *beta], axis=-1, epsilon=self.config.ln_eps)[0]
 
     def gelu(self, x: str, bias: str, kind: str) -> str:
         """GELU(x + bias): FastGelu (tanh) or BiasGelu (exact), with the bias folded in."""
@@ -94,34 +164,76 @@ class Builder:
             return self.op("BiasGelu", [x, bias], domain="com.microsoft")[0]
         return self.op("Gelu", [x], approximate="none")[0]
 
+    def mlp(self, h: str, weights: Mapping[str, np.ndarray], prefix: str) -> tuple[str, str]:
+        """The MLP of h up to its output projection's MatMul: -> (that product, its bias or "")."""
+        cfg = self.config
+        if cfg.mlp == "gelu":
+            f = self.gelu(*self.matmul(h, weights, f"{prefix}.c_fc"), cfg.gelu)  # (B, S, 4D)
+            return self.matmul(f, weights, f"{prefix}.c_proj")
+        if self.forms.swiglu == "fused":  # [gate | up] (D, 2F): one product, then split
+            both = {f"{prefix}.c_gate_fc.{kind}": np.concatenate([weights[f"{prefix}.c_gate.{kind}"],
+                                                                  weights[f"{prefix}.c_fc.{kind}"]])
+                    for kind in ("weight", "bias") if f"{prefix}.c_gate.{kind}" in weights}
+            gate, up = self.op("Split", [self.linear(h, both, f"{prefix}.c_gate_fc"), self.const(
+                "ffn_halves", _i64(cfg.d_ff, cfg.d_ff))], 2, axis=-1)  # (B, S, F) each
+        else:
+            gate, up = self.linear(h, weights, f"{prefix}.c_gate"), self.linear(h, weights, f"{prefix}.c_fc")
+        silu = self.op("Mul", [gate, self.op("Sigmoid", [gate])[0]])[0]  # onnxruntime fuses it (QuickGelu)
+        return self.matmul(self.op("Mul", [silu, up])[0], weights, f"{prefix}.c_proj")
 
-def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: Attend) -> Builder:
-    """The nodes and initializers of a GPT with this config (config.json's "model") and these weights
-    (model.safetensors as numpy, GPT-2 names; the head is wte.weight when the embeddings are tied), each
+    def qkv(self, h: str, weights: Mapping[str, np.ndarray], prefix: str) -> Qkv:
+        """The layer's fused q|k|v projection of h; with a q/k norm, q and k apart and each head normalised."""
+        packed = self.linear(h, weights, f"{prefix}.c_attn")  # (B, S, H*hd + 2*Hkv*hd)
+        if not self.config.qk_norm:
+            return Qkv(packed)
+        q, k, v = self.split_qkv(packed)
+        q, k = (self.head_norm(x, self.const(f"{prefix}.{n}.weight", weights[f"{prefix}.{n}.weight"]), width)
+                for x, n, width in ((q, "q_norm", self.config.q_width), (k, "k_norm", self.config.kv_width)))
+        return Qkv("", (q, k, v))
+
+    def split_qkv(self, packed: str) -> tuple[str, str, str]:
+        """(B, S, q|k|v) -> q (B, S, H*hd), k and v (B, S, Hkv*hd)."""
+        cfg = self.config
+        sizes = self.const("qkv_widths", _i64(cfg.q_width, cfg.kv_width, cfg.kv_width))
+        q, k, v = self.op("Split", [packed, sizes], 3, axis=-1)
+        return q, k, v
+
+    def parts(self, qkv: Qkv) -> tuple[str, str, str]:
+        """q, k and v apart, however the layer made them."""
+        return qkv.parts if qkv.parts is not None else self.split_qkv(qkv.packed)
+
+    def head_norm(self, x: str, gamma: str, width: int) -> str:
+        """RMSNorm of each head of x (B, S, width = n*hd) over its hd values (the q/k norm)."""
+        heads = self.op("Reshape", [x, self.const("by_head", _i64(0, -1, self.config.head_dim))])[0]  # (B, S*n, hd)
+        normed = self.rms_norm(heads, gamma)
+        return self.op("Reshape", [normed, self.const(f"by_token_{width}", _i64(0, -1, width))])[0]  # (B, S, n*hd)
+
+
+def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: Attend, forms: Forms = FASTEST
+                ) -> Builder:
+    """The nodes and initializers of a model with this config (config.json's "model") and these weights
+    (model.safetensors as numpy, gptport's names; the head is wte.weight when the embeddings are tied), each
     layer's attention written by `attend`; its output is contract.LOGITS (B, L, V)."""
-    n_layer, d_model, n_ctx, eps = config.n_layer, config.d_model, config.n_ctx, config.ln_eps
     w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
-    g = Builder()
-
+    g = Builder(config, forms)
     x = g.op("Gather", [g.const("wte.weight", w["wte.weight"]), contract.INPUT_IDS])[0]  # (B, S, D)
-    table = w["wpe.weight"] if config.pos_encoding == "learned" else sinusoidal_table(n_ctx, d_model)
-    delta = g.op("Gather", [g.const("positions", table), contract.POSITION_IDS])[0]  # (B, S, D)
-    delta_bias = ""
-    for i in range(n_layer):
+    delta = delta_bias = ""  # rope: nothing is added to the embeddings
+    if config.pos_encoding != "rope":
+        table = w["wpe.weight"] if config.pos_encoding == "learned" else sinusoidal_table(config.n_ctx, config.d_model)
+        delta = g.op("Gather", [g.const("positions", table), contract.POSITION_IDS])[0]  # (B, S, D)
+    for i in range(config.n_layer):
         p = f"h.{i}"
-        h, x = g.add_layer_norm(x, delta, delta_bias, w, f"{p}.ln_1", eps)  # x += delta; h = LN(x)
-        qkv = g.linear(h, w, f"{p}.attn.c_attn")  # (B, S, 3D): q | k | v, heads contiguous
-        attn = attend(g, i, qkv)  # (B, S, D)
+        h, x = g.add_norm(x, delta, delta_bias, w, f"{p}.ln_1")  # x += delta; h = norm(x)
+        attn = attend(g, i, g.qkv(h, w, f"{p}.attn"))  # (B, S, H*hd)
         delta, delta_bias = g.matmul(attn, w, f"{p}.attn.c_proj")
-        h, x = g.add_layer_norm(x, delta, delta_bias, w, f"{p}.ln_2", eps)
-        f = g.gelu(*g.matmul(h, w, f"{p}.mlp.c_fc"), config.gelu)  # (B, S, 4D)
-        delta, delta_bias = g.matmul(f, w, f"{p}.mlp.c_proj")
+        h, x = g.add_norm(x, delta, delta_bias, w, f"{p}.ln_2")
+        delta, delta_bias = g.mlp(h, w, f"{p}.mlp")
     if delta_bias:
         delta = g.op("Add", [delta, delta_bias])[0]
     x = g.op("Add", [x, delta])[0]  # (B, S, D)
-    index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", np.array([-1], dtype=np.int64))])[0]
+    index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", _i64(-1))])[0]
     x = g.op("GatherND", [x, index], batch_dims=1)[0]  # (B, L, D): only the positions asked for
-    h = g.layer_norm(x, w, "ln_f", eps)
+    h = g.norm(x, w, "ln_f")
     if config.tie_embeddings:  # stored once; onnxruntime folds the Transpose when it loads the graph
         head = g.op("Transpose", ["wte.weight"], perm=[1, 0])[0]  # (D, V)
         g.op("MatMul", [h, head], [contract.LOGITS])  # (B, L, V)
@@ -144,8 +256,8 @@ def logits_index_input() -> onnx.ValueInfoProto:
 
 def cache_values(config: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     """The logits (B, L, V) and the cache: past_key_values.{i}.key/.value (inputs) and present.{i}.key/.value
-    (outputs), each (B, H, C, hd) float32."""
-    kv_shape = [contract.BATCH, config.n_head, CACHE, config.head_dim]
+    (outputs), each (B, Hkv, C, hd) float32."""
+    kv_shape = [contract.BATCH, config.n_kv_head, CACHE, config.head_dim]
     pasts = [helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.past_names(config.n_layer)]
     logits = helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT,
                                            [contract.BATCH, "logits", config.vocab_size])
@@ -156,7 +268,9 @@ def cache_values(config: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[o
 
 def model(g: Builder, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
           opsets: Mapping[str, int]) -> onnx.ModelProto:
-    """The graph of `g`'s nodes and initializers as a model importing `opsets` (domain -> version)."""
+    """The graph of `g`'s nodes and initializers as a model importing `opsets` (domain -> version; the
+    default domain's at least what g's nodes need)."""
     graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+    versions = {**opsets, "": max(opsets.get("", 1), g.opset)}
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in versions.items()],
                              producer_name="gptport", ir_version=IR_VERSION)

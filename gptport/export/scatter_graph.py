@@ -1,6 +1,7 @@
 """The multi-row append graph: the static-cache graph (gqa_graph.py) with its attention written in
 onnx's own opset-24 operators, so that one run appends several new tokens to each of several rows of
-the cache, each row at its own length. No torch here: it is built from the weights like its twin.
+the cache, each row at its own length. Built from the weights like its twin (no torch but RoPE's
+frequencies).
 
 Why a third graph: onnxruntime's CPU GroupQueryAttention refuses a batch of rows that each append
 several tokens after a cache ("batch_size must be 1 when sequence_length > 1 and past context is
@@ -13,9 +14,11 @@ both graphs (runtime/slots.py): GroupQueryAttention for one-token decode steps, 
 (docs/design/0036-multi-row-append.md measures which serves what).
 
 The new tokens of every row come packed into one sequence (1, T), so the matrix products, norms and
-MLP run on the T real tokens only; each layer's attention gathers them into rows padded to the longest
-(B, K) and scatters its output back. A row with fewer than K new tokens writes padding past its real
-ones, where no attention reads (each row attends causally to its first write_index + K positions,
+MLP run on the T real tokens only; each layer's attention takes q, k and v apart, rotates q and k at
+their position_ids while still packed (rope: RotaryEmbedding, opset 23, the halves layout), gathers
+them into rows padded to the longest (B, K) and scatters its output back. Attention-24 reads each kv
+head for its n_head / n_kv_head query heads itself. A row with fewer than K new tokens writes padding
+past its real ones, where no attention reads (each row attends causally to its first write_index + K positions,
 its real tokens first) until its next append writes over it. A row of the bound span that appends
 nothing writes padding at its own length (or past a free row's kept prefix: runtime/append.py). Every
 row needs write_index + K <= C.
@@ -26,7 +29,7 @@ I/O, B = rows bound, T = new tokens in all, K = the most new tokens of a row, C 
     pack_index (B, K) int64: the places in 0..T-1 of each row's new tokens (padding: any place),
     unpack_index (T,) int64: each new token's place r * K + j among the padded rows,
     logits_index (1, L) int64: the places in 0..T-1 of the tokens whose logits are wanted,
-    past_key_values.{i}.key/.value (B, H, C, hd) -> present.{i}.key/.value (B, H, C, hd), same buffer,
+    past_key_values.{i}.key/.value (B, Hkv, C, hd) -> present.{i}.key/.value, same buffer (Hkv = n_kv_head),
     -> logits (1, L, V).
 """
 
@@ -42,48 +45,59 @@ from onnx import TensorProto, helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.export import gqa_graph, graph_body
-from gptport.export.graph_body import Builder
+from gptport.export.graph_body import FASTEST, Builder, Forms, Qkv
 
 OPSET = 24  # TensorScatter and Attention with nonpad_kv_seqlen
 
 
-def build(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """The multi-row append graph of a GPT with this config and these weights (as gqa_graph.build; refused
+def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST) -> onnx.ModelProto:
+    """The multi-row append graph of a model with this config and these weights (as gqa_graph.build; refused
     for the configs gqa_graph.unsupported names)."""
     gqa_graph.refuse_unsupported(config)
-    n_layer, n_head, head_dim = config.n_layer, config.n_head, config.head_dim
-    d_model = n_head * head_dim
+    n_layer, head_dim = config.n_layer, config.head_dim
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
-    lengths: list[str] = []  # each row's attended length and the longest, made once at the first layer
+    made: dict[str, str] = {}  # what every layer shares, made at the first: lengths, rope tables
 
     def valid_lengths(g: Builder) -> tuple[str, str]:
-        if not lengths:
+        if not made.get("each"):
             width = g.op("Shape", [contract.PACK_INDEX], start=1, end=2)[0]  # (1,): K
-            lengths.append(g.op("Add", [contract.WRITE_INDEX, width])[0])  # (B,): write_index + K
-            lengths.append(g.op("ReduceMax", [lengths[0]], keepdims=1)[0])  # (1,): the longest
-        return lengths[0], lengths[1]
+            made["each"] = g.op("Add", [contract.WRITE_INDEX, width])[0]  # (B,): write_index + K
+            made["longest"] = g.op("ReduceMax", [made["each"]], keepdims=1)[0]  # (1,): the longest
+        return made["each"], made["longest"]
 
-    def attend(g: Builder, i: int, qkv: str) -> str:
-        flat = g.op("Reshape", [qkv, g.const("tokens_qkv", np.array([-1, 3 * d_model], dtype=np.int64))])[0]  # (T, 3D)
-        rows = g.op("Gather", [flat, contract.PACK_INDEX], axis=0)[0]  # (B, K, 3D): each row's tokens, padded
-        split = g.const("rows_heads", np.array([0, 0, 3 * n_head, head_dim], dtype=np.int64))
-        heads = g.op("Reshape", [rows, split])[0]  # (B, K, 3H, hd)
-        heads = g.op("Transpose", [heads], perm=[0, 2, 1, 3])[0]  # (B, 3H, K, hd)
-        q, k, v = g.op("Split", [heads], 3, axis=1, num_outputs=3)  # (B, H, K, hd) each
+    def rotate(g: Builder, x: str, heads: int) -> str:  # (1, T, heads*hd) at each token's position_ids
+        if not made.get("cos"):
+            cos, sin = graph_body.rope_tables(config)  # (C, hd/2) each
+            made["cos"], made["sin"] = g.const("rope.cos", cos), g.const("rope.sin", sin)
+        return g.op("RotaryEmbedding", [x, made["cos"], made["sin"], contract.POSITION_IDS], num_heads=heads,
+                    interleaved=0)[0]
+
+    def to_rows(g: Builder, x: str, heads: int) -> str:  # (1, T, heads*hd) -> (B, heads, K, hd), padded rows
+        flat = g.op("Reshape", [x, g.const(f"tokens_{heads}", np.array([-1, heads * head_dim], dtype=np.int64))])[0]
+        rows = g.op("Gather", [flat, contract.PACK_INDEX], axis=0)[0]  # (B, K, heads*hd): each row's tokens
+        split = g.const(f"rows_{heads}", np.array([0, 0, heads, head_dim], dtype=np.int64))
+        return g.op("Transpose", [g.op("Reshape", [rows, split])[0]], perm=[0, 2, 1, 3])[0]  # (B, heads, K, hd)
+
+    def attend(g: Builder, i: int, qkv: Qkv) -> str:
+        q, k, v = g.parts(qkv)  # (1, T, H*hd), (1, T, Hkv*hd) twice
+        if config.pos_encoding == "rope":  # rotated while packed: the real tokens only, at their positions
+            q, k = rotate(g, q, config.n_head), rotate(g, k, config.n_kv_head)
+        q = to_rows(g, q, config.n_head)  # (B, H, K, hd)
+        k, v = to_rows(g, k, config.n_kv_head), to_rows(g, v, config.n_kv_head)  # (B, Hkv, K, hd) each
         key = g.op("TensorScatter", [pasts[2 * i], k, contract.WRITE_INDEX], [presents[2 * i]], axis=2)[0]
         value = g.op("TensorScatter", [pasts[2 * i + 1], v, contract.WRITE_INDEX], [presents[2 * i + 1]], axis=2)[0]
         each, longest = valid_lengths(g)
         start, axis = g.const("zero", np.array([0], dtype=np.int64)), g.const("seq_axis", np.array([2], dtype=np.int64))
-        key = g.op("Slice", [key, start, longest, axis])[0]  # (B, H, P, hd): the positions any row attends to
+        key = g.op("Slice", [key, start, longest, axis])[0]  # (B, Hkv, P, hd): the positions any row attends to
         value = g.op("Slice", [value, start, longest, axis])[0]
         y = g.op("Attention", [q, key, value, "", "", "", each], is_causal=1,
-                 scale=1.0 / math.sqrt(head_dim))[0]  # (B, H, K, hd)
+                 scale=1.0 / math.sqrt(head_dim))[0]  # (B, H, K, hd): query head h reads kv head h // (H / Hkv)
         y = g.op("Transpose", [y], perm=[0, 2, 1, 3])[0]  # (B, K, H, hd)
-        y = g.op("Reshape", [y, g.const("tokens_d", np.array([-1, d_model], dtype=np.int64))])[0]  # (B * K, D)
-        y = g.op("Gather", [y, contract.UNPACK_INDEX], axis=0)[0]  # (T, D): back to the packed order
+        y = g.op("Reshape", [y, g.const("tokens_q", np.array([-1, config.q_width], dtype=np.int64))])[0]  # (B*K, H*hd)
+        y = g.op("Gather", [y, contract.UNPACK_INDEX], axis=0)[0]  # (T, H*hd): back to the packed order
         return g.op("Unsqueeze", [y, g.const("first_axis", np.array([0], dtype=np.int64))], [f"h.{i}.attn"])[0]
 
-    g = graph_body.transformer(config, weights, attend)
+    g = graph_body.transformer(config, weights, attend, forms)
     past_values, outputs = graph_body.cache_values(config)
     batch, width = contract.BATCH, "row_tokens"
     inputs = [

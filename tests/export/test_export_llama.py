@@ -1,8 +1,8 @@
 """A model trained with `--preset llama-tiny` (RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4) goes through
-`gptport export` with its variants (each through the accuracy gate) and the static-cache graph skipped, saying
-why; `gptport generate` on its graphs gives the torch model's greedy tokens, and `gptport eval` scores text on
-them. The runtime's cache is made with n_kv_head heads (its shapes are checked against the graph's), and the
-static-cache graphs refuse such a model by name."""
+`gptport export` with its variants (each through the accuracy gate) and its static-cache graphs; `gptport
+generate` on its graphs gives the torch model's greedy tokens, and `gptport eval` scores text on them. The
+runtime's cache is made with n_kv_head heads (its shapes are checked against the graph's), and the static-cache
+graphs are built for each of the Llama family's choices."""
 
 from __future__ import annotations
 
@@ -36,14 +36,13 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, cor
     return out, r.stderr
 
 
-def test_export_writes_the_variants_through_the_gate_and_skips_the_static_graph(llama_dir: tuple[Path, str]) -> None:
+def test_export_writes_the_variants_and_the_static_graphs_through_the_gate(llama_dir: tuple[Path, str]) -> None:
     out, said = llama_dir
-    for name in ("model.onnx", "model.int8.onnx", "model.fp16.onnx"):
+    for name in ("model.onnx", "model.int8.onnx", "model.fp16.onnx", "model.static.onnx", "model.int8.static.onnx",
+                 "model.append.onnx"):
         assert (out / name).is_file(), said
-    assert not list(out.glob("*.static.onnx")) and not (out / "model.append.onnx").exists()
     flat = " ".join(said.split())
-    assert "no static-cache graph: the static-cache graphs are written for GPT-2's layers, not yet for rope " \
-           "positions, RMSNorm, SwiGLU, 2 key/value heads for 4 query heads" in flat
+    assert "no static-cache graph" not in flat
     assert "top-1" in flat  # the variants' gate table
     decoder = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
     assert (decoder["num_attention_heads"], decoder["num_key_value_heads"], decoder["head_size"]) == (4, 2, 16)
@@ -58,7 +57,8 @@ def test_generate_on_each_graph_gives_the_torch_tokens(llama_dir: tuple[Path, st
                     "--precision", precision if engine == "onnx" else "fp32")
         assert r.returncode == 0, r.stderr
         runs[engine] = json.loads(r.stdout)
-    assert runs["onnx"]["kv_cache"] == "concat" and runs["onnx"]["precision"] == precision
+    assert runs["onnx"]["kv_cache"] == ("concat" if precision == "fp16" else "static")  # no fp16 static graph
+    assert runs["onnx"]["precision"] == precision
     if precision == "fp32":
         assert runs["onnx"]["token_ids"] == runs["torch"]["token_ids"] and runs["onnx"]["token_ids"]
     else:  # a gated variant: it agrees with fp32 torch on most greedy tokens
@@ -82,7 +82,7 @@ def test_eval_scores_text_on_the_graph_as_torch_does(llama_dir: tuple[Path, str]
 
 def test_the_runtime_cache_has_the_kv_heads(llama_dir: tuple[Path, str]) -> None:
     out, _ = llama_dir
-    engine = open_model(out).engine
+    engine = open_model(out, cache="concat").engine  # the contract graph's cache (the static one is preallocated)
     past = engine.empty_past(3)
     assert engine.config.n_kv_head == 2 and engine.config.n_head == 4
     assert [p.shape for p in past] == [(3, 2, 0, engine.config.head_dim)] * (2 * engine.config.n_layer)
@@ -91,17 +91,30 @@ def test_the_runtime_cache_has_the_kv_heads(llama_dir: tuple[Path, str]) -> None
     assert present[0].shape == (1, 2, 3, engine.config.head_dim) and logits.shape[:2] == (1, 3)
 
 
-@pytest.mark.parametrize("change, named", [
-    ({"pos_encoding": "rope"}, "rope positions"), ({"norm": "rmsnorm", "bias": False}, "RMSNorm"),
-    ({"mlp": "swiglu"}, "SwiGLU"), ({"n_kv_head": 2}, "2 key/value heads for 4 query heads"),
-    ({"head_dim": 32}, "heads 128 wide over d_model 64"), ({"qk_norm": True}, "q/k norm")])
-def test_the_static_graphs_refuse_each_llama_choice_by_name(change: dict[str, object], named: str) -> None:
+@pytest.mark.parametrize("change", [
+    {"pos_encoding": "rope"}, {"norm": "rmsnorm", "bias": False}, {"mlp": "swiglu"}, {"n_kv_head": 2},
+    {"head_dim": 32}, {"qk_norm": True}, {"pos_encoding": "rope", "rope_scaling": "llama3", "rope_factor": 8.0},
+    {"bias": False, "qkv_bias": True, "out_bias": True, "mlp_bias": True, "mlp": "swiglu"}])
+def test_the_static_graphs_are_built_for_each_llama_choice(change: dict[str, object]) -> None:
+    """Each choice alone, on a GPT otherwise: both builders write a graph onnx's checker takes."""
+    import onnx
+    import torch
+
+    from gptport.training.model import GPT
+
     cfg = ModelConfig(vocab_size=100, n_ctx=32, d_model=64, n_layer=1, n_head=4, **change)  # type: ignore[arg-type]
-    assert named in gqa_graph.unsupported(cfg)
+    assert gqa_graph.unsupported(cfg) == ""
+    torch.manual_seed(0)
+    weights = {k: v.detach().numpy() for k, v in GPT(cfg).state_dict().items()}
     for build in (gqa_graph.build, scatter_graph.build):
-        with pytest.raises(UsageError, match=f"no static-cache graph: .*{named}"):
+        onnx.checker.check_model(build(cfg, weights), full_check=True)
+
+
+def test_the_static_graphs_refuse_a_head_size_groupqueryattention_cannot_take() -> None:
+    cfg = ModelConfig(vocab_size=100, n_ctx=32, d_model=48, n_layer=1, n_head=4, pos_encoding="rope")  # hd 12
+    for build in (gqa_graph.build, scatter_graph.build):
+        with pytest.raises(UsageError, match="no static-cache graph: .*multiple of 8 .*12"):
             build(cfg, {})
-    assert gqa_graph.unsupported(ModelConfig(vocab_size=100, n_ctx=32, d_model=64, n_layer=1, n_head=4)) == ""
 
 
 def test_export_web_names_what_its_page_lacks(llama_dir: tuple[Path, str], tmp_path: Path) -> None:
