@@ -25,6 +25,10 @@ CACHE_STATIC_KV8 = "static.kv8"
 # the multi-row append graph (export/scatter_graph.py): the static-cache graph's twin that appends several tokens
 # to several rows of the same cache buffers in one run (fp32, float32 cache); runtime/slots.py steps both
 CACHE_APPEND = "append"
+# the one-token decode graph (export/cuda_graphs.py): the static-cache graph's inputs and buffers, one new token per
+# row (S = 1), written with TensorScatter and attended with Attention-24 over the whole buffer: fp32 on the CUDA
+# provider, where GroupQueryAttention takes float16 only; fixed shapes, so CUDA graphs can replay it
+CACHE_DECODE = "decode"
 KV_DTYPES = ("float32", "int8")
 META_KV_SCALES = "gptport.kv_scales"  # an int8-cache graph's scale kind (per-tensor, per-channel) and its gate
 META_GATED = "gptport.gated"  # "true": the graph passed export's accuracy check for its precision (fp32: parity
@@ -71,10 +75,17 @@ def append_input_names(n_layer: int) -> list[str]:
     return [INPUT_IDS, POSITION_IDS, WRITE_INDEX, PACK_INDEX, UNPACK_INDEX, LOGITS_INDEX, *past_names(n_layer)]
 
 
+def decode_input_names(n_layer: int) -> list[str]:
+    """The one-token decode graph's inputs (export/cuda_graphs.py): the static-cache graph's but
+    total_sequence_length; its outputs are output_names()."""
+    return [INPUT_IDS, POSITION_IDS, SEQLENS_K, LOGITS_INDEX, *past_names(n_layer)]
+
+
 def onnx_file(precision: str, cache: str = CACHE_CONCAT) -> str:
     """model.onnx for fp32, model.{precision}.onnx for the variants; model.static.onnx and
     model.{precision}.static.onnx for the static-cache graphs, model[.{precision}].static.kv8.onnx for
-    their int8-cache twins, model.append.onnx for the multi-row append graph."""
+    their int8-cache twins, model.append.onnx for the multi-row append graph, model.decode.onnx for the
+    one-token decode graph."""
     stem = "model" if precision == "fp32" else f"model.{precision}"
     return f"{stem}.onnx" if cache == CACHE_CONCAT else f"{stem}.{cache}.onnx"
 
@@ -87,4 +98,4 @@ def ort_file(precision: str) -> str:
 def graph_files() -> list[str]:
     """Every graph file name export may write: each precision, every cache kind, and the .ort files."""
     onnx = [onnx_file(p, c) for p in PRECISIONS for c in (CACHE_CONCAT, CACHE_STATIC, CACHE_STATIC_KV8)]
-    return onnx + [onnx_file("fp32", CACHE_APPEND)] + [ort_file(p) for p in PRECISIONS]
+    return onnx + [onnx_file("fp32", CACHE_APPEND), onnx_file("fp32", CACHE_DECODE)] + [ort_file(p) for p in PRECISIONS]

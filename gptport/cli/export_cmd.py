@@ -29,6 +29,8 @@ EXAMPLES = """Examples:
   gptport export models/imported --precision fp32,int8 --heldout heldout.txt
 
   gptport export models/random --precision fp32,int8,int4 --no-gate   # speed only: unchecked variants
+
+  gptport export models/mymodel --precision fp32,fp16 --cuda   # + the graphs CUDA decodes with (CUDA graphs)
 """
 
 
@@ -69,6 +71,11 @@ def export(
                                           "int8 KV cache (model.static.kv8.onnx, ...; 4x smaller), scales "
                                           "calibrated on the gate's text, gated against the float32 cache "
                                           "(top-1 ≥ 98%, bits per byte within 1%).")] = "float32",
+    cuda: Annotated[bool, typer.Option("--cuda", help="Also write the static-cache graphs the CUDA provider "
+                                       "decodes with, replayed as CUDA graphs: model.decode.onnx (fp32: "
+                                       "TensorScatter + Attention, checked against torch) and, with fp16 in "
+                                       "--precision, model.fp16.static.onnx (float16 GroupQueryAttention, gated "
+                                       "like the fp16 variant); each checked on the CPU.")] = False,
 ) -> None:
     """Export the trained model to ONNX (model.onnx and variants), validated against torch."""
     from rich.markup import escape
@@ -83,6 +90,9 @@ def export(
     if rtol == 0 and atol == 0:
         raise UsageError("--rtol 0 --atol 0: a zero bound refuses every graph; give either a positive value")
     tol = Tolerance(rtol, atol)
+    if cuda and not static:
+        raise UsageError("--cuda --no-static: the CUDA graphs prefill with the multi-row append graph that the "
+                         "static-cache graphs come with; drop --no-static")
     with err.status("exporting") as status:
         report = exporter.export(model_dir, precisions, optimize=optimize, static=static, opset=opset,
                                  tol=tol,
@@ -133,12 +143,39 @@ def export(
         err.print(f"wrote {path} ({human_bytes(path.stat().st_size)})")
     for path, why in report.removed.items():
         err.print(f"removed {path} ({why})")
+    if cuda:
+        _cuda_graphs(model_dir, precisions, gate, heldout, gate_on_sampled_text, tol, force)
     failed = list(dict.fromkeys(g.precision for g in report.gates if g.precision not in report.schemes))
     failed += list(dict.fromkeys(k.label for k in report.kv_gates if k.label not in report.files))
     if failed:
         from gptport.errors import ValidationError
 
         raise ValidationError(f"variant(s) {', '.join(failed)} missed the accuracy gate and were not written")
+
+
+def _cuda_graphs(model_dir: Path, precisions: list[str], gate: bool, heldout: Path | None, sampled: bool,
+                 tol: Tolerance, force: bool) -> None:
+    """export --cuda: the CUDA static-cache graphs written and checked after the others (cuda_export.py)."""
+    from gptport.export import cuda_export
+
+    with err.status("writing the CUDA static-cache graphs") as status:
+        cuda = cuda_export.write(model_dir, precisions, gate, heldout, sampled, tol, force,
+                                 say=lambda msg: status.update(msg))
+    if cuda.decode_parity:
+        err.print(_parity_table(cuda.decode_parity, "case (rows at lengths) + decode steps",
+                                "decode graph (model.decode.onnx) against torch", tol))
+    if cuda.gate is not None:
+        g = cuda.gate
+        err.print(f"fp16 static-cache graph against fp32 torch: top-1 {g.top1:.2%} of {g.positions} positions, "
+                  f"mean KL {g.mean_kl:.2e} ({'passed' if g.ok else 'missed'} the gate)")
+    for what, why in cuda.skipped.items():
+        err.print(f"[yellow]no {what} graph:[/] {why}")
+    for path in cuda.files.values():
+        err.print(f"wrote {path} ({human_bytes(path.stat().st_size)})")
+    if "fp16 static" in cuda.skipped and cuda.gate is not None and not cuda.gate.ok:
+        from gptport.errors import ValidationError
+
+        raise ValidationError("the fp16 static-cache graph missed the accuracy gate and was not written")
 
 
 def _parity_table(rows: list[ParityRow], case: str, title: str, tol: Tolerance) -> Table:

@@ -194,16 +194,19 @@ def load_cpu(path: str | os.PathLike[str], threads: int = 0) -> OnnxModel:
 
 
 def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = False,
-         say: Callable[[str], None] = lambda msg: None, spin: str = SPIN_ALWAYS) -> OnnxModel:
+         say: Callable[[str], None] = lambda msg: None, spin: str = SPIN_ALWAYS, cuda_graph: bool = False
+         ) -> OnnxModel:
     """A session on `provider`, checked with session.get_providers(). A provider that does not really
-    run fails with the reason, or with `fallback` is reported through `say` and the next one is tried."""
+    run fails with the reason, or with `fallback` is reported through `say` and the next one is tried.
+    `cuda_graph`: a CUDA session made with enable_cuda_graph (a static-cache graph's decode steps are
+    captured and replayed: cuda_slots.py)."""
     if not path.is_file():
         raise ArtifactError(f"{path}: missing; run `gptport export` (with --precision for a variant) first")
     if path.suffix == ".ort":  # before onnxruntime meets a file of another version
         ort_file.check_runtime(path, ort_file.metadata(path))
     order = providers.fallback_order(provider)
     for candidate in order if fallback else order[:1]:
-        model, reason = _try(path, candidate, threads, spin)
+        model, reason = _try(path, candidate, threads, spin, cuda_graph)
         if model is not None:
             return model
         if not fallback:
@@ -213,7 +216,8 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
     raise AssertionError("unreachable: the CPU provider is last in the fallback order")
 
 
-def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tuple[OnnxModel | None, str]:
+def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS, cuda_graph: bool = False
+         ) -> tuple[OnnxModel | None, str]:
     ort_name = providers.ORT_NAMES[provider]
     if ort_name not in ort.get_available_providers():
         return None, f"this onnxruntime build has no {ort_name} ({providers.install_hint(provider)})"
@@ -225,7 +229,8 @@ def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tu
     chain: list[Any] = [] if provider == "openvino" else ["CPUExecutionProvider"]  # strict: no CPU EP named
     if provider != "cpu":
         config, precision = _file_metadata(path)
-        chain.insert(0, (ort_name, providers.provider_options(provider, config, path, precision)))
+        chain.insert(0, (ort_name, providers.provider_options(provider, config, path, precision,
+                                                              cuda_graph=cuda_graph)))
         if provider == "tensorrt":  # nodes TensorRT cannot take go to CUDA, not to the CPU
             chain.insert(1, ("CUDAExecutionProvider", {"device_id": 0}))
     with providers.captured_stderr() as log:
@@ -240,12 +245,16 @@ def _try(path: Path, provider: str, threads: int, spin: str = SPIN_ALWAYS) -> tu
         hugepages.back_weights()
     meta = _metadata(session, path)
     cache = meta.get(contract.META_CACHE, contract.CACHE_CONCAT)
-    if cache in (contract.CACHE_STATIC, contract.CACHE_APPEND) and provider != "cpu":
-        return None, "the static-cache graphs run on the CPU provider only (GroupQueryAttention's is float32)"
+    precision = meta.get(contract.META_PRECISION, "fp32")
+    static = (contract.CACHE_STATIC, contract.CACHE_APPEND, contract.CACHE_DECODE)
+    on_cuda = cache in (contract.CACHE_APPEND, contract.CACHE_DECODE) or precision == "fp16"  # export --cuda's
+    if cache in static and provider != "cpu" and not (provider == "cuda" and on_cuda):
+        return None, ("the static-cache graphs run on the CPU provider, and on CUDA only those of export --cuda "
+                      "(GroupQueryAttention runs float32 on the CPU, float16 on CUDA)")
     config = graph_config(path, meta)
     check_io(session, config, cache, path)
-    return OnnxModel(session, config, meta.get(contract.META_PRECISION, "fp32"),
-                     meta.get(contract.META_TOKENIZER, ""), provider, cache=cache, path=path, meta=meta), ""
+    return OnnxModel(session, config, precision, meta.get(contract.META_TOKENIZER, ""), provider, cache=cache,
+                     path=path, meta=meta), ""
 
 
 def check_io(session: ort.InferenceSession, config: ModelConfig, cache: str, path: Path) -> None:
@@ -253,7 +262,8 @@ def check_io(session: ort.InferenceSession, config: ModelConfig, cache: str, pat
     damaged, or not written by gptport export): names per layer, heads (n_kv_head) and head size of the
     cache, vocabulary of the logits."""
     n_layer, n_kv_head, d_model, vocab = config.n_layer, config.n_kv_head, config.d_model, config.vocab_size
-    names = {contract.CACHE_STATIC: contract.static_input_names, contract.CACHE_APPEND: contract.append_input_names}
+    names = {contract.CACHE_STATIC: contract.static_input_names, contract.CACHE_APPEND: contract.append_input_names,
+             contract.CACHE_DECODE: contract.decode_input_names}
     expected = {"input names": sorted(names.get(cache, contract.input_names)(n_layer)),
                 "cache heads": n_kv_head, "head size": config.head_dim, "vocabulary": vocab}
     inputs = session.get_inputs()

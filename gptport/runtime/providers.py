@@ -62,13 +62,15 @@ def trt_profiles(config: ModelConfig, max_batch: int = TRT_MAX_BATCH) -> dict[st
 
 
 def provider_options(provider: str, config: ModelConfig, model_path: Path, precision: str,
-                     device_id: int = 0) -> dict[str, Any]:
-    """The options each provider gets. TensorRT: profiles, an engine cache inside the model directory
-    keyed by the model file's digest, fp16 for the fp16 variant."""
+                     device_id: int = 0, cuda_graph: bool = False) -> dict[str, Any]:
+    """The options each provider gets. CUDA: with `cuda_graph`, runs named by a gpu_graph_id are captured
+    and replayed (cuda_slots.py). TensorRT: profiles, an engine cache inside the model directory keyed by
+    the model file's digest, fp16 for the fp16 variant."""
     if provider == "cuda":
         # use_tf32 0: full float32 matrix products, as torch computes them (onnxruntime's default, TF32, put the
         # fp32 graph's logits 2e-3 from torch's on an H100, twice the export gate's tolerance)
-        return {"device_id": device_id, "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": 0}
+        graph = {"enable_cuda_graph": "1"} if cuda_graph else {}
+        return {"device_id": device_id, "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": 0, **graph}
     if provider == "openvino":
         return dict(openvino.OPTIONS)
     if provider == "tensorrt":
