@@ -16,7 +16,7 @@ from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.paths import CONFIG
-from gptport.runtime import onnx_engine
+from gptport.runtime import cuda_engine, onnx_engine
 from gptport.runtime.engine import Engine
 
 CACHE_AUTO = "auto"
@@ -39,7 +39,8 @@ class Opened:
 def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACHE_AUTO, fmt: str = "onnx",
                kv_dtype: str = "float32") -> Path:
     """The graph file of this precision and KV-cache layout. `auto` takes the static-cache graph on the
-    CPU provider when it was exported, the contract graph otherwise. `fmt` ort: the contract graph's .ort
+    CPU provider when it was exported, on CUDA the graph export --cuda wrote for it (cuda_engine.py), the
+    contract graph otherwise. `fmt` ort: the contract graph's .ort
     file (export --ort-format). `kv_dtype` int8: the static-cache graph with an int8 cache (export
     --kv-dtype int8)."""
     if kv_dtype not in contract.KV_DTYPES:
@@ -60,6 +61,11 @@ def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACH
         if not path.is_file():
             raise ArtifactError(f"{path}: missing; run `gptport export {model_dir} --ort-format` first")
         return path
+    if provider == "cuda" and cache != contract.CACHE_CONCAT:  # export --cuda's graphs, else (auto) the contract's
+        device = cuda_engine.graph_path(model_dir, precision, required=cache == contract.CACHE_STATIC)
+        if device is not None:
+            return device
+        cache = contract.CACHE_CONCAT
     if cache == CACHE_AUTO:
         static = model_dir / contract.onnx_file(precision, contract.CACHE_STATIC)
         cache = contract.CACHE_STATIC if provider == "cpu" and static.is_file() else contract.CACHE_CONCAT
@@ -87,17 +93,28 @@ def _kv8_path(model_dir: Path, precision: str, provider: str, cache: str, fmt: s
 
 def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", cache: str = CACHE_AUTO,
                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx", kv_dtype: str = "float32"
-               ) -> onnx_engine.OnnxModel:
+               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx", kv_dtype: str = "float32",
+               cuda_graph: bool = True) -> onnx_engine.OnnxModel:
     """The graph of this precision and cache layout (graph_path) opened on `provider`, refused unless
     it was exported from the directory's model.safetensors and config.json (provenance.check; a file
     the directory lacks is not compared); `say` gets the fallbacks taken and, for a graph written with
-    `export --no-gate`, a one-line warning. The one way generate, bench, eval and serve open a graph."""
+    `export --no-gate`, a one-line warning. The one way generate, bench, eval and serve open a graph.
+    A static-cache graph of export --cuda opens as a cuda_engine.DeviceModel, its decode steps replayed as
+    CUDA graphs unless `cuda_graph` is False."""
     path = graph_path(model_dir, precision, provider, cache, fmt, kv_dtype)
-    model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin)
+    device = provider == "cuda" and path.name in {cuda_engine.graph_file(p) for p in ("fp32", "fp16")}
+    model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin,
+                             cuda_graph=device and cuda_graph)
     provenance.check(model_dir, path, model.meta)
     if model.meta.get(contract.META_GATED) == "false":
         say(ungated_warning(path))
+    if model.cache == contract.CACHE_DECODE or (model.on_gpu and model.cache in cuda_engine.GPU_CACHES):
+        appender = None
+        if model.cache == contract.CACHE_DECODE:  # its prefills: the multi-row append graph, on the same provider
+            twin = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
+            appender = onnx_engine.load(twin, model.provider, threads=threads, spin=spin)
+            provenance.check(model_dir, twin, appender.meta)
+        return cuda_engine.on_device(model, appender, cuda_graph=device and cuda_graph)
     return model
 
 

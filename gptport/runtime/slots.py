@@ -101,7 +101,7 @@ class StaticSlots(SlotEngine):
         self.n_ctx, layers, self.vocab_size = config.n_ctx, config.n_layer, config.vocab_size
         self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
         shape = (slots, config.n_kv_head, self.n_ctx, config.head_dim)  # (S, Hkv, C, hd)
-        self.buffers = [np.zeros(shape, dtype=dtype) for _ in range(2 * layers)]
+        self.buffers = self._allocate(shape, np.dtype(dtype), 2 * layers)
         self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
         self.tokens = np.zeros((slots, self.n_ctx), dtype=np.int64)  # (S, C) the ids each row's cache was written with
         self.kept = np.zeros(slots, dtype=np.int64)  # (S,) positions of `tokens` the cache holds, freed rows too
@@ -111,10 +111,19 @@ class StaticSlots(SlotEngine):
         # its own would hold ~S^3/6 rows of V floats (9 GB at 64 slots and GPT-2's vocabulary)
         self._logits = np.zeros((slots, 1, config.vocab_size), dtype=np.float32)  # (S, 1, V)
         self._views: list[Any] = []  # OrtValues over the buffers: they must live as long as their bindings
+        self._inputs = {i.name for i in session.get_inputs()}  # the decode graph has no total_sequence_length
         if appender is not None and np.dtype(dtype) != FLOAT32:
             raise ValueError(f"the multi-row append graph's cache is float32, not {np.dtype(dtype)}")
-        self.appender = None if appender is None else append.Appender(appender, self.buffers, layers)
+        self.appender = None if appender is None else self._appender(appender, layers)
         self.supports_append_many = self.appender is not None
+
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype, count: int) -> list[Any]:
+        """The cache buffers: `count` zero-filled arrays of `shape`."""
+        return [np.zeros(shape, dtype=dtype) for _ in range(count)]
+
+    def _appender(self, session: Any, layers: int) -> append.Appender:
+        """The multi-row append graph's runs over the buffers."""
+        return append.Appender(session, self.buffers, layers)
 
     def length(self, slot: int) -> int:
         return int(self.lengths[slot])
@@ -140,8 +149,18 @@ class StaticSlots(SlotEngine):
         """The decode binding of rows [lo, lo + n), made once."""
         step = self._steps.get((lo, n))
         if step is None:
-            step = self._steps[(lo, n)] = DecodeStep(self._bind_cache(lo, n), n, self.vocab_size, self._logits[:n])
+            step = self._steps[(lo, n)] = DecodeStep(self._bind_cache(lo, n), n, self.vocab_size, self._logits[:n],
+                                                     self._inputs)
         return step
+
+    def _span(self, rows: np.ndarray) -> tuple[int, int]:
+        """The rows [lo, lo + n) a decode step of `rows` (k,) binds: from the first to the last."""
+        lo = int(rows.min())
+        return lo, int(rows.max()) + 1 - lo
+
+    def _execute(self, binding: Any) -> None:
+        """One run of a binding that is not a decode step's (a prefill, an append)."""
+        self.session.run_with_iobinding(binding)
 
     def _run(self, binding: Any, ids: np.ndarray, pos: np.ndarray, seqlens_k: np.ndarray, total: int,
              index: np.ndarray) -> np.ndarray:
@@ -151,7 +170,7 @@ class StaticSlots(SlotEngine):
         binding.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
         binding.bind_cpu_input(contract.LOGITS_INDEX, np.ascontiguousarray(index, dtype=np.int64))
         binding.bind_output(contract.LOGITS, "cpu")  # afresh each call: its shape changes
-        self.session.run_with_iobinding(binding)
+        self._execute(binding)
         return binding.get_outputs()[0].numpy()  # (B, L, V)
 
     def append(self, slot: int, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
@@ -221,8 +240,8 @@ class StaticSlots(SlotEngine):
         rows = np.asarray(slots, dtype=np.int64)  # (k,)
         if (self.lengths[rows] >= self.n_ctx).any() or (self.lengths[rows] == 0).any():
             raise ValueError("decode needs slots that hold between 1 and n_ctx - 1 positions")
-        lo, hi = int(rows.min()), int(rows.max()) + 1
-        n = hi - lo
+        lo, n = self._span(rows)
+        hi = lo + n
         # Rows in [lo, hi) that are not decoding step a dummy token at their own length: a row between
         # prefill chunks writes token 0 where its next append writes; a free row writes at position 0 the
         # token its kept cache holds there, which leaves those keys and values as they were (position 0
@@ -235,11 +254,11 @@ class StaticSlots(SlotEngine):
         step.ids[rows - lo, 0] = tokens
         step.seqlens_k[:] = step.pos[:, 0]
         step.total[()] = step.seqlens_k.max() + 1
-        self.session.run_with_iobinding(step.binding)
+        step.run(self.session)
         self.tokens[rows, self.lengths[rows]] = tokens
         self.lengths[rows] += 1
         self.kept[rows] = self.lengths[rows]
-        return step.logits[rows - lo, 0]  # (k, V): a copy (fancy indexing); the buffer is the next step's
+        return step.rows(rows - lo)  # (k, V): a copy; the buffer is the next step's
 
     def free(self, slot: int) -> None:
         self.lengths[slot] = 0  # tokens and kept stay: the cache is there for `reuse`
@@ -373,7 +392,11 @@ class ConcatSlots(SlotEngine):
 
 def open_slots(engine: Any, slots: int, appender: Any = None) -> SlotEngine:
     """StaticSlots for a static-cache onnxruntime graph (with `appender`, a session of the multi-row append
-    graph of the same weights: append_many), ConcatSlots for any other engine."""
+    graph of the same weights: append_many), the device slots of a static-cache graph on CUDA
+    (cuda_engine.DeviceModel: its own appender), ConcatSlots for any other engine."""
+    device_slots = getattr(engine, "device_slots", None)
+    if device_slots is not None:
+        return device_slots(slots)  # type: ignore[no-any-return]
     if getattr(engine, "cache", None) == contract.CACHE_STATIC:
         return StaticSlots(engine.session, engine.config, slots, engine.kv_dtype, appender)
     return ConcatSlots(engine, slots)

@@ -10,6 +10,8 @@ is its mask's sum.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import onnxruntime as ort
 
@@ -55,11 +57,15 @@ class Buffers:
 class DecodeStep:
     """A decode step's binding (n rows, one token each) with every input and the logits bound once to
     arrays of their own (the OrtValues share their memory): a step writes its inputs in place, runs and
-    reads the logits, and no OrtValue is made or fetched per step."""
+    reads the logits, and no OrtValue is made or fetched per step. (cuda_slots.DeviceDecodeStep keeps
+    them in device memory instead.)"""
 
-    def __init__(self, binding: ort.IOBinding, n: int, vocab: int, logits: np.ndarray | None = None) -> None:
+    def __init__(self, binding: ort.IOBinding, n: int, vocab: int, logits: np.ndarray | None = None,
+                 inputs: Collection[str] | None = None) -> None:
         """`logits`: a (n, 1, vocab) float32 buffer to write into (several steps may share one, as a
-        view of its first rows, when only one runs at a time); by default one of its own."""
+        view of its first rows, when only one runs at a time); by default one of its own. `inputs`: the
+        graph's input names, when it lacks some of the static-cache graph's (the decode graph has no
+        total_sequence_length)."""
         self.binding = binding
         self.ids = np.zeros((n, 1), dtype=np.int64)  # (n, 1)
         self.pos = np.zeros((n, 1), dtype=np.int64)  # (n, 1)
@@ -70,13 +76,29 @@ class DecodeStep:
             raise ValueError(f"logits buffer {self.logits.shape} {self.logits.dtype}: expected ({n}, 1, {vocab}) "
                              "contiguous float32")
         self._values: list[ort.OrtValue] = []  # they must live as long as the binding
-        for name, array in ((contract.INPUT_IDS, self.ids), (contract.POSITION_IDS, self.pos),
-                            (contract.SEQLENS_K, self.seqlens_k), (contract.TOTAL_SEQUENCE_LENGTH, self.total),
-                            (contract.LOGITS_INDEX, np.zeros((n, 1), dtype=np.int64))):
-            self._values.append(value := ort.OrtValue.ortvalue_from_numpy(array))
-            binding.bind_ortvalue_input(name, value)
+        self._bind(inputs)
+
+    def arrays(self) -> list[tuple[str, np.ndarray]]:
+        """Each input's name and its host array, in the graph's order."""
+        return [(contract.INPUT_IDS, self.ids), (contract.POSITION_IDS, self.pos), (contract.SEQLENS_K, self.seqlens_k),
+                (contract.TOTAL_SEQUENCE_LENGTH, self.total),
+                (contract.LOGITS_INDEX, np.zeros((len(self.ids), 1), dtype=np.int64))]
+
+    def _bind(self, inputs: Collection[str] | None) -> None:
+        for name, array in self.arrays():
+            if inputs is None or name in inputs:
+                self._values.append(value := ort.OrtValue.ortvalue_from_numpy(array))
+                self.binding.bind_ortvalue_input(name, value)
         self._values.append(value := ort.OrtValue.ortvalue_from_numpy(self.logits))
-        binding.bind_ortvalue_output(contract.LOGITS, value)
+        self.binding.bind_ortvalue_output(contract.LOGITS, value)
+
+    def run(self, session: ort.InferenceSession) -> None:
+        """One step of the inputs as they are written."""
+        session.run_with_iobinding(self.binding)
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """The logits (k, V) of rows `index` (k,) of the step: a copy (the buffer is the next step's)."""
+        return self.logits[index, 0]
 
 
 def _rotation(shift: np.ndarray, width: int) -> np.ndarray:
@@ -124,7 +146,7 @@ def step_fn(session: ort.InferenceSession, n_layer: int, last_only: bool = False
             decode.ids[:, 0], decode.pos[:, 0] = ids[:, 0], pos[:, 0]
             decode.seqlens_k[:] = lengths - 1
             decode.total[()] = total
-            session.run_with_iobinding(binding)
+            decode.run(session)
             past.lengths = lengths
             return decode.logits.copy(), past  # (B, 1, V): the buffer is the next step's
         past.decode = None  # the inputs below replace what it bound
