@@ -131,7 +131,7 @@ class State:
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
                    f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
                    f"prefix cache {startup.prefix_cache(s, self.scheduler)} · "
-                   f"{'multi-row append' if appender is not None else 'one-row appends'} · "
+                   f"{'multi-row append' if slots.supports_append_many else 'one-row appends'} · "
                    f"chat template: {template}{drafts_from}"
                    f"{startup.int8_hint(s, opened)}")
 
