@@ -57,12 +57,15 @@ class CudaMemory(Memory):
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         self._check(self.cudart.cudaMemset(ctypes.c_void_p(value.data_ptr()), 0, ctypes.c_size_t(nbytes)),
                     "cudaMemset")  # never-written positions are read as zeros, never as NaN
+        self._check(self.cudart.cudaDeviceSynchronize(), "cudaDeviceSynchronize")  # before onnxruntime reads it
         return value
 
     def copy_2d(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int) -> None:
         self._check(self.cudart.cudaMemcpy2D(ctypes.c_void_p(dst), ctypes.c_size_t(dst_pitch), ctypes.c_void_p(src),
                                              ctypes.c_size_t(src_pitch), ctypes.c_size_t(width),
                                              ctypes.c_size_t(height), _D2D), "cudaMemcpy2D")
+        # a device-to-device copy returns before it is done: finished before onnxruntime's stream reads it
+        self._check(self.cudart.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
     def read(self, src: int, out: np.ndarray) -> None:
         self._check(self.cudart.cudaMemcpy(ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(src),
