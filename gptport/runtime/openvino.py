@@ -1,7 +1,10 @@
 """onnxruntime's OpenVINO execution provider (the `onnxruntime-openvino` package), opened strictly: the
 whole graph runs on OpenVINO or the session is refused, naming the nodes, never a silent split with the
 CPU provider; and at the model's own precision (`precision=ACCURACY`: on CPUs with AMX, OpenVINO would
-otherwise compute in bf16). No torch here."""
+otherwise compute in bf16). The contract graphs exported with --no-optimize take standard operators only,
+for GPT-2's layers and the Llama family's alike (RMSNorm, rotary positions, SwiGLU, grouped key/value
+heads); the static-cache graphs are built on onnxruntime's GroupQueryAttention, which OpenVINO lacks, so
+`--provider openvino` runs the contract graph. No torch here."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ OPTIONS = {"device_type": "CPU", "precision": "ACCURACY"}
 STRICT = {"session.disable_cpu_ep_fallback": "1"}  # a node OpenVINO cannot take fails the session
 TAKES = {("com.microsoft", "MatMulNBits")}  # onnxruntime contrib ops OpenVINO runs (8-bit weights, as float32)
 LACKS = {("", "IsNaN")}  # standard ops its ONNX frontend lacks (the NaN guard of graphs exported before 0.x)
+STATIC_ONLY = {("com.microsoft", "GroupQueryAttention")}  # what the static-cache graphs attend with
 INSTALL = ("install onnxruntime-openvino in an environment of its own: it replaces onnxruntime's module "
            "(docs/guide/openvino-ort.md)")
 
@@ -34,6 +38,8 @@ def check_graph(path: Path) -> None:
     bad = foreign_nodes(path)
     if bad:
         nodes = ", ".join(f"{op} x{n}" for (_, op), n in sorted(bad.items(), key=lambda kv: -kv[1]))
+        remedy = ("it is a static-cache graph, built on onnxruntime's attention: use --kv-cache concat (the contract "
+                  "graph, exported with --no-optimize)" if set(bad) & STATIC_ONLY else
+                  "export it again with `gptport export --no-optimize` (standard operators only)")
         raise ArtifactError(f"{path}: OpenVINO cannot run these nodes ({nodes}), and a graph split between OpenVINO "
-                            "and the CPU is refused; export it again with `gptport export --no-optimize` "
-                            "(standard operators only)")
+                            f"and the CPU is refused; {remedy}")

@@ -1,5 +1,6 @@
 """OpenVINO runs gptport's graphs whole: `gptport generate --provider openvino` gives `--provider cpu`'s
-greedy tokens for fp32, and the 8-bit graph passes the accuracy gate against fp32 there.
+greedy tokens for fp32, and the 8-bit graph passes the accuracy gate against fp32 there; for a GPT and for a
+Llama-family model (--preset llama-tiny: RMSNorm, SwiGLU, rotary positions, 2 key/value heads for 4).
 
 `onnxruntime-openvino` installs the same `onnxruntime` module as `onnxruntime-gpu`, so the check runs in
 two environments (.ci/run does both):
@@ -7,7 +8,7 @@ two environments (.ci/run does both):
     python -m tests.interop.openvino_check prepare WORKDIR            # gptport's environment
     WORKDIR/venv-openvino/bin/python -m tests.interop.openvino_check verify WORKDIR
 
-`prepare` trains a small model on a generated corpus, exports fp32 and int8 with `--no-optimize`
+`prepare` trains a small model of each kind on a generated corpus, exports fp32 and int8 with `--no-optimize`
 (standard operators: what OpenVINO takes whole), and records `gptport generate --provider cpu`'s tokens
 for 3 prompts x 32 new tokens and a few held-out windows; `verify` runs gptport (installed there without
 its onnxruntime-gpu dependency) on the OpenVINO provider: tokens, the logits against the CPU
@@ -27,22 +28,27 @@ from tests.interop.genai_check import NEW_TOKENS, PROMPTS, SHAPE, gptport  # the
 GATE = 0.98  # export's accuracy gate: top-1 agreement with fp32
 
 
+MODELS = {"model": SHAPE,  # a GPT, and a Llama-family model of the same scale
+          "llama": ["--preset", "llama-tiny", *SHAPE]}  # its 4 query heads share 2 key/value heads
+
+
 def prepare(work: Path) -> None:
     from tests.conftest import make_text  # the test suite's seeded corpus
 
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.txt"
     corpus.write_text(make_text(3000), encoding="utf-8")
-    model = work / "model"
-    gptport("train-tokenizer", str(corpus), "--vocab-size", "512", "--out", str(model), "--force")
-    gptport("train", str(corpus), "--model-dir", str(model), "--force", *SHAPE)
-    gptport("export", str(model), "--precision", "fp32,int8", "--no-optimize", "--force")
-    out = gptport("generate", str(model), *PROMPTS, "--max-new-tokens", str(NEW_TOKENS), "--json",
-                  "--kv-cache", "concat")
-    tokens = [json.loads(line)["token_ids"] for line in out.splitlines()]
-    heldout = make_text(40, seed=99)
-    (work / "expected.json").write_text(json.dumps({"tokens": tokens, "heldout": heldout}))
-    print(f"prepared {model}: gptport's greedy tokens on the CPU for {len(PROMPTS)} prompts x {NEW_TOKENS}")
+    expected: dict[str, object] = {"heldout": make_text(40, seed=99)}
+    for name, shape in MODELS.items():
+        model = work / name
+        gptport("train-tokenizer", str(corpus), "--vocab-size", "512", "--out", str(model), "--force")
+        gptport("train", str(corpus), "--model-dir", str(model), "--force", *shape)
+        gptport("export", str(model), "--precision", "fp32,int8", "--no-optimize", "--force")
+        out = gptport("generate", str(model), *PROMPTS, "--max-new-tokens", str(NEW_TOKENS), "--json",
+                      "--kv-cache", "concat")
+        expected[name] = [json.loads(line)["token_ids"] for line in out.splitlines()]
+    (work / "expected.json").write_text(json.dumps(expected))
+    print(f"prepared {', '.join(MODELS)}: gptport's greedy tokens on the CPU for {len(PROMPTS)} prompts x {NEW_TOKENS}")
 
 
 def logits_of(engine: object, windows: list[list[int]]) -> list[object]:
@@ -60,43 +66,53 @@ def logits_of(engine: object, windows: list[list[int]]) -> list[object]:
     return out
 
 
-def verify(work: Path) -> int:
+def verify_model(work: Path, name: str, expected: dict[str, object]) -> tuple[int, int]:
+    """One model's checks on OpenVINO: (failures, checks)."""
     import numpy as np
 
     from gptport.export.tolerance import Tolerance, compare, worst
     from gptport.runtime.loader import open_model
 
-    expected = json.loads((work / "expected.json").read_text())
-    model = work / "model"
+    model = work / name
     out = subprocess.run([sys.executable, "-m", "gptport.cli.main", "generate", str(model), *PROMPTS,
                           "--max-new-tokens", str(NEW_TOKENS), "--json", "--provider", "openvino"],
                          capture_output=True, text=True)
     if out.returncode != 0:
-        print(f"FAIL generate --provider openvino: {out.stderr.strip().splitlines()[-1]}")
-        return 1
+        print(f"FAIL {name}: generate --provider openvino: {out.stderr.strip().splitlines()[-1]}")
+        return 1, 1
     got = [json.loads(line)["token_ids"] for line in out.stdout.splitlines()]
     failures = 0
-    for prompt, want, have in zip(PROMPTS, expected["tokens"], got, strict=True):
+    for prompt, want, have in zip(PROMPTS, expected[name], got, strict=True):  # type: ignore[call-overload]
         same = want == have
         failures += not same
-        print(f"{'ok  ' if same else 'FAIL'} fp32 {prompt!r}: {len(have)} tokens {'equal' if same else 'differ'}")
+        print(f"{'ok  ' if same else 'FAIL'} {name} fp32 {prompt!r}: {len(have)} tokens "
+              f"{'equal' if same else 'differ'}")
     cpu = open_model(model, "cpu", cache="concat")
-    ids = cpu.tok.encode(expected["heldout"])
+    ids = cpu.tok.encode(str(expected["heldout"]))
     n = cpu.engine.n_ctx
     windows = [ids[i:i + n] for i in range(0, len(ids) - n + 1, n)][:4]
-    want = logits_of(cpu.engine, windows)
+    want_logits = logits_of(cpu.engine, windows)
     fp32 = logits_of(open_model(model, "openvino", cache="concat").engine, windows)
-    checks = [compare("logits", b, a, Tolerance()) for a, b in zip(want, fp32, strict=True)]
+    checks = [compare("logits", b, a, Tolerance()) for a, b in zip(want_logits, fp32, strict=True)]
     bad = worst(checks)
     failures += not bad.ok
-    print(f"{'ok  ' if bad.ok else 'FAIL'} fp32 on OpenVINO against the CPU provider over {len(windows)} windows "
-          f"of {n}, within the export gate's bound: {bad.describe()}")
+    print(f"{'ok  ' if bad.ok else 'FAIL'} {name} fp32 on OpenVINO against the CPU provider over {len(windows)} "
+          f"windows of {n}, within the export gate's bound: {bad.describe()}")
     int8 = logits_of(open_model(model, "openvino", "int8", cache="concat").engine, windows)
-    top1 = float(np.mean([np.mean(a.argmax(-1) == b.argmax(-1)) for a, b in zip(want, int8, strict=True)]))
+    top1 = float(np.mean([np.mean(a.argmax(-1) == b.argmax(-1)) for a, b in zip(want_logits, int8, strict=True)]))
     ok = top1 >= GATE
     failures += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} int8 on OpenVINO: top-1 agreement with fp32 {top1:.2%} (gate {GATE:.0%})")
-    print(f"openvino check: {len(PROMPTS) + 2 - failures} of {len(PROMPTS) + 2} ok")
+    print(f"{'ok  ' if ok else 'FAIL'} {name} int8 on OpenVINO: top-1 agreement with fp32 {top1:.2%} (gate {GATE:.0%})")
+    return failures, len(PROMPTS) + 2
+
+
+def verify(work: Path) -> int:
+    expected = json.loads((work / "expected.json").read_text())
+    failures = checks = 0
+    for name in MODELS:
+        f, n = verify_model(work, name, expected)
+        failures, checks = failures + f, checks + n
+    print(f"openvino check: {checks - failures} of {checks} ok")
     return 1 if failures else 0
 
 
