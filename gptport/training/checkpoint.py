@@ -18,6 +18,7 @@ from gptport.errors import ArtifactError, first_line
 from gptport.model_card import ModelCard, check_tokenizer, mark_pending, read_card, write_config
 from gptport.paths import OPTIMIZER, TRAINER, WEIGHTS
 from gptport.tokenizer import BPETokenizer
+from gptport.training.layers import rope_inv_freq
 from gptport.training.model import GPT
 
 __all__ = ["ModelCard", "check_tokenizer", "load_model", "mark_pending", "read_card", "save_model",
@@ -54,14 +55,23 @@ def load_weights(model_dir: Path, cfg: ModelConfig, device: str | torch.device =
     except (SafetensorError, OSError) as e:
         raise ArtifactError(f"{path}: unreadable ({e})") from e
     check_finite(path, state)
-    model = GPT(cfg).to(device)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}  # no copy when float32
+    with torch.device("meta"):  # no weights of its own: the model takes the file's tensors (assign), not copies
+        model = GPT(cfg)
     try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as e:  # a tensor of another shape
         raise ArtifactError(f"{path}: does not fit config.json ({first_line(e)})") from e
     missing = [k for k in missing if not (cfg.tie_embeddings and k == TIED_KEY)]
     if missing or unexpected:
         raise ArtifactError(f"{path}: does not fit config.json (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.wte.weight
+    if cfg.pos_encoding == "rope":  # the one buffer not saved: computed from the config
+        model.inv_freq = rope_inv_freq(cfg).to(device)
+    unset = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if unset:
+        raise ArtifactError(f"{path}: does not fit config.json (missing {unset[:3]})")
     return model
 
 
