@@ -1,9 +1,9 @@
 """The multi-row append graph (scatter_graph.py) against torch, as export checks it before it is renamed
 into place: rows of one StaticSlots (the static-cache graph beside it, the two graphs sharing the cache)
 filled and extended by append_many in uneven chunks at different lengths, then one token each, then a
-row filled to n_ctx beside one that holds a few positions. Every real position's logits and, at the end,
-every row's cached keys and values, against torch run on each row's whole sequence, within the parity
-bound of tolerance.py (the same as the static-cache graph's)."""
+row filled to min(n_ctx, validate.PARITY_SPAN) beside one that holds a few positions. Every real
+position's logits and, at the end, every row's cached keys and values, against torch run on each row's
+whole sequence, within the parity bound of tolerance.py (the same as the static-cache graph's)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 
 from gptport.errors import ValidationError
 from gptport.export.tolerance import Check, Tolerance, cache_quantities, compare, merge
-from gptport.export.validate import LOGITS, ParityRow, exact_step
+from gptport.export.validate import LOGITS, PARITY_SPAN, ParityRow, exact_step
+from gptport.runtime.engine import StepFn
 from gptport.runtime.onnx_engine import ORT_FAILURES, OnnxModel
 from gptport.runtime.slots import StaticSlots
 from gptport.training.model import GPT
@@ -25,12 +26,14 @@ from gptport.training.torch_engine import torch_step
 def cases(n_ctx: int) -> list[tuple[str, list[list[int]]]]:
     """(case, chunk sizes per step per row): each case starts from empty rows; a size of 0 skips the row."""
     if n_ctx >= 24:
+        n = min(n_ctx, PARITY_SPAN)  # the cache's end where n_ctx is short; PARITY_SPAN positions of a long one
         return [("3 rows: 7/1/12 then 5/9/1 then 1 each", [[7, 1, 12], [5, 9, 1], [1, 1, 1]]),
-                (f"2 rows: {n_ctx - 3} and 2, then 3 and 1", [[n_ctx - 3, 2], [3, 1]])]
+                (f"2 rows: {n - 3} and 2, then 3 and 1", [[n - 3, 2], [3, 1]])]
     return [("2 rows: 3/1 then 2/3 then 1 each", [[3, 1], [2, 3], [1, 1]])]
 
 
-def _reference(model: GPT, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, list[np.ndarray]]:
+def _reference(model: GPT, exact: StepFn, ids: np.ndarray
+               ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, list[np.ndarray]]:
     """Torch float32 and float64 on one row's whole sequence (1, L): logits (L, V) and caches (H, L, hd)."""
     mask = np.ones_like(ids)
     pos = np.arange(ids.shape[1], dtype=np.int64)[None, :]
@@ -38,15 +41,17 @@ def _reference(model: GPT, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray
     empty = [np.zeros((1, cfg.n_kv_head, 0, cfg.head_dim), dtype=np.float32) for _ in range(2 * cfg.n_layer)]
     with torch.no_grad():
         logits, past = torch_step(model)(ids, mask, pos, empty)
-    exact_logits, exact_past = exact_step(model)(ids, mask, pos, empty)
+    exact_logits, exact_past = exact(ids, mask, pos, empty)
     return logits[0], [p[0] for p in past], exact_logits[0], [p[0] for p in exact_past]
 
 
 def append_parity(model: GPT, static: OnnxModel, appender: ort.InferenceSession, tol: Tolerance,
-                  seed: int = 0, which: Sequence[tuple[str, list[list[int]]]] | None = None) -> list[ParityRow]:
+                  seed: int = 0, which: Sequence[tuple[str, list[list[int]]]] | None = None,
+                  exact: StepFn | None = None) -> list[ParityRow]:
     """Each case (by default cases(n_ctx)) run through StaticSlots.append_many (all logits), compared with
-    torch; a run onnxruntime refuses is a ValidationError naming the case."""
-    cfg, rng = model.cfg, np.random.default_rng(seed)
+    torch (and its float64 rounding against `exact`, by default a new validate.exact_step); a run onnxruntime
+    refuses is a ValidationError naming the case."""
+    cfg, rng, exact = model.cfg, np.random.default_rng(seed), exact or exact_step(model)
     rows = []
     for name, steps in cases(cfg.n_ctx) if which is None else which:
         n = len(steps[0])
@@ -68,9 +73,9 @@ def append_parity(model: GPT, static: OnnxModel, appender: ort.InferenceSession,
         caches: list[list[Check]] = [[] for _ in range(2 * cfg.n_layer)]
         agree = total = 0
         for r in range(n):
-            want, want_past, exact, exact_past = _reference(model, np.asarray([seqs[r]], dtype=np.int64))
+            want, want_past, exact_logits, exact_past = _reference(model, exact, np.asarray([seqs[r]], dtype=np.int64))
             mine = np.concatenate(got[r])  # (L, V)
-            checks.append(compare(LOGITS, mine, want, tol, exact))
+            checks.append(compare(LOGITS, mine, want, tol, exact_logits))
             agree, total = agree + int((mine.argmax(-1) == want.argmax(-1)).sum()), total + len(mine)
             length = len(seqs[r])
             for i, (q, buf) in enumerate(zip(cache_quantities(cfg.n_layer), slots.buffers, strict=True)):

@@ -16,12 +16,13 @@ import onnx
 from gptport import atomic, contract, provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.export import append_check, genai, gqa_graph, kv_quant, validate, variants
+from gptport.export import append_check, genai, gqa_graph, heap, kv_quant, validate, variants
 from gptport.export.graph_files import metadata, remove_stale, save, save_static, set_metadata, size_ratio
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import OrtRow, write_all
 from gptport.export.tolerance import Tolerance
 from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
+from gptport.runtime.engine import StepFn
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.training.checkpoint import ModelCard, load_model
 from gptport.training.model import GPT
@@ -102,6 +103,13 @@ class _Job:
     prompts: list[list[int]] = field(default_factory=list)  # of the greedy check
     plain: Path | None = None  # the unfused fp32 graph (temporary): what the variants are made from
     passed: dict[Graph, Path] = field(default_factory=dict)  # graph -> its checked temporary file
+    float64: StepFn | None = None  # the model in float64 (validate.exact_step): made once, dropped after the last check
+
+    def exact(self) -> StepFn:
+        """The float64 reference every parity check measures torch's rounding against, made on first use."""
+        if self.float64 is None:
+            self.float64 = validate.exact_step(self.model)
+        return self.float64
 
     def graph(self, precision: str, cache: str = contract.CACHE_CONCAT) -> Graph | None:
         return next((g for g in self.graphs if g.precision == precision and g.cache == cache), None)
@@ -147,23 +155,26 @@ def export(
         raise UsageError("--kv-dtype int8 --no-static: the int8 cache is the static-cache graphs'; drop --no-static")
     if ort_level is not None and ort_level not in ORT_LEVELS:
         raise UsageError(f"--ort-level {ort_level!r} is unknown; choose from {', '.join(ORT_LEVELS)}")
+    heap.return_large_blocks()  # a graph or session dropped goes back to the system (heap.py)
     job = _open(model_dir, gate, tol, say)
     _plan(job, precisions, static, force, kv_dtype)
     if gate and (len(precisions) > 1 or kv_dtype == "int8"):
         _gate_text(job, heldout, sampled_text)
-    say("exporting fp32 graph (torch.export)")
-    proto = to_onnx(job.model, opset)
     try:
-        _check_fp32(job, proto)
+        _check_fp32(job, opset)
         if optimize:
             _optimize_fp32(job)
+        static_graphs = any(g.cache == contract.CACHE_STATIC for g in job.graphs)
+        if static_graphs:
+            _static_fp32(job)
+            _append_graph(job)
+        job.float64 = None  # the last parity check is done: free the float64 copy before the variants
         for g in job.graphs:
             if g.cache == contract.CACHE_CONCAT and g.precision != "fp32":
                 say(f"making the {g.precision} variant")
                 _variant(job, g, variants.LADDER.get(g.precision, ("",)))
-        if any(g.cache == contract.CACHE_STATIC for g in job.graphs):
-            _static_graphs(job)
-            _append_graph(job)
+        if static_graphs:
+            _static_variants(job)
         if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
             _kv8_graphs(job)
         _rename_into_place(job)
@@ -222,22 +233,32 @@ def _gate_text(job: _Job, heldout: Path | None, sampled_text: bool) -> None:
     job.windows = text.windows
 
 
-def _check_fp32(job: _Job, proto: onnx.ModelProto) -> None:
+def _write_plain(job: _Job, opset: int) -> Path:
+    """The graph torch.export gives, saved under a temporary name once every weight is found stored once (the
+    graph in memory is freed on return: it is as large as the model)."""
+    fp32 = job.graph("fp32")
+    assert fp32 is not None  # parse_precisions puts fp32 first
+    job.say("exporting fp32 graph (torch.export)")
+    proto = to_onnx(job.model, opset)
+    job.plain = atomic.temp_name(fp32.path)
+    job.report.size_ratio = size_ratio(proto, job.model)
+    save(proto, job.plain, metadata(job.card, "fp32", sources=job.sources))
+    if job.report.size_ratio > 1.01:
+        raise ValidationError(f"export: model.onnx holds {job.report.size_ratio:.3f}x the parameter bytes "
+                              "(a weight is stored twice); not written")
+    return job.plain
+
+
+def _check_fp32(job: _Job, opset: int) -> None:
     """The exported graph, saved under a temporary name and checked: every weight stored once,
     onnx.checker, parity with torch, greedy decoding. It is model.onnx unless it is optimized."""
     fp32 = job.graph("fp32")
-    assert fp32 is not None  # parse_precisions puts fp32 first
-    report, model = job.report, job.model
-    job.plain = atomic.temp_name(fp32.path)
-    report.size_ratio = size_ratio(proto, model)
-    save(proto, job.plain, metadata(job.card, "fp32", sources=job.sources))
-    if report.size_ratio > 1.01:
-        raise ValidationError(f"export: model.onnx holds {report.size_ratio:.3f}x the parameter bytes "
-                              "(a weight is stored twice); not written")
+    assert fp32 is not None
+    report, model, plain = job.report, job.model, _write_plain(job, opset)
     job.say("checking fp32 graph: onnx.checker, onnxruntime, parity, greedy decoding")
-    onnx.checker.check_model(str(job.plain), full_check=True)
-    onnx_model = load_cpu(job.plain)
-    report.parity = validate.parity(model, onnx_model.step(), job.tol)
+    onnx.checker.check_model(str(plain), full_check=True)
+    onnx_model = load_cpu(plain)
+    report.parity = validate.parity(model, onnx_model.step(), job.tol, exact=job.exact())
     validate.refuse("fp32 parity", report.parity)
     job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
     report.greedy_tokens = validate.greedy_match(model, onnx_model, job.prompts)
@@ -260,13 +281,12 @@ def _optimize_fp32(job: _Job) -> None:
         raise ValidationError("export: the optimized graph stores a weight twice; not written")
     job.passed[fp32] = atomic.temp_name(fp32.path)
     save(proto, job.passed[fp32], metadata(job.card, "fp32", sources=job.sources))
-    validate.check_again(job.model, load_cpu(job.passed[fp32]), job.tol, "optimized fp32")
+    del proto  # as large as the model: not kept while its session runs
+    validate.check_again(job.model, load_cpu(job.passed[fp32]), job.tol, "optimized fp32", exact=job.exact())
 
 
-def _static_graphs(job: _Job) -> None:
-    """The static-cache graphs of the precisions whose contract graph passed: fp32 built from the weights
-    and checked like model.onnx, int8/int4 quantized from it, starting with the scheme their contract
-    twin shipped, and gated again."""
+def _static_fp32(job: _Job) -> None:
+    """The fp32 static-cache graph, built from the weights and checked like model.onnx."""
     job.say("building the static-cache graph (GroupQueryAttention, cache preallocated at n_ctx)")
     fp32 = job.graph("fp32", contract.CACHE_STATIC)
     assert fp32 is not None
@@ -274,17 +294,25 @@ def _static_graphs(job: _Job) -> None:
     save_static(job.model, job.card, tmp, job.sources)
     onnx.checker.check_model(str(tmp), full_check=True)
     engine = load_cpu(tmp)
-    job.report.static_parity = validate.static_parity(job.model, engine, job.tol)
+    job.report.static_parity = validate.static_parity(job.model, engine, job.tol, exact=job.exact())
     validate.refuse("static-cache graph parity", job.report.static_parity)
     validate.greedy_match(job.model, engine, job.prompts)
     job.passed[fp32] = tmp
+
+
+def _static_variants(job: _Job) -> None:
+    """The int8/int4 static-cache graphs of the precisions whose contract graph and fp32 static graph passed,
+    quantized from the latter, starting with the scheme their contract twin shipped, and gated again."""
+    fp32 = job.graph("fp32", contract.CACHE_STATIC)
+    if fp32 not in job.passed:
+        return
     for g in job.graphs:
         twin = job.graph(g.precision)
         if g.cache != contract.CACHE_STATIC or g.precision == "fp32" or twin not in job.passed:
             continue
         job.say(f"making the {g.precision} static-cache variant")
         ladder = variants.LADDER[g.precision]
-        _variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=tmp)
+        _variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=job.passed[fp32])
 
 
 def _append_graph(job: _Job) -> None:
@@ -297,7 +325,8 @@ def _append_graph(job: _Job) -> None:
     tmp = atomic.temp_name(graph.path)
     save_static(job.model, job.card, tmp, job.sources, contract.CACHE_APPEND)
     onnx.checker.check_model(str(tmp), full_check=True)
-    rows = append_check.append_parity(job.model, load_cpu(job.passed[static]), load_cpu(tmp).session, job.tol)
+    rows = append_check.append_parity(job.model, load_cpu(job.passed[static]), load_cpu(tmp).session, job.tol,
+                                      exact=job.exact())
     job.report.append_parity = rows
     validate.refuse("multi-row append graph parity", rows)
     job.passed[graph] = tmp

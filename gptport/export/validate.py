@@ -1,9 +1,15 @@
 """Checks of an exported graph against the torch model it came from: logits and KV-cache parity on
-fixed (batch, sequence, past) cases, greedy decoding, and the accuracy gate of the variants."""
+fixed (batch, sequence, past) cases, greedy decoding, and the accuracy gate of the variants.
+
+The cases run sequences of at most PARITY_SPAN tokens, whatever n_ctx: a model of n_ctx 8192 run whole
+needs gigabytes for one case's float64 attention and logits. The graphs take position_ids explicitly, so
+the end of the position range (learned rows, RoPE's largest angles) is checked by the last case's
+sequence placed at positions n_ctx - PARITY_SPAN .. n_ctx - 1; where n_ctx <= PARITY_SPAN it is the whole
+window from position 0, as ever."""
 
 from __future__ import annotations
 
-import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +39,9 @@ FALLBACK_PROMPTS = ["The", "To be or not", "\n"]
 SAMPLED_WINDOW = 128  # tokens per window of the model's own samples (--gate-on-sampled-text)
 SAMPLED = "the model's own samples"  # Heldout.source when the gate scored them
 MIN_HELDOUT_TOKENS = 64  # fewer held-out tokens than this make no gate (one miss in 50 is 98%)
+PARITY_SPAN = 256  # the longest sequence (and past) of a parity case
+GATE_WINDOW = 512  # the longest held-out window the gate scores at once
+KL_ROWS = 64  # positions whose KL the gate computes at once
 
 
 @dataclass(frozen=True)
@@ -76,11 +85,25 @@ class GateRow:
     scheme: str = ""  # the quantization scheme gated (variants.SCHEMES), "" for fp16
 
 
+def span(n_ctx: int) -> tuple[int, int]:
+    """(L, far): the longest sequence a parity case runs, min(n_ctx, PARITY_SPAN), and the first position of
+    the case that ends at n_ctx - 1 (0 where the whole window fits in L)."""
+    length = min(n_ctx, PARITY_SPAN)
+    return length, n_ctx - length
+
+
+def far_name(far: int, n_ctx: int) -> str:
+    """' at positions 7936..8191' for a case placed at the end of a long window; '' at position 0."""
+    return f" at positions {far}..{n_ctx - 1}" if far else ""
+
+
 def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:
-    """(name, ids, mask, pos, past) for (1,1,0), (1,n_ctx,0), (3,7,5) left-padded, (2,1,n_ctx-1)."""
+    """(name, ids, mask, pos, past) for (1,1,0), (1,L,0), (3,7,5) left-padded and (2,1,L-1) ending at position
+    n_ctx-1, L = min(n_ctx, PARITY_SPAN) (span)."""
     cfg = model.cfg
     ref = torch_step(model)
     V, n = cfg.vocab_size, cfg.n_ctx
+    length, far = span(n)
 
     def ids(b: int, t: int) -> np.ndarray:
         return rng.integers(0, V, size=(b, t), dtype=np.int64)
@@ -89,7 +112,7 @@ def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, n
         return empty_past(b, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
 
     out = []
-    for b, t in ((1, 1), (1, n)):
+    for b, t in ((1, 1), (1, length)):
         mask = np.ones((b, t), dtype=np.int64)
         out.append((f"({b}, {t}, 0)", ids(b, t), mask, positions(mask), empty(b)))
     if n >= 12:  # (3, 7, 5): a 5-token past in which row 1 is left-padded by 2
@@ -98,18 +121,49 @@ def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, n
         _, past = ref(ids(3, 5), mask, positions(mask), empty(3))
         full = np.concatenate([mask, np.ones((3, 7), dtype=np.int64)], axis=1)
         out.append(("(3, 7, 5) padded", ids(3, 7), full, positions(full)[:, 5:], past))
-    mask = np.ones((2, n - 1), dtype=np.int64)
-    _, past = ref(ids(2, n - 1), mask, positions(mask), empty(2))
-    full = np.ones((2, n), dtype=np.int64)
-    out.append((f"(2, 1, {n - 1})", ids(2, 1), full, positions(full)[:, -1:], past))
+    mask = np.ones((2, length - 1), dtype=np.int64)
+    _, past = ref(ids(2, length - 1), mask, positions(mask) + far, empty(2))
+    full = np.ones((2, length), dtype=np.int64)
+    out.append((f"(2, 1, {length - 1}){far_name(far, n)}", ids(2, 1), full, positions(full)[:, -1:] + far, past))
     return out
 
 
+def float64_copy(model: GPT) -> GPT:
+    """`model` computed in float64 for the cost of one module's float64 weights at a time (a whole copy is twice
+    the model's bytes: 1.1 GB for 135M parameters): its structure on the meta device, each module given its
+    weights from `model`'s, widened, just before it runs, and dropped after. Buffers (RoPE's inverse
+    frequencies) are widened once."""
+    with torch.device("meta"):
+        m64 = GPT(model.cfg).double()
+    for name, buf in model.named_buffers():
+        owner, _, attr = name.rpartition(".")
+        setattr(m64.get_submodule(owner), attr, buf.detach().double())
+    sources = dict(model.named_modules())
+    for name, module in m64.named_modules():
+        if next(module.parameters(recurse=False), None) is not None:
+            module.register_forward_pre_hook(functools.partial(_widen, sources[name]))
+            module.register_forward_hook(_drop)
+    return m64.eval()
+
+
+def _widen(source: torch.nn.Module, module: torch.nn.Module, args: object) -> None:
+    """`module`'s parameters from `source`'s, in float64 (a forward pre-hook of float64_copy)."""
+    for name, p in source.named_parameters(recurse=False):
+        setattr(module, name, torch.nn.Parameter(p.detach().double(), requires_grad=False))
+
+
+def _drop(module: torch.nn.Module, args: object, out: object) -> None:
+    """`module`'s float64 parameters back to shapes on the meta device (a forward hook of float64_copy)."""
+    for name, p in list(module.named_parameters(recurse=False)):
+        setattr(module, name, torch.nn.Parameter(p.detach().to("meta"), requires_grad=False))
+
+
 def exact_step(model: GPT) -> StepFn:
-    """The torch model computed in float64 (a copy of it), outputs in float64: what the reference's own
-    float32 rounding is measured against (tolerance.py)."""
-    m64 = copy.deepcopy(model).double()
-    device = next(m64.parameters()).device
+    """The torch model computed in float64 (float64_copy), outputs in float64: what the reference's own
+    float32 rounding is measured against (tolerance.py). Export makes it once per job and hands it to each
+    check."""
+    m64 = float64_copy(model)
+    device = next(model.parameters()).device
 
     @torch.no_grad()
     def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
@@ -122,10 +176,11 @@ def exact_step(model: GPT) -> StepFn:
     return step
 
 
-def parity(model: GPT, step: StepFn, tol: Tolerance, seed: int = 0) -> list[ParityRow]:
+def parity(model: GPT, step: StepFn, tol: Tolerance, seed: int = 0, exact: StepFn | None = None) -> list[ParityRow]:
     """Torch against `step`, case by case: the logits and each layer's present keys and values, each
-    within `tol` (of its own magnitude and of torch's own float32 error), and the logits' top-1 agreement."""
-    ref, exact = torch_step(model), exact_step(model)
+    within `tol` (of its own magnitude and of torch's own float32 error, measured against `exact`, by default
+    a new exact_step), and the logits' top-1 agreement."""
+    ref, exact = torch_step(model), exact or exact_step(model)
     rows = []
     for name, ids, mask, pos, past in cases(model, np.random.default_rng(seed)):
         want_logits, want_present = ref(ids, mask, pos, past)
@@ -142,24 +197,27 @@ def parity(model: GPT, step: StepFn, tol: Tolerance, seed: int = 0) -> list[Pari
     return rows
 
 
-def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0) -> list[ParityRow]:
-    """The static-cache graph against torch: a full-window prefill; a left-padded batch (lengths 7, 5
-    and 2) prefilled then stepped 3 times; a prefill of n_ctx - 1 then one step that fills the cache.
-    Logits at every real position of every call, and at the end each row's cached keys and values, each
-    quantity within `tol` of its own magnitude."""
-    ref, exact, step, cfg = torch_step(model), exact_step(model), engine.step(), model.cfg
+def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0, exact: StepFn | None = None
+                  ) -> list[ParityRow]:
+    """The static-cache graph against torch: a prefill of L = min(n_ctx, PARITY_SPAN) tokens; a left-padded
+    batch (lengths 7, 5 and 2) prefilled then stepped 3 times; a prefill of L - 1 then one step, placed to end
+    at position n_ctx - 1 (it fills the cache where n_ctx <= PARITY_SPAN). Logits at every real position of
+    every call, and at the end each row's cached keys and values, each quantity within `tol` of its own
+    magnitude (`exact` as in parity)."""
+    ref, exact, step, cfg = torch_step(model), exact or exact_step(model), engine.step(), model.cfg
     rng = np.random.default_rng(seed)
     n = cfg.n_ctx
-    cases = [(f"(1, {n}) + 0 steps", np.ones((1, n), dtype=np.int64), 0)]
+    length, far = span(n)
+    cases = [(f"(1, {length}) + 0 steps", np.ones((1, length), dtype=np.int64), 0, 0)]
     if n >= 12:
         padded = np.ones((3, 7), dtype=np.int64)
         padded[1, :2] = padded[2, :5] = 0
-        cases.append(("(3, 7) padded + 3 steps", padded, 3))
-    cases.append((f"(2, {n - 1}) + 1 step", np.ones((2, n - 1), dtype=np.int64), 1))
+        cases.append(("(3, 7) padded + 3 steps", padded, 3, 0))
+    cases.append((f"(2, {length - 1}) + 1 step{far_name(far, n)}", np.ones((2, length - 1), dtype=np.int64), 1, far))
     rows = []
-    for name, mask, steps in cases:
+    for name, mask, steps, start in cases:
         B = mask.shape[0]
-        ids, pos = rng.integers(0, cfg.vocab_size, size=mask.shape, dtype=np.int64), positions(mask)
+        ids, pos = rng.integers(0, cfg.vocab_size, size=mask.shape, dtype=np.int64), positions(mask) + start
         empty = empty_past(B, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
         want, want_past = ref(ids, mask, pos, empty)
         exact_logits, exact_past = exact(ids, mask, pos, empty)
@@ -212,9 +270,9 @@ def greedy_match(model: GPT, engine: Engine, prompt_ids: list[list[int]]) -> int
     return n_new * len(prompt_ids)
 
 
-def check_again(model: GPT, engine: OnnxModel, tol: Tolerance, label: str) -> None:
+def check_again(model: GPT, engine: OnnxModel, tol: Tolerance, label: str, exact: StepFn | None = None) -> None:
     """Parity and greedy decoding for a rewritten graph (the optimized one)."""
-    refuse(f"{label} parity", parity(model, engine.step(), tol))
+    refuse(f"{label} parity", parity(model, engine.step(), tol, exact=exact))
     greedy_match(model, engine, [[1, 2, 3], [4], [5, 6]])
 
 
@@ -273,8 +331,8 @@ def _read_text(path: Path) -> str:
 
 
 def _windows(ids: np.ndarray, n_ctx: int, count: int) -> np.ndarray:
-    """Up to `count` evenly spaced windows of min(n_ctx, len(ids)) tokens: (N, T) int64."""
-    width = min(n_ctx, len(ids))
+    """Up to `count` evenly spaced windows of min(n_ctx, GATE_WINDOW, len(ids)) tokens: (N, T) int64."""
+    width = min(n_ctx, GATE_WINDOW, len(ids))
     starts = np.unique(np.linspace(0, len(ids) - width, count).astype(int))
     return np.stack([np.asarray(ids[s:s + width], dtype=np.int64) for s in starts])
 
@@ -308,8 +366,9 @@ def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str) ->
         past = variant.empty_past(1)
         got = step(ids, mask, positions(mask), past)[0].astype(np.float32)[0]  # (T, V)
         agree += int(agrees(want, got.argmax(-1)).sum())
-        log_p, log_q = _log_softmax(want), _log_softmax(got)
-        kl += float((np.exp(log_p) * (log_p - log_q)).sum())
+        for lo in range(0, len(row), KL_ROWS):  # a few rows at a time: each temporary is (rows, V)
+            log_p, log_q = _log_softmax(want[lo:lo + KL_ROWS]), _log_softmax(got[lo:lo + KL_ROWS])
+            kl += float((np.exp(log_p) * (log_p - log_q)).sum())
         total += len(row)
     top1 = agree / total
     return GateRow(precision, top1, kl / total, total, top1 >= GATE_TOP1)
