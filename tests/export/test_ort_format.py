@@ -1,7 +1,8 @@
 """`gptport export --ort-format`: ONNX Runtime's own format beside the contract graphs, checked like every
 graph (fp32 within the export gate's relative bound of the .onnx and greedy tokens equal; int8 through
 the gate), the level and the onnxruntime version recorded, the minimal build's operator config written,
-and a file of another onnxruntime version refused in one line."""
+and a file of another onnxruntime version refused in one line; for a GPT and for a Llama-family model
+(RMSNorm, rotary positions, SwiGLU, 2 key/value heads for 4)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,20 @@ from tests.support.cli import assert_one_line_error, gptport
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ort_dir(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+LLAMA = {"norm": "rmsnorm", "mlp": "swiglu", "pos_encoding": "rope", "bias": False, "n_kv_head": 2,
+         "tie_embeddings": False}
+
+
+@pytest.fixture(scope="module", params=["gpt", "llama"])
+def ort_dir(request: pytest.FixtureRequest, trained_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+            tokenizer_dir: Path, corpus_file: Path) -> Path:
+    from tests.conftest import build_model_dir
+
     d = tmp_path_factory.mktemp("ort") / "m"
-    shutil.copytree(trained_dir, d)
+    if request.param == "gpt":
+        shutil.copytree(trained_dir, d)
+    else:  # trained a little, so that greedy decoding and the int8 gate see real preferences
+        build_model_dir(d, tokenizer_dir, corpus_file, steps=40, **LLAMA)
     r = gptport("export", str(d), "--precision", "fp32,int8", "--ort-format", "--force")
     assert r.returncode == 0, r.stderr
     assert "model.ort (level basic, from model.onnx): max |Δ| vs .onnx" in r.stderr
@@ -53,7 +64,7 @@ def test_fp32_ort_logits_within_the_gates_bound_of_onnx(ort_dir: Path) -> None:
     ids = rng.integers(0, cfg.vocab_size, size=(2, 9), dtype=np.int64)
     mask = np.ones_like(ids)
     mask[1, :3] = 0  # a left-padded row
-    past = empty_past(2, cfg.n_layer, cfg.n_head, cfg.head_dim)
+    past = empty_past(2, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
     (want, want_kv), (got, got_kv) = (m.step()(ids, mask, positions(mask), past) for m in (onnx_model, ort_model))
     assert compare("logits", got, want, ORT_TOL).ok
     assert all(compare("cache", g, w, ORT_TOL).ok for g, w in zip(got_kv, want_kv, strict=True))
