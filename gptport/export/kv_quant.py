@@ -4,8 +4,9 @@ GroupQueryAttention stores keys and values as int8 (`k_quant_type`/`v_quant_type
 static graph, and gates it.
 
 - Calibration: the fp32 static graph prefills the gate's held-out windows; the largest |key| and
-  |value| per layer (per tensor) or per layer, head and channel (per channel) over every position,
-  divided by 127, are the scales (symmetric), stored in the graph as initializers.
+  |value| per layer (per tensor) or per layer, kv head and channel (per channel) over every position,
+  divided by 127, are the scales (symmetric), stored in the graph as initializers. With rope the keys
+  are calibrated as the cache holds them: rotated (GroupQueryAttention rotates before it stores).
 - Gate: the int8-cache graph against its float32-cache twin of the same weights, both decoding the
   windows token by token (teacher-forced: the cache is what decoding reads): top-1 agreement ≥ 98% (a pick
   the float32 cache rates within agreement.TIE_NATS of its best agrees) and
@@ -56,7 +57,7 @@ class KvGateRow:
 
 
 def calibrate(fp32_static: OnnxModel, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The largest |key| and |value| per layer, head and channel (L, H, hd) over every position of the
+    """The largest |key| and |value| per layer, kv head and channel (L, Hkv, hd) over every position of the
     windows (N, T), as the fp32 static graph computes them."""
     cfg = fp32_static.config
     slots = StaticSlots(fp32_static.session, cfg, 1)
