@@ -4,20 +4,21 @@ and test dependencies of gptport that its image does not hold. A call to that ma
 (sm_75 to sm_120), so `pack` keeps the kernels of one architecture (the others' bytes zeroed, their
 headers kept: the CUDA driver loads the cubin of the device's architecture only), drops the two libraries
 Python does not load (the C API's libonnxruntime.so and the TensorRT provider) and compresses the rest:
-about 58 MiB, in two parts.
+about 58 MiB, in two parts (two calls).
 
 Here (where pip reaches PyPI), from the repository's root:
 
     python -m benchmarks.gpu.support.carry pack [--arch 90] [--part-mib 40]
 
-writes benchmarks/work/gpucarry/a/ and .../b/ (benchmarks/work/ is ignored: only what a call names in `carry`
-travels). On the GPU machine, two calls in a row (it stays warm 30 s between them): the first carries
-benchmarks/work/gpucarry/a and copies it out of the tree (`mkdir -p /tmp/carry && cp
-benchmarks/work/gpucarry/a/* /tmp/carry/`), the second carries benchmarks/work/gpucarry/b and runs
+writes benchmarks/work/gpucarry/call0/, call1/ (benchmarks/work/ is ignored: only what a call names in
+`carry` travels), one folder per call to the GPU machine, made in a row (it stays warm 30 s between them):
+each call but the last carries its folder and copies it out of the tree (`mkdir -p /tmp/carry && cp
+benchmarks/work/gpucarry/call0/* /tmp/carry/`), the last carries its own and runs
 
-    python3 -m benchmarks.gpu.support.carry unpack /tmp/carry benchmarks/work/gpucarry/b --target /tmp/site && \\
-    PYTHONPATH=/tmp/site python3 -m benchmarks.gpu.static_decode
+    python3 -m benchmarks.gpu.support.carry unpack /tmp/carry benchmarks/work/gpucarry/call1 --target /tmp/site \\
+    && PYTHONPATH=/tmp/site python3 -m benchmarks.gpu.static_decode
 
+`--arch 0` keeps every architecture's kernels (about 200 MiB: five calls), should a slimmed library not load.
 The CUDA libraries onnxruntime-gpu loads (cuBLAS, cuDNN, cuRAND, cudart for CUDA 13) are the image's: its
 PyTorch's nvidia-* packages (static_decode.py puts their folders on LD_LIBRARY_PATH).
 """
@@ -101,7 +102,7 @@ def _slim_archive(version: str, arch: int) -> bytes:
             if info.is_dir() or any(name.startswith(d) for d in DROPPED):
                 continue
             data = bytearray(z.read(info))
-            if name == "libonnxruntime_providers_cuda.so":
+            if name == "libonnxruntime_providers_cuda.so" and arch:
                 print(f"{name}: {slim_fatbins(data, arch) / 2**20:.0f} MiB of other architectures' kernels zeroed")
             member = tarfile.TarInfo(info.filename)
             member.size, member.mode = len(data), 0o755 if name.endswith(".so") or ".so." in name else 0o644
@@ -111,25 +112,29 @@ def _slim_archive(version: str, arch: int) -> bytes:
 
 
 def pack(arch: int, part_mib: int) -> None:
+    """The archive in parts of `part_mib` MiB, one folder each (call0, call1, ...: one call carries one), the
+    wheels and the manifest in the last."""
     version = metadata.version("onnxruntime-gpu")
     extra = _download([f"{n}=={metadata.version(n)}" for n in EXTRA], WORK / "extra")
     blob = _slim_archive(version, arch)
-    for sub in ("a", "b"):
-        (OUT / sub).mkdir(parents=True, exist_ok=True)
-        for old in (OUT / sub).iterdir():
-            old.unlink()
+    for old in OUT.glob("call*"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
     step = part_mib * 2**20
     parts = [blob[i:i + step] for i in range(0, len(blob), step)]
     for i, part in enumerate(parts):
-        (OUT / ("a" if i < len(parts) // 2 + len(parts) % 2 else "b") / f"ort.tar.xz.{i:03d}").write_bytes(part)
+        (OUT / f"call{i}").mkdir(parents=True)
+        (OUT / f"call{i}" / f"ort.tar.xz.{i:03d}").write_bytes(part)
+    last = OUT / f"call{len(parts) - 1}"
     for w in extra:
-        (OUT / "b" / w.name).write_bytes(w.read_bytes())
+        (last / w.name).write_bytes(w.read_bytes())
     manifest = {"onnxruntime-gpu": version, "arch": arch, "sha256": hashlib.sha256(blob).hexdigest(),
                 "parts": len(parts), "wheels": [w.name for w in extra]}
-    (OUT / "b" / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    for sub in ("a", "b"):
-        size = sum(p.stat().st_size for p in (OUT / sub).iterdir())
-        print(f"{OUT / sub}: {size / 2**20:.1f} MiB")
+    (last / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    for i in range(len(parts)):
+        size = sum(f.stat().st_size for f in (OUT / f"call{i}").iterdir())
+        print(f"{OUT / f'call{i}'}: {size / 2**20:.1f} MiB")
 
 
 def unpack(folders: list[Path], target: Path) -> None:
@@ -155,7 +160,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
     p = sub.add_parser("pack", help="download, slim and split (here)")
-    p.add_argument("--arch", type=int, default=90, help="the CUDA architecture kept (90: H100, H200)")
+    p.add_argument("--arch", type=int, default=90, help="the CUDA architecture kept (90: H100, H200; 0: all)")
     p.add_argument("--part-mib", type=int, default=40, help="the size of each part of the archive")
     u = sub.add_parser("unpack", help="join and extract (on the GPU machine)")
     u.add_argument("folders", type=Path, nargs="+")
