@@ -175,8 +175,9 @@ def _train(corpus: list[str], model_dir: Path, preset: str, sets: list[str], opt
     data.check_fits(shards, cfg.n_ctx)
     budget = f"{tcfg.minutes:g} min" if tcfg.minutes > 0 else f"{tcfg.steps} steps"
     if ctx.main:
+        family = "".join(f", {c}" for c in cfg.llama_choices()) + ("" if cfg.tie_embeddings else ", untied head")
         err.print(f"Model: {cfg.n_params() / 1e6:.2f}M parameters (d_model {cfg.d_model}, {cfg.n_layer} layers, "
-                  f"{cfg.n_head} heads, n_ctx {cfg.n_ctx}, vocab {cfg.vocab_size}); training for {budget}")
+                  f"{cfg.n_head} heads, n_ctx {cfg.n_ctx}, vocab {cfg.vocab_size}{family}); training for {budget}")
     if ctx.main and ctx.enabled:
         per_node = os.environ.get("LOCAL_WORLD_SIZE", "?")
         err.print(f"Distributed: {ctx.world} rank(s) ({per_node} on this machine), backend {ctx.backend} on "

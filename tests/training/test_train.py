@@ -139,6 +139,8 @@ def test_llama_tiny_trains_on_the_cpu(model_dir: Path, corpus_file: Path) -> Non
             "--batch-size", "8", "--device", "cpu"]
     r = gptport(*args)
     assert r.returncode == 0, r.stderr
+    assert ("vocab 512, rope positions, RMSNorm, SwiGLU, 2 key/value heads for 4 query heads, q/k norm, "
+            "untied head)") in r.stderr  # the Model: line says the choices
     saved = json.loads((model_dir / "config.json").read_text())
     assert saved["format_version"] == 2
     assert {k: saved["model"][k] for k in ("norm", "mlp", "pos_encoding", "n_head", "n_kv_head", "head_dim",
