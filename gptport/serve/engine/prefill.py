@@ -15,24 +15,93 @@ from gptport.serve.engine import prefix
 from gptport.serve.engine.choice import Choice
 from gptport.serve.engine.events import Event, PromptLogprobs
 
+ORDERS = ("arrival", "shortest")  # the order of an iteration's chunks: admission, or fewest tokens to a first token
+WAVE_BUDGET = 1 << 30  # fill_waves: a wave of prompts outnumbers the decoding rows: every ready chunk goes
+
 
 class Prefilling:
     """Scheduler's prefill methods (a mixin: the state they use is Scheduler's)."""
 
     def _prefill(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None = None) -> None:
-        """Fill slots in admission order with up to prefill_chunk prompt tokens in all. With a multi-row
-        append graph (supports_append_many), every chunk of this iteration — fresh prompts, the rests after
-        a reused prefix, new chat turns, a long prompt's next chunk — is appended in one step; without it,
-        whole prompts that fit, in empty slots next to each other, are prefilled together in one step and
-        the others one slot at a time. A choice that waits on another's prompt (prefix.py) copies it once
-        that one holds it. Each choice whose prompt is complete samples its first token at once, handed
-        to `early` before the next prefill."""
+        """Fill slots with up to prefill_chunk prompt tokens in all; each choice whose prompt is complete
+        samples its first token at once, handed to `early` before the next prefill. With a multi-row append
+        graph (supports_append_many) the chunks go in runs of several rows (_prefill_runs); without it,
+        in admission order (_prefill_slots). A choice that waits on another's prompt (prefix.py) copies it
+        once that one holds it."""
+        self._joining = []
+        if self.engine.supports_append_many:
+            self._prefill_runs(events, early)
+        else:
+            self._prefill_slots(events, early)
+        self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
+
+    def _ready(self, taken: set[int], events: list[tuple[Any, Event]], early: Callable[..., None] | None
+               ) -> list[Choice]:
+        """The filling choices that can append now and have not this iteration (ids in `taken`), in the
+        order their chunks go: with order "shortest", a prompt that others wait to copy from first, then the
+        fewest tokens left to a first token, then admission; else admission order. Waiting copies whose
+        source now holds their prefix are copied (a copy of a whole prompt samples its first token)."""
+        ready: list[Choice] = []
+        for c in self._filling:
+            if id(c) in taken or c.filled == len(c.prompt_ids):
+                continue
+            if c.twin is not None:
+                if not prefix.resolve(self.engine, c, self.observer):
+                    continue
+                if c.filled == len(c.prompt_ids):  # a copy of the whole prompt: its source's first logits
+                    self._first_tokens([(c, c.first_logits)], events, early)  # type: ignore[list-item]
+                    continue
+            ready.append(c)
+        if self.order == "shortest":
+            sources = {id(c.twin) for c in self._filling if c.twin is not None}
+            ready.sort(key=lambda c: (id(c) not in sources, len(c.prompt_ids) - c.filled))  # stable: admission
+        return ready
+
+    def _prefill_runs(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None) -> None:
+        """Chunks of up to prefill_chunk tokens in all, in _ready's order, appended in runs of the multi-row
+        append graph of up to `run_tokens` tokens each (at least one chunk; 0: one run), the first tokens of
+        each run's complete prompts handed over before the next run. A prompt one token short joins the
+        decode step; prompt logprobs (every position's logits) append alone. After each run, the choices
+        that waited to copy what it appended are ready too."""
+        wave = self.fill_waves and len(self._filling) >= len(self._decoding)  # more wait for a first token
+        budget, taken = (WAVE_BUDGET if wave else self.prefill_chunk), set()
+        cap = self.run_tokens or budget
+        while budget > 0:
+            run: list[tuple[Choice, np.ndarray]] = []
+            size, took = 0, False
+            for c in self._ready(taken, events, early):
+                n = min(budget, len(c.prompt_ids) - c.filled)
+                if run and size + n > cap:
+                    break
+                taken.add(id(c))
+                took = True
+                budget -= n
+                if n == 1 and c.filled + 1 == len(c.prompt_ids) and self._can_join(c) and not self.mixed:
+                    self._joining.append(c)  # its last token is a decode row of this iteration's step
+                elif c.prompt_logprobs:
+                    self._append_alone(c, n, events, early)
+                else:
+                    run.append((c, np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)))
+                    size += n
+                if budget <= 0:
+                    break
+            if run and self.mixed:  # the decoding rows ride this run; the iteration has no other
+                self._mixed_run(run, events, early)
+                break
+            if run:
+                self._append_together(run, events, early)
+            if not took:
+                break
+        if budget <= 0:
+            self._ready(taken, events, early)  # copies whose source holds their prefix now are taken
+
+    def _prefill_slots(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None) -> None:
+        """Without a multi-row append graph: whole prompts that fit, in empty slots next to each other,
+        prefilled together in one step (supports_prefill_many), the others one slot at a time, in
+        admission order."""
         budget = self.prefill_chunk
         batched: set[int] = set()
-        self._joining = []
-        together = self.engine.supports_append_many
-        pending: list[tuple[Choice, np.ndarray]] = []  # chunks appended together after the loop
-        if self.engine.supports_prefill_many and not together:
+        if self.engine.supports_prefill_many:
             budget, batched = self._prefill_together(budget, events, early)
         for c in self._filling:
             if id(c) in batched:
@@ -46,32 +115,35 @@ class Prefilling:
             if budget <= 0:
                 continue  # later choices may still copy what earlier ones hold
             n = min(budget, len(c.prompt_ids) - c.filled)
+            budget -= n
             if n == 1 and c.filled + 1 == len(c.prompt_ids) and self._can_join(c):
                 self._joining.append(c)  # its last token is a decode row of this iteration's step
-                budget -= 1
                 continue
-            chunk = np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)
-            if together and not c.prompt_logprobs:  # prompt logprobs (every position's logits) go alone
-                pending.append((c, chunk))
-                budget -= n
-                continue
-            logits = self.engine.append(c.slot, chunk, all_logits=c.prompt_logprobs)  # (n or 1, V)
-            if c.prompt_logprobs:
-                self._prompt_logprobs(c, logits)
-            c.filled += n
-            budget -= n
-            self.observer.tokens(n, 0)
-            if c.filled == len(c.prompt_ids):
-                self._first_tokens([(c, logits[-1:])], events, early)
-        if pending:
-            self._append_together(pending, events, early)
-        self._filling = [c for c in self._filling if c.filled < len(c.prompt_ids)]
+            self._append_alone(c, n, events, early)
+
+    def _append_alone(self, c: Choice, n: int, events: list[tuple[Any, Event]], early: Callable[..., None] | None
+                      ) -> None:
+        """The next n tokens of c's prompt appended to its slot in a step of its own."""
+        chunk = np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)
+        logits = self.engine.append(c.slot, chunk, all_logits=c.prompt_logprobs)  # (n or 1, V)
+        if c.prompt_logprobs:
+            self._prompt_logprobs(c, logits)
+        c.filled += n
+        self.observer.tokens(n, 0)
+        if c.filled == len(c.prompt_ids):
+            self._first_tokens([(c, logits[-1:])], events, early)
 
     def _append_together(self, pending: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
                          early: Callable[..., None] | None) -> None:
         """The iteration's chunks (choice, ids) appended to their slots in one step (append_many); the
         choices whose prompts are complete sample their first tokens."""
         out = self.engine.append_many([c.slot for c, _ in pending], [chunk for _, chunk in pending])  # (1, V) each
+        self._took(pending, out, events, early)
+
+    def _took(self, pending: list[tuple[Choice, np.ndarray]], out: list[np.ndarray], events: list[tuple[Any, Event]],
+              early: Callable[..., None] | None) -> None:
+        """Chunks (choice, ids) appended, with their last tokens' logits: the choices whose prompts are
+        complete sample their first tokens."""
         done: list[tuple[Choice, np.ndarray]] = []
         for (c, chunk), logits in zip(pending, out, strict=True):
             c.filled += len(chunk)
@@ -80,6 +152,24 @@ class Prefilling:
                 done.append((c, logits))
         if done:
             self._first_tokens(done, events, early)
+
+    def _mixed_run(self, run: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
+                   early: Callable[..., None] | None) -> None:
+        """Chunked prefill as one step: the decoding rows' next tokens appended with the chunks of `run`
+        in one run of the append graph (rows too near n_ctx for the run's widest chunk are left to the
+        decode step); those rows sampled, the complete prompts' first tokens too. Both sit out this
+        iteration's decode step (self._stepped)."""
+        width = max(len(chunk) for _, chunk in run)
+        rows = [c for c in self._decoding if self.engine.length(c.slot) + width <= self.engine.n_ctx]
+        self._decoding = [c for c in self._decoding if self.engine.length(c.slot) + width > self.engine.n_ctx]
+        left = len(self._decoding)
+        tokens = [np.asarray(c.new_ids[-1:], dtype=np.int64) for c in rows]
+        out = self.engine.append_many([c.slot for c in rows] + [c.slot for c, _ in run],
+                                      tokens + [chunk for _, chunk in run])  # (1, V) each
+        still = self._sample(rows, np.concatenate(out[:len(rows)]), events, time.perf_counter()) if rows else []
+        self._took(run, out[len(rows):], events, early)
+        self._stepped = still + self._decoding[left:]  # the new rows decode from the next iteration on
+        del self._decoding[left:]
 
     def _can_join(self, c: Choice) -> bool:
         """Whether c's last prompt token can be one row of the decode step: an engine whose decode step takes

@@ -3,8 +3,8 @@
 Each iteration drops cancelled choices (their slots are free at once), admits waiting choices into
 free slots, prefills up to `prefill_chunk` prompt tokens (a long prompt is filled over several
 iterations, so decoding rows wait at most one chunk; with a multi-row append graph, StaticSlots.append_many,
-every slot's chunk of the iteration in one step), then runs one decode step over every decoding
-slot, samples each row with its choice's own generator, detokenizes UTF-8-safely, checks stop strings
+the iteration's chunks in runs of several rows: prefill.py says how), then runs one decode step over every
+decoding slot, samples each row with its choice's own generator, detokenizes UTF-8-safely, checks stop strings
 and hands the iteration's events over in one call of `deliver`. A choice with a constraint (a
 llguidance matcher) has its next-token mask computed in the background while the model runs; its
 disallowed logits are -inf before sampling, and it finishes with `stop` when its grammar is complete.
@@ -34,7 +34,7 @@ from gptport.serve.engine.choice import Choice
 from gptport.serve.engine.drafting import Drafting
 from gptport.serve.engine.emit import Emitting
 from gptport.serve.engine.events import Event, Failure, Finish, Observer, Piece, PromptLogprobs
-from gptport.serve.engine.prefill import Prefilling
+from gptport.serve.engine.prefill import ORDERS, Prefilling
 from gptport.tokenizer import BPETokenizer
 
 # callers import the engine's types from here too
@@ -51,13 +51,20 @@ class Scheduler(Prefilling, Emitting):
     def __init__(self, slots: SlotEngine, tok: BPETokenizer, deliver: Callable[[list[tuple[Any, Event]]], None],
                  max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
                  masks: Masks | None = None, drafting: Drafting | None = None, prefix_cache: bool = True,
-                 end_ids: Collection[int] | None = None) -> None:
+                 end_ids: Collection[int] | None = None, run_tokens: int = 0, order: str = "arrival",
+                 mixed: bool = False, fill_waves: bool = False) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
         self.end_ids = frozenset((tok.eot_id,) if end_ids is None else end_ids)  # specials.end_ids: any ends a choice
         self.prefix_cache = prefix_cache and slots.supports_reuse  # StaticSlots only
         self.drafting = drafting  # speculative steps while one row decodes alone (a StaticSlots engine)
         self.masks = masks  # None: constrained choices are refused at submit
         self.max_queue, self.prefill_chunk = max_queue, max(1, prefill_chunk)
+        if order not in ORDERS:
+            raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
+        self.run_tokens, self.order = run_tokens, order  # how an iteration's chunks form runs (prefill.py)
+        self.mixed = mixed and slots.supports_append_many  # decoding rows ride the prefill run (prefill.py)
+        self.fill_waves = fill_waves  # prompts outnumber decoding rows: every ready chunk, prefill_chunk aside
+        self._stepped: list[Choice] = []  # rows a mixed run stepped: they sit out this iteration's decode step
         self.observer = observer or Observer()
         self._free = list(range(slots.slots))  # a heap: the lowest free slot first keeps steps narrow
         self._waiting: deque[Choice] = deque()
@@ -158,7 +165,7 @@ class Scheduler(Prefilling, Emitting):
         for c in list(self._holding.values()):
             self._release(c)
         self._waiting.clear()
-        self._filling, self._decoding, self._joining = [], [], []
+        self._filling, self._decoding, self._joining, self._stepped = [], [], [], []
 
     def _release(self, c: Choice) -> None:
         if c.slot >= 0:
@@ -200,6 +207,8 @@ class Scheduler(Prefilling, Emitting):
             self.observer.phase("prefill", time.perf_counter() - t0)
         if self._decoding or self._joining:
             self._decode(events)
+        if self._stepped:
+            self._decoding, self._stepped = self._decoding + self._stepped, []
 
     def _admit(self, c: Choice) -> None:
         """Give c a free slot: the lowest, or by prefix caching's choice (prefix.py)."""

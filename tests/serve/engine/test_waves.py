@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,20 +34,31 @@ def appender(trained_dir: Path, opened: Any) -> ort.InferenceSession:
 
 class Run:
     """A scheduler stepped by hand over StaticSlots, with or without the multi-row append graph; `steps`
-    records how many slots each append_many step took."""
+    records how many slots each append_many step took, `sizes` its chunks' sizes, `decodes` the rows of
+    each decode step."""
 
     def __init__(self, opened: Any, slots: int, appender: Any = None, **kw: Any) -> None:
         self.events: list[tuple[Any, Any]] = []
         self.steps: list[int] = []
+        self.sizes: list[list[int]] = []
+        self.decodes: list[int] = []
         engine = StaticSlots(opened.engine.session, opened.engine.config, slots, appender=appender)
         if appender is not None:
             inner = engine.append_many
 
             def counted(rows: Any, chunks: Any, **kw: Any) -> Any:
                 self.steps.append(len(rows))
+                self.sizes.append([len(c) for c in chunks])
                 return inner(rows, chunks, **kw)
 
             engine.append_many = counted  # type: ignore[method-assign]
+        inner_decode = engine.decode
+
+        def decode(rows: Any, tokens: Any) -> Any:
+            self.decodes.append(len(rows))
+            return inner_decode(rows, tokens)
+
+        engine.decode = decode  # type: ignore[method-assign]
         self.s = Scheduler(engine, opened.tok, self.events.extend, **kw)
 
     def waves(self, waves: list[list[tuple[int, Choice]]]) -> None:
@@ -55,11 +67,15 @@ class Run:
             for it in range(max(a for a, _ in wave) + 1):
                 self.s.submit([c for a, c in wave if a == it])
                 self.events += self.s.iterate()
-            for _ in range(3000):
-                if not (self.s.waiting or self.s.busy):
-                    break
-                self.events += self.s.iterate()
-            assert not (self.s.waiting or self.s.busy), "the scheduler did not finish its work"
+            self.drain()
+
+    def drain(self) -> None:
+        """Iterate until every submitted choice has finished."""
+        for _ in range(3000):
+            if not (self.s.waiting or self.s.busy):
+                break
+            self.events += self.s.iterate()
+        assert not (self.s.waiting or self.s.busy), "the scheduler did not finish its work"
 
     def finish(self, out: Any) -> Finish:
         return next(e for o, e in reversed(self.events) if o == out and isinstance(e, Finish))
@@ -75,13 +91,17 @@ def test_waves_appended_together_give_each_request_its_tokens(opened: Any, appen
                                                               ) -> None:
     """Two waves of greedy requests whose prompts share drawn prefixes (the second wave reuses kept caches;
     some of its prompts continue an earlier request: its prompt, its reply, a new turn), arriving at drawn
-    iterations on a drawn number of slots with a drawn prefill chunk: every request gets the tokens of the
-    same waves served one slot at a time, and of `generate` alone."""
+    iterations on a drawn number of slots with a drawn prefill chunk and policy (runs of a drawn size, in
+    arrival order or shortest first, the decoding rows riding the run or not, the chunk ignored while no
+    row decodes or not): every request gets the tokens of the same waves served one slot at a time, and of
+    `generate` alone."""
     vocab, n_ctx = opened.tok.vocab_size, opened.engine.n_ctx
     ids = st.integers(1, vocab - 1)
     bases = [data.draw(st.lists(ids, min_size=4, max_size=50)) for _ in range(2)]
     slots = data.draw(st.sampled_from([3, 8, 16]))
     chunk = data.draw(st.sampled_from([7, 64, 512]))
+    policy = {"run_tokens": data.draw(st.sampled_from([0, 5, 40])), "mixed": data.draw(st.booleans()),
+              "order": data.draw(st.sampled_from(["arrival", "shortest"])), "fill_waves": data.draw(st.booleans())}
 
     def prompt() -> list[int]:
         base = data.draw(st.sampled_from(bases))
@@ -89,7 +109,7 @@ def test_waves_appended_together_give_each_request_its_tokens(opened: Any, appen
 
     first = [(data.draw(st.integers(0, 3)), Choice(prompt(), data.draw(st.integers(1, 12)), Sampling(), out=i))
              for i in range(data.draw(st.integers(2, 8)))]
-    together = Run(opened, slots, appender, prefill_chunk=chunk)
+    together = Run(opened, slots, appender, prefill_chunk=chunk, **policy)
     together.waves([first])
     second = []
     for i in range(data.draw(st.integers(2, 8))):
@@ -134,3 +154,93 @@ def test_a_wave_of_rests_turns_and_fresh_prompts_is_one_step(opened: Any, append
     for c in wave:
         by_itself = generate(opened.engine, [c.prompt_ids], c.max_tokens, Sampling(), opened.tok.eot_id)[0]
         assert c.new_ids[:len(by_itself.new_ids)] == by_itself.new_ids
+
+
+def alone_tokens(opened: Any, choices: list[Choice]) -> None:
+    for c in choices:
+        by_itself = generate(opened.engine, [c.prompt_ids], c.max_tokens, Sampling(), opened.tok.eot_id)[0]
+        assert c.new_ids[:len(by_itself.new_ids)] == by_itself.new_ids, c.out
+
+
+def test_a_wave_in_runs_samples_first_tokens_between_runs_shortest_first(opened: Any, appender: Any) -> None:
+    """Eight rests of 9, 2, 7, 4, 4, 9, 3, 5 tokens after a kept prefix arrive together; with runs of up to
+    12 tokens, shortest first, they are appended in runs of the shortest rests first, each run's first
+    tokens sampled (and handed to `early`) before the next run starts, all in one iteration."""
+    system = list(range(5, 45))
+    run = Run(opened, 8, appender, run_tokens=12, order="shortest")
+    run.waves([[(0, Choice(system + [50 + i], 2, Sampling(), ignore_eos=True, out=f"w{i}")) for i in range(8)]])
+    run.sizes.clear()
+    rests = [9, 2, 7, 4, 4, 9, 3, 5]
+    wave = [Choice(system + list(range(100 + i, 100 + i + k)), 3, Sampling(), ignore_eos=True, out=i)
+            for i, k in enumerate(rests)]
+    started: list[list[int]] = []  # before each run: the choices that have their first token
+    inner = run.s.engine.append_many
+
+    def append_many(rows: Any, chunks: Any, **kw: Any) -> Any:
+        started.append([c.out for c in wave if c.new_ids])
+        return inner(rows, chunks, **kw)
+
+    run.s.engine.append_many = append_many  # type: ignore[method-assign]
+    run.s.submit(wave)
+    run.events += run.s.iterate()
+    assert run.sizes == [[2, 3, 4], [4, 5], [7], [9], [9]]
+    assert started == [[], [1, 3, 6], [1, 3, 4, 6, 7], [1, 2, 3, 4, 6, 7], [0, 1, 2, 3, 4, 6, 7]]
+    assert all(c.new_ids for c in wave)  # every first token in the first iteration
+    run.drain()
+    alone_tokens(opened, wave)
+
+
+def test_decoding_rows_ride_the_prefill_run_when_mixed(opened: Any, appender: Any) -> None:
+    """With mixed steps, a prompt arriving while two rows decode is appended in the same run of the append
+    graph as their next tokens: that iteration has no decode step of its own, and every request gets the
+    tokens it gets alone."""
+    run = Run(opened, 4, appender, mixed=True)
+    first = [Choice(list(range(10 + i, 30 + i)), 12, Sampling(), ignore_eos=True, out=i) for i in range(2)]
+    run.s.submit(first)
+    for _ in range(3):
+        run.events += run.s.iterate()
+    late = Choice(list(range(60, 75)), 6, Sampling(), ignore_eos=True, out="late")
+    run.s.submit([late])
+    run.sizes.clear()
+    decodes = len(run.decodes)
+    run.events += run.s.iterate()
+    assert run.sizes == [[1, 1, 15]] and len(run.decodes) == decodes  # one run, no decode step
+    run.drain()
+    alone_tokens(opened, [*first, late])
+
+
+def test_arrivals_of_one_prefix_compute_it_once_in_one_iteration(opened: Any, appender: Any) -> None:
+    """Sixteen prompts with one 60-token head arrive at once on empty slots: the first prefills the head, the
+    other fifteen copy it and append only their own tokens, in the same iteration, so every first token
+    comes from the first iteration; the head is computed once."""
+    rng = np.random.default_rng(3)
+    head = rng.integers(1, opened.tok.vocab_size, 60).tolist()
+    wave = [Choice(head + rng.integers(1, opened.tok.vocab_size, 4 + i % 5).tolist(), 3, Sampling(), ignore_eos=True,
+                   out=i) for i in range(16)]
+    run = Run(opened, 16, appender, order="shortest")
+    run.s.submit(wave)
+    run.events += run.s.iterate()
+    assert all(c.new_ids for c in wave)
+    assert [c.cached for c in wave] == [0] + [60] * 15
+    assert sum(map(sum, run.sizes)) == 60 + sum(len(c.prompt_ids) - 60 for c in wave)
+    run.drain()
+    alone_tokens(opened, wave)
+
+
+def test_a_wave_takes_every_chunk_a_few_arrivals_the_budget(opened: Any, appender: Any) -> None:
+    """With fill_waves, six prompts of 20 tokens arriving while no row decodes are all appended in the first
+    iteration, in runs of up to 40 tokens, though the prefill chunk is 30; two more arriving while those
+    six decode (fewer prompts waiting than rows decoding) get at most 30 tokens an iteration."""
+    run = Run(opened, 8, appender, prefill_chunk=30, run_tokens=40, fill_waves=True)
+    wave = [Choice(list(range(10 + i, 30 + i)), 8, Sampling(), ignore_eos=True, out=i) for i in range(6)]
+    run.s.submit(wave)
+    run.events += run.s.iterate()
+    assert run.sizes == [[20, 20], [20, 20], [20, 20]] and all(c.new_ids for c in wave)
+    run.sizes.clear()
+    late = [Choice(list(range(50 + i, 70 + i)), 4, Sampling(), ignore_eos=True, out=f"late{i}") for i in range(2)]
+    run.s.submit(late)
+    run.events += run.s.iterate()
+    run.events += run.s.iterate()
+    assert run.sizes == [[20, 10], [10]]
+    run.drain()
+    alone_tokens(opened, [*wave, *late])

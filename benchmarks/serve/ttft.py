@@ -1,0 +1,185 @@
+"""Time to first token under the scheduler's prefill policies, without HTTP: the scheduler that `gptport
+serve` runs, driven in-process on the serving benchmarks' random-weight model directory (fp32 static cache
+with the multi-row append graph beside it, `--spin step`), 16 users in a closed loop (a finished request is
+replaced at once), 16 slots, temperature 0.8, ignore_eos. Two loads:
+
+- chat: a shared system prompt (loads.SHARED_PREFIX tokens: ~60% of the context) then 24 tokens of each
+  request's own, 64 new tokens; under each policy once with prefix caching and once without it (`chat
+  no reuse`: `serve --no-prefix-cache`);
+- plain: prompts of 64 tokens of their own, loads.MAX_TOKENS new tokens (benchmarks.serve.throughput's
+  load, no shared prefix).
+
+A policy is how an iteration's prompt chunks are appended: `--policies` lists them as
+name:key=value,... with the Scheduler's prefill_chunk (tokens per iteration), run_tokens (tokens per run
+of the append graph; 0: one run per iteration), order (arrival, or shortest: the fewest tokens to a
+first token first), mixed (1: the decoding rows ride the iteration's one run of the append graph) and
+fill_waves (1: where at least as many prompts wait for a first token as rows decode, every ready chunk
+goes in that iteration, prefill_chunk aside).
+Each request's time to first token is taken when its first token is sampled (seen at the scheduler's
+`early` hand-over), its time per output token from there to its end; prefill runs and decode steps are
+counted.
+
+    python -m benchmarks.serve.ttft [--shapes small,gpt2-124m] [--loads chat,plain] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import cli, results
+from benchmarks.harness.loads import MAX_TOKENS, SHARED_PREFIX
+from benchmarks.harness.models import serve_model
+from benchmarks.harness.run import Run
+from gptport.runtime import loader
+from gptport.runtime.sampling import Sampling
+from gptport.runtime.slots import StaticSlots
+from gptport.serve.engine.choice import Choice
+from gptport.serve.engine.events import Finish
+from gptport.serve.engine.scheduler import Scheduler
+
+SLOTS = USERS = 16
+OWN, CHAT_NEW, PLAIN_PROMPT, TEMPERATURE = 24, 64, 64, 0.8
+POLICIES = "today:prefill_chunk=512,run_tokens=0,order=arrival"
+NO_REUSE = "chat no reuse"
+
+
+def parse_policies(text: str) -> dict[str, dict[str, Any]]:
+    """'name:key=value,...;name:...' -> {name: Scheduler keyword arguments}."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, _, spec = part.partition(":")
+        kw: dict[str, Any] = {}
+        for item in filter(None, spec.split(",")):
+            key, _, value = item.partition("=")
+            if key not in ("prefill_chunk", "run_tokens", "order", "mixed", "fill_waves"):
+                raise SystemExit(f"--policies: {key!r} is not prefill_chunk, run_tokens, order, mixed or fill_waves")
+            kw[key] = value if key == "order" else bool(int(value)) if key in ("mixed", "fill_waves") else int(value)
+        out[name.strip()] = kw
+    return out
+
+
+class Counted:
+    """The slot engine's runs counted: prefill runs (append, append_many) and decode steps."""
+
+    def __init__(self, engine: StaticSlots) -> None:
+        self.runs = self.steps = 0
+        for name in ("append", "append_many"):
+            inner = getattr(engine, name)
+            setattr(engine, name, self._count(inner, "runs"))
+        engine.decode = self._count(engine.decode, "steps")  # type: ignore[method-assign]
+
+    def _count(self, inner: Any, what: str) -> Any:
+        def counted(*a: Any, **kw: Any) -> Any:
+            setattr(self, what, getattr(self, what) + 1)
+            return inner(*a, **kw)
+        return counted
+
+
+def load(opened: Any, appender: Any, shape: str, kind: str, kw: dict[str, Any], reuse: bool, requests: int,
+         seed: int) -> dict[str, float]:
+    """`requests` requests of load `kind`, USERS in flight: TTFT median / p99 / mean, median TPOT (ms),
+    output tok/s, prefill runs and decode steps per request."""
+    slots = StaticSlots(opened.engine.session, opened.engine.config, SLOTS, appender=appender)
+    counted = Counted(slots)
+    s = Scheduler(slots, opened.tok, lambda events: None, max_queue=4 * SLOTS, prefix_cache=reuse, **kw)
+    rng = np.random.default_rng(seed)
+    vocab = opened.engine.config.vocab_size
+    system = np.random.default_rng(0).integers(1, vocab, SHARED_PREFIX[shape]).tolist() if kind == "chat" else []
+    own, new = (OWN, CHAT_NEW) if kind == "chat" else (PLAIN_PROMPT, MAX_TOKENS[shape])
+    sent: dict[int, float] = {}
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    ended: dict[int, int] = {}
+    waiting: dict[int, Choice] = {}  # sent, no token yet
+
+    def send() -> None:
+        i = len(sent)
+        prompt = system + rng.integers(1, vocab, own).tolist()
+        c = Choice(prompt, new, Sampling(temperature=TEMPERATURE, seed=int(rng.integers(1 << 30))), ignore_eos=True,
+                   out=i)
+        sent[i], waiting[i] = time.perf_counter(), c
+        if not s.submit([c]):
+            raise RuntimeError("the scheduler's queue refused a request")
+
+    def seen(events: list[tuple[Any, Any]]) -> None:
+        now = time.perf_counter()
+        for i in [i for i, c in waiting.items() if c.new_ids]:  # its first token sampled
+            first[i] = now
+            del waiting[i]
+        for out, event in events:
+            if isinstance(event, Finish):
+                last[out], ended[out] = now, event.completion_tokens
+
+    t0 = time.perf_counter()
+    for _ in range(min(USERS, requests)):
+        send()
+    while len(ended) < requests:
+        before = len(ended)
+        seen(s.iterate(early=seen))
+        for _ in range(len(ended) - before):
+            if len(sent) < requests:
+                send()
+    wall = time.perf_counter() - t0
+    ttft = sorted((first[i] - sent[i]) * 1e3 for i in sent)
+    tpot = [(last[i] - first[i]) * 1e3 / max(1, ended[i] - 1) for i in sent]
+    return {"median_ttft_ms": statistics.median(ttft), "p99_ttft_ms": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
+            "mean_ttft_ms": statistics.fmean(ttft), "median_tpot_ms": statistics.median(tpot),
+            "output_throughput": sum(ended.values()) / wall, "prefill_runs_per_request": counted.runs / requests,
+            "decode_steps_per_request": counted.steps / requests}
+
+
+def main() -> None:
+    ap = cli.parser(__doc__)
+    ap.add_argument("--shapes", default="small,gpt2-124m")
+    ap.add_argument("--loads", default="chat,plain")
+    ap.add_argument("--policies", default=POLICIES,
+                    help="name:prefill_chunk=N,run_tokens=N,order=arrival|shortest,mixed=0|1,fill_waves=0|1;...")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=64, help="requests per load (16 in flight)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    policies = parse_policies(args.policies)
+    run, rows = Run(), []
+    loads = args.loads.split(",")
+    for shape in args.shapes.split(","):
+        d = serve_model(shape)
+        opened = loader.open_model(d, threads=args.threads, cache="static", spin="step")
+        appender = loader.open_appender(d, opened.engine, args.threads, "step")  # type: ignore[arg-type]
+        if appender is None:
+            raise SystemExit(f"{d} has no multi-row append graph: export it again (gptport export {d} --force)")
+        kinds = [(kind, True) for kind in loads] + ([(NO_REUSE, False)] if "chat" in loads else [])
+        configs = [(kind, name, kw, reuse) for name, kw in policies.items() for kind, reuse in kinds]
+        load(opened, appender.session, shape, loads[0], configs[0][2], True, SLOTS, 99)  # warm-up
+        for rnd in run.series(args.rounds, shape=shape):
+            for kind, name, kw, reuse in rnd.rotation(configs):
+                key = f"{kind} / {name}"
+                rnd.data[key] = load(opened, appender.session, shape, kind.split()[0], kw, reuse, args.requests,
+                                     rnd.index)
+                print(f"  {shape} round {rnd.index + 1} {key}: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in rnd.data[key].items()), flush=True)
+        kept = run.kept(shape=shape)
+        for kind, name, _, _ in configs:
+            key = f"{kind} / {name}"
+            row: dict[str, Any] = {"shape": shape, "load": kind, "policy": name}
+            for k in kept[0].data[key]:
+                row[k] = statistics.median(r.data[key][k] for r in kept)
+            row["p99_over_median_ttft"] = row["p99_ttft_ms"] / row["median_ttft_ms"]
+            rows.append(row)
+        for name in policies if "chat" in loads else ():
+            on, off = (next(r for r in rows if (r["shape"], r["load"], r["policy"]) == (shape, kind, name))
+                       for kind in ("chat", NO_REUSE))
+            on["ttft_over_no_reuse"] = on["median_ttft_ms"] / off["median_ttft_ms"]
+    for r in rows:
+        print(r)
+    results.write(results.document(results.benchmark_name(__spec__), run, rows,
+                                   cli.settings(args, slots=SLOTS, users=USERS, own_tokens=OWN,
+                                                chat_new_tokens=CHAT_NEW, plain_prompt=PLAIN_PROMPT,
+                                                temperature=TEMPERATURE), label=args.label), args.results)
+
+
+if __name__ == "__main__":
+    main()
