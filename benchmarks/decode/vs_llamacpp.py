@@ -72,13 +72,15 @@ def gguf_bytes_per_token(path: Path) -> int:
     return sum(n for name, n in sizes.items() if name not in skip)
 
 
-def summarize(rounds: list[dict[str, Any]], d: Path) -> list[dict[str, Any]]:
-    """Per (precision, phase): the median of each engine over rounds, their ratio, each round's ratio;
-    decode rows also give each engine's weight bytes per token and the share of the bandwidth probed
-    around gptport's run in the same round that its tokens/s read (median over rounds)."""
+def summarize(rounds: list[dict[str, Any]], d: Path, kinds: tuple[tuple[str, str, str], ...] = ROWS,
+              files: dict[str, Path] | None = None) -> list[dict[str, Any]]:
+    """Per (precision, phase) of `kinds` ((gptport precision, GGUF type, its name)): the median of each engine
+    over rounds, their ratio, each round's ratio; decode rows also give each engine's weight bytes per token
+    and the share of the bandwidth probed around gptport's run in the same round that its tokens/s read
+    (median over rounds). The GGUFs are `files` by type, else d/model.TYPE.gguf."""
     rows = []
     for phase in ("decode", "prefill"):
-        for precision, outtype, gguf in ROWS:
+        for precision, outtype, gguf in kinds:
             key = f"{phase}_tok_s"
             ours = [r["gptport"][precision][key] for r in rounds]
             theirs = [r["llama_cpp"][precision][key] for r in rounds]
@@ -89,7 +91,7 @@ def summarize(rounds: list[dict[str, Any]], d: Path) -> list[dict[str, Any]]:
             if phase == "decode":
                 probes = [r["gptport"][precision]["bandwidth_gb_s"] * 1e9 for r in rounds]
                 ours_bytes = rounds[0]["gptport"][precision]["weight_bytes_per_token"]
-                theirs_bytes = gguf_bytes_per_token(d / f"model.{outtype}.gguf")
+                theirs_bytes = gguf_bytes_per_token((files or {}).get(outtype, d / f"model.{outtype}.gguf"))
                 row |= {"probe_gb_s": statistics.median(probes) / 1e9,
                         "gptport_bytes_per_token": ours_bytes, "llama_cpp_bytes_per_token": theirs_bytes,
                         "gptport_bandwidth_fraction": statistics.median(

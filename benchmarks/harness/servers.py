@@ -26,8 +26,15 @@ def llama_server(binary: Path, d: Path, slots: int, threads: int, n_ctx: int, we
                  cache: str = "f16") -> list[str]:
     """llama-server on the directory's GGUF of `weights` (f32, q8_0), `slots` slots of n_ctx each, its keys
     and values in `cache` (f16, its default, or q8_0)."""
-    return [str(binary), "-m", str(d / f"model.{weights}.gguf"), "--host", server_proc.HOST, "--port", PORT,
-            "-np", str(slots), "-t", str(threads), "-c", str(slots * n_ctx), "--no-webui", "-ctk", cache, "-ctv", cache]
+    return llama_server_on(binary, d / f"model.{weights}.gguf", slots, threads, n_ctx, cache)
+
+
+def llama_server_on(binary: Path, gguf: Path, slots: int, threads: int, n_ctx: int, cache: str = "f16",
+                    *options: str) -> list[str]:
+    """llama-server on the file `gguf`, `slots` slots of n_ctx each, its keys and values in `cache`, and
+    `options` (e.g. -fa on, -ub 512)."""
+    return [str(binary), "-m", str(gguf), "--host", server_proc.HOST, "--port", PORT, "-np", str(slots), "-t",
+            str(threads), "-c", str(slots * n_ctx), "--no-webui", "-ctk", cache, "-ctv", cache, *options]
 
 
 def served(cmd: Sequence[str], log: Path, run: Callable[[str, subprocess.Popen[bytes]], T],
