@@ -1,11 +1,13 @@
 """Checks of an exported graph against the torch model it came from: logits and KV-cache parity on
-fixed (batch, sequence, past) cases, greedy decoding, and the accuracy gate of the variants.
+fixed (batch, sequence, past) cases and greedy decoding (the variants' accuracy gate: accuracy_gate.py).
 
 The cases run sequences of at most PARITY_SPAN tokens, whatever n_ctx: a model of n_ctx 8192 run whole
-needs gigabytes for one case's float64 attention and logits. The graphs take position_ids explicitly, so
-the end of the position range (learned rows, RoPE's largest angles) is checked by the last case's
-sequence placed at positions n_ctx - PARITY_SPAN .. n_ctx - 1; where n_ctx <= PARITY_SPAN it is the whole
-window from position 0, as ever."""
+needs gigabytes for one case's float64 attention and logits. The end of the position range (learned rows,
+RoPE's largest angles) is reached otherwise: the contract graph takes position_ids and its past explicitly,
+so its last case's sequence is placed at positions n_ctx - PARITY_SPAN .. n_ctx - 1; the static-cache graph
+rotates keys by their cache position, so its last case decodes after a cache filled to n_ctx - 2 with keys
+and values torch computed (_far_static). Where n_ctx <= PARITY_SPAN the cases run the whole window from
+position 0, as ever."""
 
 from __future__ import annotations
 
@@ -158,8 +160,9 @@ def exact_step(model: GPT) -> StepFn:
 
     @torch.no_grad()
     def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
-        kv = [(torch.from_numpy(np.asarray(past[i], dtype=np.float64)).to(device),
-               torch.from_numpy(np.asarray(past[i + 1], dtype=np.float64)).to(device)) for i in range(0, len(past), 2)]
+        # a float32 past is read as it is: each layer widens it as it joins the new keys (torch.cat promotes)
+        kv = [(torch.from_numpy(np.asarray(past[i])).to(device), torch.from_numpy(np.asarray(past[i + 1])).to(device))
+              for i in range(0, len(past), 2)]
         logits, present = m64(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
                               torch.from_numpy(pos).to(device), kv)
         return logits.cpu().numpy(), [t.cpu().numpy() for pair in present for t in pair]
@@ -191,24 +194,25 @@ def parity(model: GPT, step: StepFn, tol: Tolerance, seed: int = 0, exact: StepF
 def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0, exact: StepFn | None = None
                   ) -> list[ParityRow]:
     """The static-cache graph against torch: a prefill of L = min(n_ctx, PARITY_SPAN) tokens; a left-padded
-    batch (lengths 7, 5 and 2) prefilled then stepped 3 times; a prefill of L - 1 then one step, placed to end
-    at position n_ctx - 1 (it fills the cache where n_ctx <= PARITY_SPAN). Logits at every real position of
-    every call, and at the end each row's cached keys and values, each quantity within `tol` of its own
-    magnitude (`exact` as in parity)."""
+    batch (lengths 7, 5 and 2) prefilled then stepped 3 times; the end of the cache: where n_ctx <= PARITY_SPAN
+    a prefill of n_ctx - 1 then one step that fills the cache, else _far_static's two steps after a cache filled
+    to n_ctx - 2. Logits at every real position of every call, and at the end each row's cached keys and values,
+    each quantity within `tol` of its own magnitude (`exact` as in parity)."""
     ref, exact, step, cfg = torch_step(model), exact or exact_step(model), engine.step(), model.cfg
     rng = np.random.default_rng(seed)
     n = cfg.n_ctx
     length, far = span(n)
-    cases = [(f"(1, {length}) + 0 steps", np.ones((1, length), dtype=np.int64), 0, 0)]
+    cases = [(f"(1, {length}) + 0 steps", np.ones((1, length), dtype=np.int64), 0)]
     if n >= 12:
         padded = np.ones((3, 7), dtype=np.int64)
         padded[1, :2] = padded[2, :5] = 0
-        cases.append(("(3, 7) padded + 3 steps", padded, 3, 0))
-    cases.append((f"(2, {length - 1}) + 1 step{far_name(far, n)}", np.ones((2, length - 1), dtype=np.int64), 1, far))
+        cases.append(("(3, 7) padded + 3 steps", padded, 3))
+    if not far:
+        cases.append((f"(2, {n - 1}) + 1 step", np.ones((2, n - 1), dtype=np.int64), 1))
     rows = []
-    for name, mask, steps, start in cases:
+    for name, mask, steps in cases:
         B = mask.shape[0]
-        ids, pos = rng.integers(0, cfg.vocab_size, size=mask.shape, dtype=np.int64), positions(mask) + start
+        ids, pos = rng.integers(0, cfg.vocab_size, size=mask.shape, dtype=np.int64), positions(mask)
         empty = empty_past(B, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
         want, want_past = ref(ids, mask, pos, empty)
         exact_logits, exact_past = exact(ids, mask, pos, empty)
@@ -230,7 +234,47 @@ def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0, 
                   for q, g, w, e in zip(cache_quantities(cfg.n_layer), static_cache.cache_arrays(got_past), want_past,
                                         exact_past, strict=True)]
         rows.append(ParityRow(name, (merge(logits, tol), *caches), agree / total))
+    if far:
+        rows.append(_far_static(model, engine, tol, exact, rng))
     return rows
+
+
+def _far_static(model: GPT, engine: OnnxModel, tol: Tolerance, exact: StepFn, rng: np.random.Generator
+                ) -> ParityRow:
+    """Decoding at the end of a long window on the static-cache graph, which rotates a key by its cache
+    position (so a short sequence cannot be placed far): one row's cache filled to n_ctx - 2 with torch's keys
+    and values of a PARITY_SPAN-token prefill, repeated (the graph and torch read the same cache; what fills it
+    need not be one sequence), then two steps at positions n_ctx - 2 and n_ctx - 1, the last filling the cache.
+    Their logits and the cache's last two positions against torch given the same cache."""
+    cfg, ref, step = model.cfg, torch_step(model), engine.step()
+    n, (length, _) = cfg.n_ctx, span(cfg.n_ctx)
+    filled = n - 2
+    mask = np.ones((1, length), dtype=np.int64)
+    ids = rng.integers(0, cfg.vocab_size, size=(1, length), dtype=np.int64)
+    _, short = ref(ids, mask, positions(mask), empty_past(1, cfg.n_layer, cfg.n_kv_head, cfg.head_dim))
+    reps = -(-filled // length)
+    past = [np.ascontiguousarray(np.tile(c, (1, 1, reps, 1))[:, :, :filled]) for c in short]  # (1, Hkv, P, hd)
+    del short
+    got_past = static_cache.Buffers(cfg, engine.kv_dtype).fresh(1)
+    for value, cache in zip(got_past, past, strict=True):  # the graph's buffers hold the same keys and values
+        whole = np.zeros(value.shape(), dtype=engine.kv_dtype)  # (1, Hkv, n_ctx, hd)
+        whole[:, :, :filled] = cache
+        value.update_inplace(whole)
+    got_past.lengths = np.array([filled], dtype=np.int64)
+    logits, agree = [], 0
+    for t in (filled, filled + 1):  # the new token's position, and its place in the cache
+        ids = rng.integers(0, cfg.vocab_size, size=(1, 1), dtype=np.int64)
+        mask, pos = np.ones((1, t + 1), dtype=np.int64), np.array([[t]], dtype=np.int64)
+        exact_logits, exact_present = exact(ids, mask, pos, past)
+        exact_tail = [p[:, :, filled:].copy() for p in exact_present]  # (1, Hkv, t + 1 - filled, hd)
+        del exact_present  # float64, the whole cache: twice torch's
+        want, past = ref(ids, mask, pos, past)
+        got, got_past = step(ids, mask, pos, got_past)
+        logits.append(compare(LOGITS, got, want, tol, exact_logits))
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+    caches = [compare(q, value.numpy()[:, :, filled:n], w[:, :, filled:], tol, e)
+              for q, value, w, e in zip(cache_quantities(cfg.n_layer), got_past, past, exact_tail, strict=True)]
+    return ParityRow(f"(1, {filled}) cached + 2 steps to position {n - 1}", (merge(logits, tol), *caches), agree / 2)
 
 
 def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3,
