@@ -11,7 +11,6 @@ position 0, as ever."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from gptport import specials
 from gptport.config import ModelConfig
 from gptport.errors import InputError, UsageError, ValidationError
 from gptport.export.agreement import agrees
+from gptport.export.float64_reference import exact_step as exact_step  # re-exported: checks name validate
+from gptport.export.float64_reference import float64_copy as float64_copy
 from gptport.export.tolerance import Check, Tolerance, cache_quantities, compare, merge, worst
 from gptport.paths import VAL_SHARD
 from gptport.runtime import static_cache
@@ -128,55 +129,6 @@ def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, n
     full = np.ones((2, length), dtype=np.int64)
     out.append((f"(2, 1, {length - 1}){far_name(far, n)}", ids(2, 1), full, positions(full)[:, -1:] + far, past))
     return out
-
-
-def float64_copy(model: GPT) -> GPT:
-    """`model` computed in float64 for the cost of one module's float64 weights at a time (a whole copy is twice
-    the model's bytes: 1.1 GB for 135M parameters): its structure on the meta device, each module given its
-    weights from `model`'s, widened, just before it runs, and dropped after. Buffers (RoPE's inverse
-    frequencies) are widened once."""
-    with torch.device("meta"):
-        m64 = GPT(model.cfg).double()
-    for name, buf in model.named_buffers():
-        owner, _, attr = name.rpartition(".")
-        setattr(m64.get_submodule(owner), attr, buf.detach().double())
-    sources = dict(model.named_modules())
-    for name, module in m64.named_modules():
-        if next(module.parameters(recurse=False), None) is not None:
-            module.register_forward_pre_hook(functools.partial(_widen, sources[name]))
-            module.register_forward_hook(_drop)
-    return m64.eval()
-
-
-def _widen(source: torch.nn.Module, module: torch.nn.Module, args: object) -> None:
-    """`module`'s parameters from `source`'s, in float64 (a forward pre-hook of float64_copy)."""
-    for name, p in source.named_parameters(recurse=False):
-        setattr(module, name, torch.nn.Parameter(p.detach().double(), requires_grad=False))
-
-
-def _drop(module: torch.nn.Module, args: object, out: object) -> None:
-    """`module`'s float64 parameters back to shapes on the meta device (a forward hook of float64_copy)."""
-    for name, p in list(module.named_parameters(recurse=False)):
-        setattr(module, name, torch.nn.Parameter(p.detach().to("meta"), requires_grad=False))
-
-
-def exact_step(model: GPT) -> StepFn:
-    """The torch model computed in float64 (float64_copy), outputs in float64: what the reference's own
-    float32 rounding is measured against (tolerance.py). Export makes it once per job and hands it to each
-    check."""
-    m64 = float64_copy(model)
-    device = next(model.parameters()).device
-
-    @torch.no_grad()
-    def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
-        # a float32 past is read as it is: each layer widens it as it joins the new keys (torch.cat promotes)
-        kv = [(torch.from_numpy(np.asarray(past[i])).to(device), torch.from_numpy(np.asarray(past[i + 1])).to(device))
-              for i in range(0, len(past), 2)]
-        logits, present = m64(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
-                              torch.from_numpy(pos).to(device), kv)
-        return logits.cpu().numpy(), [t.cpu().numpy() for pair in present for t in pair]
-
-    return step
 
 
 def parity(model: GPT, step: StepFn, tol: Tolerance, seed: int = 0, exact: StepFn | None = None) -> list[ParityRow]:

@@ -1,0 +1,61 @@
+"""The reference's own rounding, measured: the torch model computed in float64, against which export's checks
+measure how far torch's float32 lies from exact (tolerance.py's second term)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from gptport.runtime.engine import Past, StepFn
+from gptport.training.model import GPT
+
+
+def float64_copy(model: GPT) -> GPT:
+    """`model` computed in float64 for the cost of one module's float64 weights at a time (a whole copy is twice
+    the model's bytes: 1.1 GB for 135M parameters): its structure on the meta device, each module given its
+    weights from `model`'s, widened, just before it runs, and dropped after. Buffers (RoPE's inverse
+    frequencies) are widened once."""
+    with torch.device("meta"):
+        m64 = GPT(model.cfg).double()
+    for name, buf in model.named_buffers():
+        owner, _, attr = name.rpartition(".")
+        setattr(m64.get_submodule(owner), attr, buf.detach().double())
+    sources = dict(model.named_modules())
+    for name, module in m64.named_modules():
+        if next(module.parameters(recurse=False), None) is not None:
+            module.register_forward_pre_hook(functools.partial(_widen, sources[name]))
+            module.register_forward_hook(_drop)
+    return m64.eval()
+
+
+def _widen(source: torch.nn.Module, module: torch.nn.Module, args: object) -> None:
+    """`module`'s parameters from `source`'s, in float64 (a forward pre-hook of float64_copy)."""
+    for name, p in source.named_parameters(recurse=False):
+        setattr(module, name, torch.nn.Parameter(p.detach().double(), requires_grad=False))
+
+
+def _drop(module: torch.nn.Module, args: object, out: object) -> None:
+    """`module`'s float64 parameters back to shapes on the meta device (a forward hook of float64_copy)."""
+    for name, p in list(module.named_parameters(recurse=False)):
+        setattr(module, name, torch.nn.Parameter(p.detach().to("meta"), requires_grad=False))
+
+
+def exact_step(model: GPT) -> StepFn:
+    """The torch model computed in float64 (float64_copy), outputs in float64: what the reference's own
+    float32 rounding is measured against (tolerance.py). Export makes it once per job and hands it to each
+    check."""
+    m64 = float64_copy(model)
+    device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
+        # a float32 past is read as it is: each layer widens it as it joins the new keys (torch.cat promotes)
+        kv = [(torch.from_numpy(np.asarray(past[i])).to(device), torch.from_numpy(np.asarray(past[i + 1])).to(device))
+              for i in range(0, len(past), 2)]
+        logits, present = m64(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
+                              torch.from_numpy(pos).to(device), kv)
+        return logits.cpu().numpy(), [t.cpu().numpy() for pair in present for t in pair]
+
+    return step
