@@ -62,7 +62,8 @@ class Prefilling:
         append graph of up to `run_tokens` tokens each (at least one chunk; 0: one run), the first tokens of
         each run's complete prompts handed over before the next run. A prompt one token short joins the
         decode step; prompt logprobs (every position's logits) append alone. After each run, the choices
-        that waited to copy what it appended are ready too."""
+        that waited to copy what it appended are ready too, and so are choices that arrived meanwhile and
+        took a free slot."""
         wave = self.fill_waves and len(self._filling) >= len(self._decoding)  # more wait for a first token
         budget, taken = (WAVE_BUDGET if wave else self.prefill_chunk), set()
         cap = self.run_tokens or budget
@@ -92,6 +93,8 @@ class Prefilling:
                 self._append_together(run, events, early)
             if not took:
                 break
+            with self._cond:  # what arrived meanwhile takes the free slots and can go in the next run
+                self._admit_waiting()
         if budget <= 0:
             self._ready(taken, events, early)  # copies whose source holds their prefix now are taken
 

@@ -184,21 +184,7 @@ class Scheduler(Prefilling, Emitting):
                         self._release(c)
             self._filling = [c for c in self._filling if not c.cancelled]
             self._decoding = [c for c in self._decoding if not c.cancelled]
-            now = time.perf_counter()
-            while self._free and self._waiting:
-                c = self._waiting.popleft()
-                try:
-                    self._admit(c)
-                except Exception:  # back in the queue, its slot free again: the failure reaches it
-                    if c.slot >= 0 and c.slot not in self._free:
-                        heapq.heappush(self._free, c.slot)
-                    c.slot, c.twin = -1, None
-                    self._waiting.appendleft(c)
-                    raise
-                self.observer.admitted(now - c.t_submit)  # once, when it holds a slot (not per failed try)
-                self._holding[c.slot] = c
-                c.start(self.tok)
-                self._filling.append(c)
+            self._admit_waiting()
         if self.masks is not None:  # the masks of this iteration's samples, while the model runs
             self._masking = self.masks.start([c.matcher for c in (*self._filling, *self._decoding) if c.matcher])
         if self._filling:
@@ -209,6 +195,26 @@ class Scheduler(Prefilling, Emitting):
             self._decode(events)
         if self._stepped:
             self._decoding, self._stepped = self._decoding + self._stepped, []
+
+    def _admit_waiting(self) -> None:
+        """Waiting choices take the free slots, in arrival order, and start filling (with self._cond held)."""
+        now = time.perf_counter()
+        while self._free and self._waiting:
+            c = self._waiting.popleft()
+            if c.cancelled:
+                continue
+            try:
+                self._admit(c)
+            except Exception:  # back in the queue, its slot free again: the failure reaches it
+                if c.slot >= 0 and c.slot not in self._free:
+                    heapq.heappush(self._free, c.slot)
+                c.slot, c.twin = -1, None
+                self._waiting.appendleft(c)
+                raise
+            self.observer.admitted(now - c.t_submit)  # once, when it holds a slot (not per failed try)
+            self._holding[c.slot] = c
+            c.start(self.tok)
+            self._filling.append(c)
 
     def _admit(self, c: Choice) -> None:
         """Give c a free slot: the lowest, or by prefix caching's choice (prefix.py)."""

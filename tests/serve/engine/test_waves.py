@@ -244,3 +244,24 @@ def test_a_wave_takes_every_chunk_a_few_arrivals_the_budget(opened: Any, appende
     assert run.sizes == [[20, 10], [10]]
     run.drain()
     alone_tokens(opened, [*wave, *late])
+
+
+def test_a_prompt_arriving_between_runs_goes_in_the_next_run(opened: Any, appender: Any) -> None:
+    """A prompt submitted while an iteration's first run is appended takes a free slot before the next run
+    and, shortest first, gets its first token in that same iteration, ahead of the longer prompts."""
+    run = Run(opened, 4, appender, run_tokens=10, order="shortest", fill_waves=True)
+    wave = [Choice(list(range(10 + i, 20 + i + 2 * i)), 3, Sampling(), ignore_eos=True, out=i) for i in range(3)]
+    late = Choice([70, 71, 72], 3, Sampling(), ignore_eos=True, out="late")
+    inner = run.s.engine.append_many
+
+    def append_many(rows: Any, chunks: Any, **kw: Any) -> Any:
+        if not run.sizes:  # the first run
+            run.s.submit([late])
+        return inner(rows, chunks, **kw)
+
+    run.s.engine.append_many = append_many  # type: ignore[method-assign]
+    run.s.submit(wave)
+    run.events += run.s.iterate()
+    assert run.sizes == [[10], [3], [12], [14]] and late.new_ids
+    run.drain()
+    alone_tokens(opened, [*wave, late])
