@@ -8,7 +8,8 @@ to ONNX (the contract graph, and the static-cache graph where exported), and lla
 the F32 GGUF of the same values (gptport's own `export-gguf` where it writes the llama architecture, else
 llama-quantize's F32 of the Q4_1 file: the results say which). Every engine gets the same prompt token ids (chat
 prompts rendered by the model's template, and plain text, no begin token: SmolLM2's tokenizer adds none) and
-decodes NEW tokens greedily without stopping; the tokens are compared up to the first end token (and in full).
+decodes NEW tokens greedily (llama-server to its end token: its ignore_eos masks the end tokens' logits); the
+tokens are compared up to the first end token gptport picks (and in full).
 The logits: gptport's contract graph and transformers in float32 over each prompt and gptport's continuation
 at once, against the export gate's bound (its rtol times the logits' magnitude, plus 20 times transformers'
 own float32 error against float64, plus its atol).
@@ -43,6 +44,7 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
 TEXTS = ["The history of the printing press begins", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.",
          "Translate to French: I would like a cup of coffee, please."]
 THREADS = 2  # every engine's
+END = -1  # llama-server's end token, which it does not return (agreement() takes it for any end id)
 
 
 def prompts(d: Path) -> list[tuple[str, list[int]]]:
@@ -103,23 +105,31 @@ def post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def llama_greedy(server: Path, gguf: Path, ids: list[list[int]], new: int) -> list[list[int]]:
-    """llama-server's greedy tokens (temperature 0, top-k 1, no stop, no prompt cache) from the prompts' ids."""
+    """llama-server's greedy tokens (temperature 0, top-k 1, no prompt cache) from the prompts' ids, to its end
+    token (which it does not return: it is appended here) or `new` tokens. Not ignore_eos: llama-server
+    carries that out by masking the end tokens' logits, which changes the greedy choice."""
     cmd = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", PORT, "-np", "1", "-t", str(THREADS),
            "-c", "4096", "--no-webui"]
 
     def run(url: str, _proc: object) -> list[list[int]]:
-        return [post(url, "/completion", {"prompt": p, "n_predict": new, "temperature": 0, "top_k": 1,
-                                          "ignore_eos": True, "return_tokens": True, "cache_prompt": False})["tokens"]
-                for p in ids]
+        out = []
+        for p in ids:
+            r = post(url, "/completion", {"prompt": p, "n_predict": new, "temperature": 0, "top_k": 1,
+                                          "return_tokens": True, "cache_prompt": False})
+            out.append(list(r["tokens"]) + ([END] if r.get("stop_type") == "eos" else []))
+        return out
 
     return served(cmd, WORK / "smollm2" / "llama-server-greedy.log", run)
 
 
 def agreement(ours: list[int], theirs: list[int], ends: set[int]) -> dict[str, Any]:
     """Whether two greedy continuations agree up to (and with) the first end token of `ours`, and in full."""
+    theirs = [next(iter(ends)) if t == END and len(ends) == 1 else t for t in theirs]
     stop = next((i + 1 for i, t in enumerate(ours) if t in ends), len(ours))
-    first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
-    return {"to_end": ours[:stop] == theirs[:stop], "full": ours == theirs, "first_difference": first}
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b and not
+                  (b == END and a in ends)), None)
+    return {"to_end": first is None or first >= stop, "full": first is None and len(theirs) == len(ours),
+            "first_difference": first}
 
 
 def main() -> None:
@@ -153,12 +163,13 @@ def main() -> None:
         row: dict[str, Any] = {"prompt": name, "prompt_tokens": len(p), "new_tokens": args.new}
         for c in caches:
             vs_hf, vs_llama = agreement(ours[c][i], hf_tokens[i], ends), agreement(ours[c][i], llama[i], ends)
-            row |= {f"{c}_eq_transformers": vs_hf["to_end"], f"{c}_eq_llama_cpp": vs_llama["to_end"],
-                    f"{c}_eq_llama_cpp_all_new": vs_llama["full"], f"{c}_first_difference_llama_cpp":
+            row |= {f"{c}_eq_transformers": vs_hf["to_end"], f"{c}_eq_transformers_all_new": vs_hf["full"],
+                    f"{c}_eq_llama_cpp": vs_llama["to_end"], f"{c}_first_difference_llama_cpp":
                     vs_llama["first_difference"]}
         rows.append(row | {"max_abs_dlogits": diff, "logits_magnitude": magnitude,
                            "transformers_f32_error": hf_errors[i], "gate_bound": bound, "within_gate": diff <= bound})
-    settings = cli.settings(args, caches=caches, ggufs=made, gate=f"{RTOL:g} x magnitude + {REF_FACTOR:g} x "
+    settings = cli.settings(args, llama_server=args.llama_server.name, llama_quantize=getattr(
+        args.llama_quantize, "name", None), caches=caches, ggufs=made, gate=f"{RTOL:g} x magnitude + {REF_FACTOR:g} x "
                             f"transformers' float32 error + {ATOL:g}")
     results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label),
                   args.results)

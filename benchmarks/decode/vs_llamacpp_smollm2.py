@@ -115,7 +115,9 @@ def main() -> None:
             rnd.data[engine] = measure[engine]()
     rows = with_goals(summarize([r.data for r in run.kept()], d, tuple(kinds), files))
     first = run.rounds[0].data["llama_cpp"][kinds[0][0]]
-    settings = cli.settings(args, batch=1, gptport_graph=smollm2.graph_name("fp32", args.kv_cache == "static"),
+    settings = cli.settings(args, llama_bench=args.llama_bench.name, llama_quantize=getattr(
+        args.llama_quantize, "name", None), batch=1,
+                            gptport_graph=smollm2.graph_name("fp32", args.kv_cache == "static"),
                             weights="SmolLM2-135M-Instruct's Q4_1 file, dequantized: the same values on both sides",
                             ggufs=made)
     results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label,

@@ -71,10 +71,11 @@ def exported(precisions: list[str], static: bool, gate: bool = True) -> Path:
     return d
 
 
-def serving_copy(n_ctx: int, precisions: list[str], kv_int8: bool, gate: bool = True) -> Path:
+def serving_copy(n_ctx: int, precisions: list[str], kv_int8: bool, static: bool = True, gate: bool = True) -> Path:
     """WORK/smollm2/serve-N_CTX: the imported model with an n_ctx of `n_ctx` (SmolLM2's 8192 would give 16 slots
     of gptport's preallocated cache 6 GB), exported to the static-cache graphs of `precisions` (and their int8-cache
-    twins with `kv_int8`); llama-server is given the same context per slot."""
+    twins with `kv_int8`), or to their contract graphs only without `static`; llama-server is given the same
+    context per slot."""
     src, d = imported(), WORK / "smollm2" / f"serve-{n_ctx}"
     d.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
@@ -85,12 +86,13 @@ def serving_copy(n_ctx: int, precisions: list[str], kv_int8: bool, gate: bool = 
     card["model"]["n_ctx"] = n_ctx
     if not (d / "config.json").is_file() or json.loads((d / "config.json").read_text()) != card:
         (d / "config.json").write_text(json.dumps(card, indent=2))
-    cache = contract.CACHE_STATIC_KV8 if kv_int8 else contract.CACHE_STATIC
+    cache = contract.CACHE_STATIC_KV8 if kv_int8 else contract.CACHE_STATIC if static else contract.CACHE_CONCAT
     want = [contract.onnx_file(p, cache) for p in precisions]
     if not all((d / w).is_file() for w in want):
         gate_args = ["--heldout", str(SHAKESPEARE)] if gate else ["--no-gate"]
         gptport("export", str(d), "--precision", ",".join(["fp32", *(p for p in precisions if p != "fp32")]),
-                *gate_args, "--force", *(["--kv-dtype", "int8"] if kv_int8 else []))
+                *gate_args, "--force", "--static" if static else "--no-static",
+                *(["--kv-dtype", "int8"] if kv_int8 else []))
     return d
 
 

@@ -61,16 +61,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=1024, help="positions per slot, both engines")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--kv-cache", default="static", choices=("static", "concat"),
+                    help="gptport's graphs: static (model*.static.onnx) or concat (the contract graph)")
     ap.add_argument("--no-gate", action="store_true", help="export the graphs without the accuracy gate")
     args = ap.parse_args()
     ours, theirs = pairs(args.gptport, "--gptport"), pairs(args.llama, "--llama") if args.llama_server else []
     if args.llama_server is not None and not args.llama_server.is_file():
         raise SystemExit(f"--llama-server {args.llama_server}: no such file")
     precisions = sorted({p for p, _ in ours}, key=["fp32", "int8", "int4", "fp16"].index)
-    d = smollm2.serving_copy(args.n_ctx, precisions, any(kv == "int8" for _, kv in ours), gate=not args.no_gate)
+    d = smollm2.serving_copy(args.n_ctx, precisions, any(kv == "int8" for _, kv in ours), args.kv_cache == "static",
+                             gate=not args.no_gate)
     files = smollm2.ggufs(args.llama_quantize, smollm2.imported())[0] if theirs else {}
     servers = {name_of("gptport", p, kv): gptport_serve(d, "--slots", str(USERS), "--threads", str(args.threads),
-                                                         "--precision", p, "--kv-dtype", kv,
+                                                         "--precision", p, "--kv-dtype", kv, "--kv-cache",
+                                                         args.kv_cache,
                                                          *shlex.split(args.gptport_args)) for p, kv in ours}
     for w, c in theirs:
         if w.lower() not in files:
@@ -91,7 +95,9 @@ def main() -> None:
                      "in_process_tok_s": None, "share_of_in_process": None})
     fastest = summary("SmolLM2-135M-Instruct", rows)
     rows.append(fastest | {"goal": 1.5, "met": fastest["vs_llama"] >= 1.5} if "vs_llama" in fastest else fastest)
-    settings = cli.settings(args, users=USERS, slots=USERS, prompt_len=64, temperature=0.8, requests=4 * USERS,
+    settings = cli.settings(args, llama_server=getattr(args.llama_server, "name", None), llama_quantize=getattr(
+        args.llama_quantize, "name", None), users=USERS, slots=USERS, prompt_len=64, temperature=0.8,
+                            requests=4 * USERS,
                             weights="SmolLM2-135M-Instruct's Q4_1 file, dequantized: the same values on both sides")
     results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label),
                   args.results)
