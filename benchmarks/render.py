@@ -61,6 +61,9 @@ HEADLINES = (
              "tokenizer.training", {"corpus": "big_corpus.txt"}, "gptport_mb_s", "bare_mb_s", "gptport_over_bare"),
     Headline("Training `tiny` for 5 minutes on the CPU: validation bits per byte", "train.fixed_time", {},
              "final_val_bpb"),
+    Headline("Training at equal parameters and minutes: held-out bits per byte, modern (`llama-tiny`) / classic "
+             "(`tiny`)", "train.modern_vs_classic", {"table": "modern against classic"}, "modern_bpb",
+             "classic_bpb", "modern_over_classic"),
 )
 
 

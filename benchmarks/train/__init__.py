@@ -1,2 +1,3 @@
-"""Training: what the `tiny` preset reaches in a fixed wall time on the CPU, and data-parallel ranks against one
-process with the same global batch."""
+"""Training: what the `tiny` preset reaches in a fixed wall time on the CPU, data-parallel ranks against one
+process with the same global batch, and the classic GPT against the Llama family's choices at equal parameters
+and equal minutes."""
