@@ -17,7 +17,7 @@ from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.export import gqa_graph, scatter_graph
 from gptport.runtime.loader import open_model
-from tests.support.cli import assert_one_line_error, gptport
+from tests.support.cli import gptport
 
 PROMPT = "ka to ri"
 
@@ -115,12 +115,3 @@ def test_the_static_graphs_refuse_a_head_size_groupqueryattention_cannot_take() 
     for build in (gqa_graph.build, scatter_graph.build):
         with pytest.raises(UsageError, match="no static-cache graph: .*multiple of 8 .*12"):
             build(cfg, {})
-
-
-def test_export_web_names_what_its_page_lacks(llama_dir: tuple[Path, str], tmp_path: Path) -> None:
-    """The browser bundle is GPT-2's (its page sizes the cache by n_head; transformers.js reads a gpt2 config)."""
-    out, _ = llama_dir
-    r = gptport("export-web", str(out), "--out", str(tmp_path / "web"))
-    assert_one_line_error(r, 2, "export-web writes GPT-2-shaped models only", "rope positions",
-                          "2 key/value heads for 4 query heads")
-    assert not (tmp_path / "web").exists()
