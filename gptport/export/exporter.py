@@ -171,7 +171,7 @@ def export(
         job.float64 = None  # the last parity check is done: free the float64 copy before the variants
         for g in job.graphs:
             if g.cache == contract.CACHE_CONCAT and g.precision != "fp32":
-                say(f"making the {g.precision} variant")
+                job.say(f"making the {g.precision} variant")
                 _variant(job, g, variants.LADDER.get(g.precision, ("",)))
         if static_graphs:
             _static_variants(job)
@@ -197,11 +197,17 @@ def _check_options(opset: int, gate: bool, heldout: Path | None, sampled_text: b
 
 
 def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None]) -> _Job:
-    """The tokenizer, the hashes of the sources, then the model (a file replaced meanwhile fails the check)."""
+    """The tokenizer, the hashes of the sources, then the model (a file replaced meanwhile fails the check); the
+    job's say() frees what the last step left (heap.release) before it announces the next."""
     tok = bpe.load(model_dir)
     sources = provenance.sources(model_dir)
     model, card = load_model(model_dir, tok)
-    return _Job(model_dir, tok, model, card, sources, tol, say, ExportReport(gated=gate))
+
+    def step(message: str) -> None:  # each step announced after what the last one left is freed
+        heap.release()
+        say(message)
+
+    return _Job(model_dir, tok, model, card, sources, tol, step, ExportReport(gated=gate))
 
 
 def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool, kv_dtype: str = "float32") -> None:
@@ -273,6 +279,7 @@ def _optimize_fp32(job: _Job) -> None:
     assert fp32 is not None
     job.say("optimizing with onnxruntime's transformer optimizer")
     optimized, job.report.fused = variants.optimize(job.plain, job.card.model)
+    heap.release()  # the optimizer leaves model-sized reference cycles
     proto = onnx.load(str(optimized))
     optimized.unlink()
     if job.card.model.tie_embeddings:

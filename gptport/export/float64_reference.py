@@ -42,12 +42,16 @@ def _drop(module: torch.nn.Module, args: object, out: object) -> None:
         setattr(module, name, torch.nn.Parameter(p.detach().to("meta"), requires_grad=False))
 
 
-def exact_step(model: GPT) -> StepFn:
+def exact_step(model: GPT, tail: int = 0) -> StepFn:
     """The torch model computed in float64 (float64_copy), outputs in float64: what the reference's own
     float32 rounding is measured against (tolerance.py). Export makes it once per job and hands it to each
-    check."""
+    check. With `tail`, each layer's present keeps only its last `tail` positions (the new ones): a long past
+    then costs no float64 copy of the whole cache."""
     m64 = float64_copy(model)
     device = next(model.parameters()).device
+    if tail:
+        for block in m64.h:
+            block.attn.register_forward_hook(functools.partial(_keep_tail, tail))
 
     @torch.no_grad()
     def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
@@ -59,3 +63,10 @@ def exact_step(model: GPT) -> StepFn:
         return logits.cpu().numpy(), [t.cpu().numpy() for pair in present for t in pair]
 
     return step
+
+
+def _keep_tail(tail: int, module: torch.nn.Module, args: object, out: tuple[torch.Tensor, tuple[torch.Tensor, ...]]
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """An attention's output with its present cut to the last `tail` positions, copied (a forward hook)."""
+    y, kv = out
+    return y, tuple(t[:, :, -tail:].clone() for t in kv)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import torch
 
 from gptport import specials
@@ -177,7 +178,8 @@ def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0, 
         empty = empty_past(B, cfg.n_layer, cfg.n_kv_head, cfg.head_dim)
         want, want_past = ref(ids, mask, pos, empty)
         exact_logits, exact_past = exact(ids, mask, pos, empty)
-        got, got_past = step(ids, mask, pos, engine.empty_past(B))
+        # buffers of the case's own (a prefill writes all n_ctx positions of each row): freed with the case
+        got, got_past = step(ids, mask, pos, static_cache.Buffers(cfg, engine.kv_dtype).fresh(B))
         real = mask.astype(bool)  # (B, T)
         logits = [compare(LOGITS, got[real], want[real], tol, exact_logits[real])]
         agree, total = int((got.argmax(-1) == want.argmax(-1))[real].sum()), int(real.sum())
@@ -192,22 +194,23 @@ def static_parity(model: GPT, engine: OnnxModel, tol: Tolerance, seed: int = 0, 
         lengths, P = got_past.lengths, mask.shape[1]  # each row's cache: its first `length` positions
         caches = [merge([compare(q, g[b, :, :lengths[b]], w[b, :, P - lengths[b]:], tol, e[b, :, P - lengths[b]:])
                          for b in range(B)], tol)
-                  for q, g, w, e in zip(cache_quantities(cfg.n_layer), static_cache.cache_arrays(got_past), want_past,
-                                        exact_past, strict=True)]
+                  for q, g, w, e in zip(cache_quantities(cfg.n_layer), map(_host, got_past), want_past, exact_past,
+                                        strict=True)]
+        del got_past  # the case's buffers
         rows.append(ParityRow(name, (merge(logits, tol), *caches), agree / total))
     if far:
-        rows.append(_far_static(model, engine, tol, exact, rng))
+        rows.append(_far_static(model, engine, tol, rng))
     return rows
 
 
-def _far_static(model: GPT, engine: OnnxModel, tol: Tolerance, exact: StepFn, rng: np.random.Generator
-                ) -> ParityRow:
+def _far_static(model: GPT, engine: OnnxModel, tol: Tolerance, rng: np.random.Generator) -> ParityRow:
     """Decoding at the end of a long window on the static-cache graph, which rotates a key by its cache
     position (so a short sequence cannot be placed far): one row's cache filled to n_ctx - 2 with torch's keys
     and values of a PARITY_SPAN-token prefill, repeated (the graph and torch read the same cache; what fills it
     need not be one sequence), then two steps at positions n_ctx - 2 and n_ctx - 1, the last filling the cache.
-    Their logits and the cache's last two positions against torch given the same cache."""
-    cfg, ref, step = model.cfg, torch_step(model), engine.step()
+    Their logits and the cache's last two positions against torch given the same cache (the float64 reference
+    keeping only the new positions of each layer's cache: exact_step's tail)."""
+    cfg, ref, step, exact = model.cfg, torch_step(model), engine.step(), exact_step(model, tail=1)
     n, (length, _) = cfg.n_ctx, span(cfg.n_ctx)
     filled = n - 2
     mask = np.ones((1, length), dtype=np.int64)
@@ -222,18 +225,18 @@ def _far_static(model: GPT, engine: OnnxModel, tol: Tolerance, exact: StepFn, rn
         whole[:, :, :filled] = cache
         value.update_inplace(whole)
     got_past.lengths = np.array([filled], dtype=np.int64)
-    logits, agree = [], 0
+    logits, agree, tails = [], 0, []
     for t in (filled, filled + 1):  # the new token's position, and its place in the cache
         ids = rng.integers(0, cfg.vocab_size, size=(1, 1), dtype=np.int64)
         mask, pos = np.ones((1, t + 1), dtype=np.int64), np.array([[t]], dtype=np.int64)
-        exact_logits, exact_present = exact(ids, mask, pos, past)
-        exact_tail = [p[:, :, filled:].copy() for p in exact_present]  # (1, Hkv, t + 1 - filled, hd)
-        del exact_present  # float64, the whole cache: twice torch's
+        exact_logits, tail = exact(ids, mask, pos, past)  # each layer's new position only: (1, Hkv, 1, hd)
+        tails.append(tail)
         want, past = ref(ids, mask, pos, past)
         got, got_past = step(ids, mask, pos, got_past)
         logits.append(compare(LOGITS, got, want, tol, exact_logits))
         agree += int((got.argmax(-1) == want.argmax(-1)).sum())
-    caches = [compare(q, value.numpy()[:, :, filled:n], w[:, :, filled:], tol, e)
+    exact_tail = [np.concatenate(pair, axis=2) for pair in zip(*tails, strict=True)]  # (1, Hkv, 2, hd)
+    caches = [compare(q, _host(value)[:, :, filled:n], w[:, :, filled:], tol, e)
               for q, value, w, e in zip(cache_quantities(cfg.n_layer), got_past, past, exact_tail, strict=True)]
     return ParityRow(f"(1, {filled}) cached + 2 steps to position {n - 1}", (merge(logits, tol), *caches), agree / 2)
 
@@ -373,3 +376,8 @@ def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str) ->
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max(-1, keepdims=True)
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _host(value: ort.OrtValue) -> np.ndarray:
+    """One layer's static-cache buffer as numpy (a copy): a layer at a time, not the whole cache at once."""
+    return value.numpy()
