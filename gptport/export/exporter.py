@@ -17,9 +17,10 @@ from gptport import atomic, contract, provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, UsageError, ValidationError
 from gptport.export import append_check, genai, gqa_graph, heap, kv_quant, validate, variants
+from gptport.export.export_report import ExportReport, parse_precisions
 from gptport.export.graph_files import metadata, remove_stale, save, save_static, set_metadata, size_ratio
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
-from gptport.export.ort_format import OrtRow, write_all
+from gptport.export.ort_format import write_all
 from gptport.export.tolerance import Tolerance
 from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
 from gptport.runtime.engine import StepFn
@@ -31,45 +32,6 @@ __all__ = ["ExportReport", "Graph", "export", "metadata", "parse_precisions", "s
 
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
 DEFAULT_TOL = Tolerance()  # the parity gate's bound of each quantity, relative to its magnitude (tolerance.py)
-
-
-@dataclass
-class ExportReport:
-    """What export wrote and measured, for the CLI's tables."""
-
-    files: dict[str, Path] = field(default_factory=dict)
-    parity: list[validate.ParityRow] = field(default_factory=list)
-    greedy_tokens: int = 0
-    gates: list[validate.GateRow] = field(default_factory=list)  # every scheme tried, in order
-    schemes: dict[str, str] = field(default_factory=dict)  # written variant ("int8", "int8 static") -> scheme
-    gated: bool = True  # False: the variants were written with --no-gate, unchecked
-    heldout: str = ""  # the text the gate scored (validate.Heldout.source), when a variant was gated
-    sampled: bool = False  # that text was the model's own samples (--gate-on-sampled-text)
-    removed: dict[Path, str] = field(default_factory=dict)  # an earlier export's graphs this one did not
-    # rewrite -> why: a variant that missed its gate this time, or a graph of other weights (provenance.stale)
-    static_parity: list[validate.ParityRow] = field(default_factory=list)
-    static_skipped: str = ""  # why no static-cache graph was written, when one could not be
-    append_parity: list[validate.ParityRow] = field(default_factory=list)  # the multi-row append graph's
-    fused: dict[str, int] = field(default_factory=dict)
-    size_ratio: float = 0.0
-    genai: Path | None = None
-    ort: list[OrtRow] = field(default_factory=list)  # export --ort-format: the .ort files and their checks
-    kv_gates: list[kv_quant.KvGateRow] = field(default_factory=list)  # --kv-dtype int8: every scale kind tried
-
-    @property
-    def precisions(self) -> list[str]:
-        """The precisions written, each once in the order written: "int8" and "int8 static" are one."""
-        return list(dict.fromkeys(label.split()[0] for label in self.files))
-
-
-def parse_precisions(text: str) -> list[str]:
-    """'fp32,int8' -> ['fp32', 'int8']; fp32 always comes first (the variants are made from it)."""
-    asked = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in asked if p not in contract.PRECISIONS]
-    if bad or not asked:
-        raise UsageError(f"--precision {text!r}: unknown {', '.join(bad) or 'empty'}; choose from "
-                         f"{', '.join(contract.PRECISIONS)}")
-    return ["fp32", *[p for p in dict.fromkeys(asked) if p != "fp32"]]
 
 
 @dataclass(frozen=True)
