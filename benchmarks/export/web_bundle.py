@@ -154,7 +154,8 @@ def main() -> None:
                          "decode_tok_s": statistics.median(r["decode_tok_s"] for r in runs),
                          "first_token_ms": statistics.median(r["first_token_ms"] for r in runs),
                          "self_check": all(r["self_check"] for r in runs), "rounds": len(runs)})
-    settings = cli.settings(args, browser=f"Chromium {version} (headless)", prompt=PROMPT)
+    settings = {k: v for k, v in cli.settings(args, browser=f"Chromium {version} (headless)", prompt=PROMPT).items()
+                if k != "chromium"}  # the browser's version, not where this machine keeps it
     results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label,
                                    notes=notes), args.results)
 
