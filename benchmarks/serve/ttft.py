@@ -12,12 +12,11 @@ replaced at once), 16 slots, temperature 0.8, ignore_eos. Two loads:
 A policy is how an iteration's prompt chunks are appended: `--policies` lists them as
 name:key=value,... with the Scheduler's prefill_chunk (tokens per iteration), run_tokens (tokens per run
 of the append graph; 0: one run per iteration), order (arrival, or shortest: the fewest tokens to a
-first token first), mixed (1: the decoding rows ride the iteration's one run of the append graph) and
-fill_waves (1: where at least as many prompts wait for a first token as rows decode, every ready chunk
-goes in that iteration, prefill_chunk aside).
-Each request's time to first token is taken when its first token is sampled (seen at the scheduler's
-`early` hand-over), its time per output token from there to its end; prefill runs and decode steps are
-counted.
+first token first) and fill_waves (1: where at least as many prompts wait for a first token as rows
+decode, every ready chunk goes in that iteration, prefill_chunk aside). Each request's time to first
+token is the scheduler's own (Observer.first_token: from submit to its first token's sampling, whether or
+not that token's text can be sent yet), the inter-token latency is the Observer's too; prefill runs and
+decode steps are counted.
 
     python -m benchmarks.serve.ttft [--shapes small,gpt2-124m] [--loads chat,plain] [--rounds 3]
 """
@@ -38,7 +37,7 @@ from gptport.runtime import loader
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
 from gptport.serve.engine.choice import Choice
-from gptport.serve.engine.events import Finish
+from gptport.serve.engine.events import Finish, Observer
 from gptport.serve.engine.scheduler import Scheduler
 
 SLOTS = USERS = 16
@@ -55,11 +54,25 @@ def parse_policies(text: str) -> dict[str, dict[str, Any]]:
         kw: dict[str, Any] = {}
         for item in filter(None, spec.split(",")):
             key, _, value = item.partition("=")
-            if key not in ("prefill_chunk", "run_tokens", "order", "mixed", "fill_waves"):
-                raise SystemExit(f"--policies: {key!r} is not prefill_chunk, run_tokens, order, mixed or fill_waves")
-            kw[key] = value if key == "order" else bool(int(value)) if key in ("mixed", "fill_waves") else int(value)
+            if key not in ("prefill_chunk", "run_tokens", "order", "fill_waves"):
+                raise SystemExit(f"--policies: {key!r} is not prefill_chunk, run_tokens, order or fill_waves")
+            kw[key] = value if key == "order" else bool(int(value)) if key == "fill_waves" else int(value)
         out[name.strip()] = kw
     return out
+
+
+class Recorder(Observer):
+    """Every first-token time and inter-token latency the scheduler reports (seconds)."""
+
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.append(seconds)
+
+    def next_token(self, seconds: float) -> None:
+        self.itl.append(seconds)
 
 
 class Counted:
@@ -81,55 +94,46 @@ class Counted:
 
 def load(opened: Any, appender: Any, shape: str, kind: str, kw: dict[str, Any], reuse: bool, requests: int,
          seed: int) -> dict[str, float]:
-    """`requests` requests of load `kind`, USERS in flight: TTFT median / p99 / mean, median TPOT (ms),
-    output tok/s, prefill runs and decode steps per request."""
+    """`requests` requests of load `kind`, USERS in flight: TTFT median / p99 / mean, median and p99
+    inter-token latency (ms), output tok/s, prefill runs and decode steps per request."""
     slots = StaticSlots(opened.engine.session, opened.engine.config, SLOTS, appender=appender)
-    counted = Counted(slots)
-    s = Scheduler(slots, opened.tok, lambda events: None, max_queue=4 * SLOTS, prefix_cache=reuse, **kw)
+    counted, seen = Counted(slots), Recorder()
+    s = Scheduler(slots, opened.tok, lambda events: None, max_queue=4 * SLOTS, prefix_cache=reuse, observer=seen,
+                  **kw)
     rng = np.random.default_rng(seed)
     vocab = opened.engine.config.vocab_size
     system = np.random.default_rng(0).integers(1, vocab, SHARED_PREFIX[shape]).tolist() if kind == "chat" else []
     own, new = (OWN, CHAT_NEW) if kind == "chat" else (PLAIN_PROMPT, MAX_TOKENS[shape])
-    sent: dict[int, float] = {}
-    first: dict[int, float] = {}
-    last: dict[int, float] = {}
-    ended: dict[int, int] = {}
-    waiting: dict[int, Choice] = {}  # sent, no token yet
+    sent = 0
+    ended: list[int] = []  # each finished request's completion tokens
 
     def send() -> None:
-        i = len(sent)
+        nonlocal sent
         prompt = system + rng.integers(1, vocab, own).tolist()
         c = Choice(prompt, new, Sampling(temperature=TEMPERATURE, seed=int(rng.integers(1 << 30))), ignore_eos=True,
-                   out=i)
-        sent[i], waiting[i] = time.perf_counter(), c
+                   out=sent)
+        sent += 1
         if not s.submit([c]):
             raise RuntimeError("the scheduler's queue refused a request")
 
-    def seen(events: list[tuple[Any, Any]]) -> None:
-        now = time.perf_counter()
-        for i in [i for i, c in waiting.items() if c.new_ids]:  # its first token sampled
-            first[i] = now
-            del waiting[i]
-        for out, event in events:
-            if isinstance(event, Finish):
-                last[out], ended[out] = now, event.completion_tokens
+    def finished(events: list[tuple[Any, Any]]) -> None:
+        ended.extend(e.completion_tokens for _, e in events if isinstance(e, Finish))
 
     t0 = time.perf_counter()
     for _ in range(min(USERS, requests)):
         send()
     while len(ended) < requests:
         before = len(ended)
-        seen(s.iterate(early=seen))
+        finished(s.iterate(early=finished))
         for _ in range(len(ended) - before):
-            if len(sent) < requests:
+            if sent < requests:
                 send()
     wall = time.perf_counter() - t0
-    ttft = sorted((first[i] - sent[i]) * 1e3 for i in sent)
-    tpot = [(last[i] - first[i]) * 1e3 / max(1, ended[i] - 1) for i in sent]
-    return {"median_ttft_ms": statistics.median(ttft), "p99_ttft_ms": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
-            "mean_ttft_ms": statistics.fmean(ttft), "median_tpot_ms": statistics.median(tpot),
-            "output_throughput": sum(ended.values()) / wall, "prefill_runs_per_request": counted.runs / requests,
-            "decode_steps_per_request": counted.steps / requests}
+    ttft, itl = np.array(seen.ttft) * 1e3, np.array(seen.itl) * 1e3
+    return {"median_ttft_ms": float(np.median(ttft)), "p99_ttft_ms": float(np.percentile(ttft, 99)),
+            "mean_ttft_ms": float(ttft.mean()), "median_itl_ms": float(np.median(itl)),
+            "p99_itl_ms": float(np.percentile(itl, 99)), "output_throughput": sum(ended) / wall,
+            "prefill_runs_per_request": counted.runs / requests, "decode_steps_per_request": counted.steps / requests}
 
 
 def main() -> None:
@@ -137,7 +141,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="small,gpt2-124m")
     ap.add_argument("--loads", default="chat,plain")
     ap.add_argument("--policies", default=POLICIES,
-                    help="name:prefill_chunk=N,run_tokens=N,order=arrival|shortest,mixed=0|1,fill_waves=0|1;...")
+                    help="name:prefill_chunk=N,run_tokens=N,order=arrival|shortest,fill_waves=0|1;...")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=64, help="requests per load (16 in flight)")
     ap.add_argument("--threads", type=int, default=2)

@@ -77,7 +77,7 @@ class Prefilling:
                 taken.add(id(c))
                 took = True
                 budget -= n
-                if n == 1 and c.filled + 1 == len(c.prompt_ids) and self._can_join(c) and not self.mixed:
+                if n == 1 and c.filled + 1 == len(c.prompt_ids) and self._can_join(c):
                     self._joining.append(c)  # its last token is a decode row of this iteration's step
                 elif c.prompt_logprobs:
                     self._append_alone(c, n, events, early)
@@ -86,9 +86,6 @@ class Prefilling:
                     size += n
                 if budget <= 0:
                     break
-            if run and self.mixed:  # the decoding rows ride this run; the iteration has no other
-                self._mixed_run(run, events, early)
-                break
             if run:
                 self._append_together(run, events, early)
             if not took:
@@ -141,12 +138,6 @@ class Prefilling:
         """The iteration's chunks (choice, ids) appended to their slots in one step (append_many); the
         choices whose prompts are complete sample their first tokens."""
         out = self.engine.append_many([c.slot for c, _ in pending], [chunk for _, chunk in pending])  # (1, V) each
-        self._took(pending, out, events, early)
-
-    def _took(self, pending: list[tuple[Choice, np.ndarray]], out: list[np.ndarray], events: list[tuple[Any, Event]],
-              early: Callable[..., None] | None) -> None:
-        """Chunks (choice, ids) appended, with their last tokens' logits: the choices whose prompts are
-        complete sample their first tokens."""
         done: list[tuple[Choice, np.ndarray]] = []
         for (c, chunk), logits in zip(pending, out, strict=True):
             c.filled += len(chunk)
@@ -155,24 +146,6 @@ class Prefilling:
                 done.append((c, logits))
         if done:
             self._first_tokens(done, events, early)
-
-    def _mixed_run(self, run: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
-                   early: Callable[..., None] | None) -> None:
-        """Chunked prefill as one step: the decoding rows' next tokens appended with the chunks of `run`
-        in one run of the append graph (rows too near n_ctx for the run's widest chunk are left to the
-        decode step); those rows sampled, the complete prompts' first tokens too. Both sit out this
-        iteration's decode step (self._stepped)."""
-        width = max(len(chunk) for _, chunk in run)
-        rows = [c for c in self._decoding if self.engine.length(c.slot) + width <= self.engine.n_ctx]
-        self._decoding = [c for c in self._decoding if self.engine.length(c.slot) + width > self.engine.n_ctx]
-        left = len(self._decoding)
-        tokens = [np.asarray(c.new_ids[-1:], dtype=np.int64) for c in rows]
-        out = self.engine.append_many([c.slot for c in rows] + [c.slot for c, _ in run],
-                                      tokens + [chunk for _, chunk in run])  # (1, V) each
-        still = self._sample(rows, np.concatenate(out[:len(rows)]), events, time.perf_counter()) if rows else []
-        self._took(run, out[len(rows):], events, early)
-        self._stepped = still + self._decoding[left:]  # the new rows decode from the next iteration on
-        del self._decoding[left:]
 
     def _can_join(self, c: Choice) -> bool:
         """Whether c's last prompt token can be one row of the decode step: an engine whose decode step takes

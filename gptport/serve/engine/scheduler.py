@@ -52,7 +52,7 @@ class Scheduler(Prefilling, Emitting):
                  max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
                  masks: Masks | None = None, drafting: Drafting | None = None, prefix_cache: bool = True,
                  end_ids: Collection[int] | None = None, run_tokens: int = 0, order: str = "arrival",
-                 mixed: bool = False, fill_waves: bool = False) -> None:
+                 fill_waves: bool = False) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
         self.end_ids = frozenset((tok.eot_id,) if end_ids is None else end_ids)  # specials.end_ids: any ends a choice
         self.prefix_cache = prefix_cache and slots.supports_reuse  # StaticSlots only
@@ -62,9 +62,7 @@ class Scheduler(Prefilling, Emitting):
         if order not in ORDERS:
             raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
         self.run_tokens, self.order = run_tokens, order  # how an iteration's chunks form runs (prefill.py)
-        self.mixed = mixed and slots.supports_append_many  # decoding rows ride the prefill run (prefill.py)
         self.fill_waves = fill_waves  # prompts outnumber decoding rows: every ready chunk, prefill_chunk aside
-        self._stepped: list[Choice] = []  # rows a mixed run stepped: they sit out this iteration's decode step
         self.observer = observer or Observer()
         self._free = list(range(slots.slots))  # a heap: the lowest free slot first keeps steps narrow
         self._waiting: deque[Choice] = deque()
@@ -165,7 +163,7 @@ class Scheduler(Prefilling, Emitting):
         for c in list(self._holding.values()):
             self._release(c)
         self._waiting.clear()
-        self._filling, self._decoding, self._joining, self._stepped = [], [], [], []
+        self._filling, self._decoding, self._joining = [], [], []
 
     def _release(self, c: Choice) -> None:
         if c.slot >= 0:
@@ -193,8 +191,6 @@ class Scheduler(Prefilling, Emitting):
             self.observer.phase("prefill", time.perf_counter() - t0)
         if self._decoding or self._joining:
             self._decode(events)
-        if self._stepped:
-            self._decoding, self._stepped = self._decoding + self._stepped, []
 
     def _admit_waiting(self) -> None:
         """Waiting choices take the free slots, in arrival order, and start filling (with self._cond held)."""

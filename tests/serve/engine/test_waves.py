@@ -92,16 +92,15 @@ def test_waves_appended_together_give_each_request_its_tokens(opened: Any, appen
     """Two waves of greedy requests whose prompts share drawn prefixes (the second wave reuses kept caches;
     some of its prompts continue an earlier request: its prompt, its reply, a new turn), arriving at drawn
     iterations on a drawn number of slots with a drawn prefill chunk and policy (runs of a drawn size, in
-    arrival order or shortest first, the decoding rows riding the run or not, the chunk ignored while no
-    row decodes or not): every request gets the tokens of the same waves served one slot at a time, and of
-    `generate` alone."""
+    arrival order or shortest first, a wave filled at once or not): every request gets the tokens of the
+    same waves served one slot at a time, and of `generate` alone."""
     vocab, n_ctx = opened.tok.vocab_size, opened.engine.n_ctx
     ids = st.integers(1, vocab - 1)
     bases = [data.draw(st.lists(ids, min_size=4, max_size=50)) for _ in range(2)]
     slots = data.draw(st.sampled_from([3, 8, 16]))
     chunk = data.draw(st.sampled_from([7, 64, 512]))
-    policy = {"run_tokens": data.draw(st.sampled_from([0, 5, 40])), "mixed": data.draw(st.booleans()),
-              "order": data.draw(st.sampled_from(["arrival", "shortest"])), "fill_waves": data.draw(st.booleans())}
+    policy = {"run_tokens": data.draw(st.sampled_from([0, 5, 40])), "fill_waves": data.draw(st.booleans()),
+              "order": data.draw(st.sampled_from(["arrival", "shortest"]))}
 
     def prompt() -> list[int]:
         base = data.draw(st.sampled_from(bases))
@@ -188,25 +187,6 @@ def test_a_wave_in_runs_samples_first_tokens_between_runs_shortest_first(opened:
     assert all(c.new_ids for c in wave)  # every first token in the first iteration
     run.drain()
     alone_tokens(opened, wave)
-
-
-def test_decoding_rows_ride_the_prefill_run_when_mixed(opened: Any, appender: Any) -> None:
-    """With mixed steps, a prompt arriving while two rows decode is appended in the same run of the append
-    graph as their next tokens: that iteration has no decode step of its own, and every request gets the
-    tokens it gets alone."""
-    run = Run(opened, 4, appender, mixed=True)
-    first = [Choice(list(range(10 + i, 30 + i)), 12, Sampling(), ignore_eos=True, out=i) for i in range(2)]
-    run.s.submit(first)
-    for _ in range(3):
-        run.events += run.s.iterate()
-    late = Choice(list(range(60, 75)), 6, Sampling(), ignore_eos=True, out="late")
-    run.s.submit([late])
-    run.sizes.clear()
-    decodes = len(run.decodes)
-    run.events += run.s.iterate()
-    assert run.sizes == [[1, 1, 15]] and len(run.decodes) == decodes  # one run, no decode step
-    run.drain()
-    alone_tokens(opened, [*first, late])
 
 
 def test_arrivals_of_one_prefix_compute_it_once_in_one_iteration(opened: Any, appender: Any) -> None:
