@@ -16,7 +16,7 @@ import onnx
 from gptport import atomic, contract, provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.export import append_check, genai, gqa_graph, heap, kv_quant, validate, variants
+from gptport.export import append_check, calibration, genai, gqa_graph, heap, kv_quant, validate, variants
 from gptport.export.export_report import ExportReport, parse_precisions
 from gptport.export.graph_files import metadata, remove_stale, save, save_static, set_metadata, size_ratio
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
@@ -66,6 +66,17 @@ class _Job:
     plain: Path | None = None  # the unfused fp32 graph (temporary): what the variants are made from
     passed: dict[Graph, Path] = field(default_factory=dict)  # graph -> its checked temporary file
     float64: StepFn | None = None  # the model in float64 (validate.exact_step): made once, dropped after the last check
+    ranges: variants.Ranges | None = None  # the activations' ranges a smoothing scheme needs: measured once
+
+    def ranges_for(self, scheme: str) -> variants.Ranges | None:
+        """The activations' ranges if `scheme` smooths (on every other gate window, measured on first use)."""
+        known = variants.SCHEMES.get(scheme)  # "": fp16, which has no scheme
+        if known is None or not known.smooth or self.windows is None:
+            return None
+        if self.ranges is None:
+            self.say("measuring the activations' channel ranges for smoothing (every other gate window)")
+            self.ranges = calibration.activation_ranges(self.model, self.windows[::2])
+        return self.ranges
 
     def exact(self) -> StepFn:
         """The float64 reference every parity check measures torch's rounding against, made on first use."""
@@ -335,7 +346,7 @@ def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | Non
         job.passed[graph] = tmp
         return
     for scheme in schemes:
-        variants.make(graph.precision, fp32, tmp, card.model, scheme)
+        variants.make(graph.precision, fp32, tmp, card.model, scheme, job.ranges_for(scheme))
         set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gate_text=report.heldout))
         gate = replace(validate.gate(job.model, load_cpu(tmp), job.windows, graph.label), scheme=scheme)
         report.gates.append(gate)

@@ -4,6 +4,7 @@ the CPU provider, fp16 for CUDA and TensorRT, and the transformer optimizer's fu
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from onnx import numpy_helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
+from gptport.export import smooth
 
 # Kept in float32 in the fp16 variant: LayerNorm statistics and softmax overflow in float16.
 FP16_KEEP = ["LayerNormalization", "Softmax", "ReduceMean", "Pow", "Sqrt", "Div"]
@@ -42,9 +44,9 @@ def _quiet() -> None:
 @dataclass(frozen=True)
 class Scheme:
     """A weight-quantization scheme of onnxruntime's: block-wise MatMulNBits (bits, block size,
-    accuracy level 4 = int8 compute, 0 = float compute; the head may get more bits than the rest),
-    'dynamic' (QInt8 per-channel weights, DynamicQuantizeMatMul: an int8 GEMM with one scale per
-    activation tensor)."""
+    accuracy level 4 = int8 compute, 0 = float compute; the head may get more bits than the rest;
+    `smooth` > 0: activations smoothed first with that alpha, smooth.py), 'dynamic' (QInt8 per-channel
+    weights, DynamicQuantizeMatMul: an int8 GEMM with one scale per activation tensor)."""
 
     name: str
     kind: str = "nbits"
@@ -53,6 +55,7 @@ class Scheme:
     accuracy_level: int = 4
     symmetric: bool = True
     head_bits: int = 0  # 0: the head gets `bits` like every other MatMul
+    smooth: float = 0.0  # SmoothQuant's alpha; 0: no smoothing
 
 
 SCHEMES = {s.name: s for s in [
@@ -60,6 +63,8 @@ SCHEMES = {s.name: s for s in [
     Scheme("nbits8-b32-acc4", bits=8, block=32, accuracy_level=4),
     Scheme("nbits8-b128-acc4", bits=8, block=128, accuracy_level=4),
     Scheme("nbits8-b32-acc0", bits=8, block=32, accuracy_level=0),
+    Scheme("nbits8-b32-acc4-smooth", bits=8, block=32, accuracy_level=4, smooth=0.5),
+    Scheme("nbits8-b16-acc4-smooth", bits=8, block=16, accuracy_level=4, smooth=0.5),
     Scheme("nbits4-b32-acc4", bits=4, block=32, accuracy_level=4),
     Scheme("nbits4-b32-acc4-head8", bits=4, block=32, accuracy_level=4, head_bits=8),
     Scheme("nbits4-b16-acc4-head8", bits=4, block=16, accuracy_level=4, head_bits=8),
@@ -67,15 +72,24 @@ SCHEMES = {s.name: s for s in [
     Scheme("nbits4-b32-asym-acc4-head8", bits=4, block=32, accuracy_level=4, symmetric=False, head_bits=8),
 ]}
 # What `gptport export --precision int8/int4` tries, in order: the first scheme that passes the accuracy
-# gate ships. Block 128 is faster than block 32 (benchmarks/bench_decode.py) but a little less accurate
-# (benchmarks/bench_quant.py), so block 32 is the fallback. See ARCHITECTURE.md.
-LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4"), "int4": ("nbits4-b32-acc4-head8",)}
+# gate ships. Block 128 is faster than block 32 (benchmarks/decode) but a little less accurate
+# (benchmarks/export/quant.py), so block 32 is the fallback; then blocks 32 and 16 on smoothed activations,
+# for models whose activations have outlier channels (the Llama family's: design record 0035). Float compute
+# (acc0) is not on the ladder: onnxruntime's CPU has no fast 8-bit kernel for it (slower than fp32).
+LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4", "nbits8-b32-acc4-smooth", "nbits8-b16-acc4-smooth"),
+          "int4": ("nbits4-b32-acc4-head8",)}
+Ranges = Mapping[str, np.ndarray]  # calibration.activation_ranges: module name -> (channels,) max |x|
 
 
-def quantize(src: Path, dst: Path, scheme: Scheme) -> None:
-    """Quantize the MatMul weights of the graph at `src` (the head included) into `dst`."""
+def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None) -> None:
+    """Quantize the MatMul weights of the graph at `src` (the head included) into `dst`; a smoothing
+    scheme rescales with the activations' `ranges` first."""
     _quiet()
     proto = materialize_head(onnx.load(str(src)))
+    if scheme.smooth:
+        if ranges is None:
+            raise ValueError(f"{scheme.name}: smoothing needs the activations' ranges (calibration.py)")
+        smooth.smooth(proto, ranges, scheme.smooth)
     head = next(n.name for n in proto.graph.node if contract.LOGITS in n.output)
     if scheme.kind == "dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -147,11 +161,13 @@ def optimize(src: Path, cfg: ModelConfig) -> tuple[Path, dict[str, int]]:
     return dst, stats
 
 
-def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig, scheme: str = "") -> None:
+def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig, scheme: str = "",
+         ranges: Ranges | None = None) -> None:
     """Write the `precision` variant of the fp32 graph at `fp32` to `dst`; int8 and int4 with
-    `scheme` (a SCHEMES name), by default the first of the precision's LADDER."""
+    `scheme` (a SCHEMES name), by default the first of the precision's LADDER (`ranges`: a smoothing
+    scheme's calibration)."""
     if precision in LADDER:
-        quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]])
+        quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]], ranges)
     elif precision == "fp16":
         to_fp16(fp32, dst)
     else:

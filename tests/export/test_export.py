@@ -246,6 +246,7 @@ def test_a_variant_that_misses_its_gate_on_export_again_leaves_no_stale_file(
     monkeypatch.setattr(validate, "GATE_TOP1", 1.01)  # a threshold no agreement reaches: every rung fails
     report = exporter.export(d, ["fp32", "int8"], force=True)
     assert [(g.precision, g.ok) for g in report.gates] == [("int8", False)] * len(variants.LADDER["int8"])
+    assert [g.scheme for g in report.gates] == list(variants.LADDER["int8"])  # the smoothing rungs calibrated too
     assert sorted(report.removed) == sorted(stale) and not any(p.exists() for p in stale)
     assert (d / "model.onnx").exists() and (d / "model.static.onnx").exists()
 
