@@ -14,16 +14,19 @@ tokens, 1 warm-up, REPEAT runs, THREADS threads, --kv-cache: the static-cache gr
 graph). Each engine's figure in a round is the mean of its runs; the table gives the median over the kept
 rounds, the ratio of the medians, each round's ratio, and the goal of each row (decode >= 1.0x, fp32
 prefill >= 1.5x). Decode rows give each engine's weight bytes per token and the share of the probed
-memory bandwidth its tokens/s read.
+memory bandwidth its tokens/s read. --llama-only names rows gptport has no gated graph for (e.g. int4 while
+its export misses the gate): llama.cpp runs them in the same rounds, and their rows give its figures alone.
 
     python -m benchmarks.decode.vs_llamacpp_smollm2 --llama-bench PATH --llama-quantize PATH [--rounds 3]
         [--repeat 3] [--prompt-len 64] [--gen-len 128] [--threads 2] [--kv-cache static] [--llama-args "-fa 1"]
+        [--llama-only int4]
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -71,14 +74,23 @@ def gptport_round(d: Path, precisions: list[str], cache: str, prompt: int, gen: 
     return {r["precision"]: {k: r[k] for k in keys} for r in rows}
 
 
+def llama_only_rows(rounds: list[dict[str, Any]], kinds: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """Per (precision, phase) of `kinds` that only llama.cpp ran: its median over rounds, no ratio."""
+    return [{"row": f"{precision} / {gguf} {phase}", "gptport_tok_s": None,
+             "llama_cpp_tok_s": statistics.median(r["llama_cpp"][precision][f"{phase}_tok_s"] for r in rounds),
+             "ratio": None, "round_ratios": [], "note": f"no gated {precision} graph of gptport: llama.cpp alone"}
+            for phase in ("decode", "prefill") for precision, _, gguf in kinds]
+
+
 def with_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row with its goal (decode rows 1.0x; fp32's prefill 1.5x) and whether the ratio meets it."""
+    """Each row with its goal (decode rows 1.0x; fp32's prefill 1.5x) and whether the ratio meets it (None
+    where a row has no ratio), decode rows first."""
     out = []
     for r in rows:
         phase = r["row"].rsplit(" ", 1)[1]
         goal = GOALS[phase] if phase == "decode" or r["row"].startswith("fp32") else None
-        out.append(r | {"goal": goal, "met": None if goal is None else r["ratio"] >= goal})
-    return out
+        out.append(r | {"goal": goal, "met": None if goal is None or r["ratio"] is None else r["ratio"] >= goal})
+    return sorted(out, key=lambda r: r["row"].endswith("prefill"))
 
 
 def main() -> None:
@@ -95,6 +107,8 @@ def main() -> None:
                     help="gptport's graphs: static (model*.static.onnx) or concat (the contract graph)")
     ap.add_argument("--llama-args", default="", help="more llama-bench options, e.g. \"-fa 1\"")
     ap.add_argument("--no-gate", action="store_true", help="export the graphs without the accuracy gate")
+    ap.add_argument("--llama-only", default="", help="rows only llama.cpp runs, gptport having no gated graph of "
+                    "them (e.g. int4): their figures reported alone")
     args = ap.parse_args()
     if not args.llama_bench.is_file():
         raise SystemExit(f"--llama-bench {args.llama_bench}: no such file")
@@ -102,18 +116,24 @@ def main() -> None:
     kinds = [k for k in KINDS if k[0] in wanted]
     if len(kinds) != len(wanted):
         raise SystemExit(f"--precisions {args.precisions}: choose from {', '.join(k[0] for k in KINDS)}")
+    alone = [p for p in args.llama_only.split(",") if p]
+    solo = [k for k in KINDS if k[0] in alone]
+    if len(solo) != len(alone) or set(alone) & set(wanted):
+        raise SystemExit(f"--llama-only {args.llama_only}: choose from {', '.join(k[0] for k in KINDS)}, "
+                         "none of --precisions")
     d = smollm2.exported(wanted, static=args.kv_cache == "static", gate=not args.no_gate)
     files, made = smollm2.ggufs(args.llama_quantize, d)
     extra = shlex.split(args.llama_args)
     run = Run()
     measure = {"gptport": lambda: gptport_round(d, wanted, args.kv_cache, args.prompt_len, args.gen_len,
                                                 args.repeat, args.threads),
-               "llama_cpp": lambda: llama_round(args.llama_bench, files, kinds, args.prompt_len, args.gen_len,
-                                                args.repeat, args.threads, extra)}
+               "llama_cpp": lambda: llama_round(args.llama_bench, files, kinds + solo, args.prompt_len,
+                                                args.gen_len, args.repeat, args.threads, extra)}
     for rnd in run.series(args.rounds, model="SmolLM2-135M-Instruct"):
         for engine in rnd.order(list(measure)):
             rnd.data[engine] = measure[engine]()
-    rows = with_goals(summarize([r.data for r in run.kept()], d, tuple(kinds), files))
+    kept = [r.data for r in run.kept()]
+    rows = with_goals(summarize(kept, d, tuple(kinds), files) + llama_only_rows(kept, solo))
     first = run.rounds[0].data["llama_cpp"][kinds[0][0]]
     settings = cli.settings(args, llama_bench=args.llama_bench.name, llama_quantize=getattr(
         args.llama_quantize, "name", None), batch=1,
@@ -131,7 +151,8 @@ def main() -> None:
         share = (f"{r['gptport_bandwidth_fraction']:.0%} / {r['llama_cpp_bandwidth_fraction']:.0%}"
                  if "probe_gb_s" in r else "")
         goal = f"{r['goal']:.1f}" if r["goal"] else "-"
-        print(f"{r['row']:<24}{r['gptport_tok_s']:>15,.1f}{r['llama_cpp_tok_s']:>17,.1f}{r['ratio']:>7.2f}x"
+        ours, ratio = (("-", "-") if r["ratio"] is None else (f"{r['gptport_tok_s']:,.1f}", f"{r['ratio']:.2f}x"))
+        print(f"{r['row']:<24}{ours:>15}{r['llama_cpp_tok_s']:>17,.1f}{ratio:>8}"
               f"{goal:>6}  {share:>22}  {', '.join(f'{x:.2f}' for x in r['round_ratios'])}")
 
 
