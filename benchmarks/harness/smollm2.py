@@ -78,9 +78,9 @@ def serving_copy(n_ctx: int, precisions: list[str], kv_int8: bool, static: bool 
     context per slot."""
     src, d = imported(), WORK / "smollm2" / f"serve-{n_ctx}"
     d.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
+    for f in src.iterdir():  # not the graphs, nor an export's hidden temporary files in flight
         if f.is_file() and f.suffix not in (".onnx", ".gguf", ".data") and f.name != "config.json" \
-                and not (d / f.name).exists():
+                and not f.name.startswith(".") and not (d / f.name).exists():
             os.link(f, d / f.name)
     card = json.loads((src / "config.json").read_text())
     card["model"]["n_ctx"] = n_ctx
