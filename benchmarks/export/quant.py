@@ -2,12 +2,14 @@
 
 For a trained model directory (default: the one benchmarks.train.fixed_time leaves), every scheme in
 gptport.export.variants.SCHEMES is made from the fp32 static-cache graph (what the CPU runs by default,
-built from model.safetensors), checked once against fp32 torch on held-out text (top-1 agreement, mean
-KL), then timed at batch 1 (prefill of 64 tokens, then --gen new tokens, 2 threads) in rounds that
-rotate the schemes' order. The scheme that passes the gate and decodes fastest, prefill deciding
-near-ties, is what `gptport export` ships for int8 and int4.
+built from model.safetensors; a smoothing scheme with the activations' ranges measured on every other gate
+window, as export does), checked once against fp32 torch on held-out text (the model's validation shard,
+or --heldout FILE: top-1 agreement, mean KL), then timed at batch 1 (prefill of 64 tokens, then --gen new
+tokens, 2 threads) in rounds that rotate the schemes' order. The scheme that passes the gate and decodes
+fastest, prefill deciding near-ties, is what `gptport export` ships for int8 and int4.
 
-    python -m benchmarks.export.quant [MODEL_DIR] [--gen 64] [--repeat 3] [--rounds 2]
+    python -m benchmarks.export.quant [MODEL_DIR] [--heldout FILE] [--schemes a,b,...] [--gen 64] [--repeat 3]
+        [--rounds 2]
 """
 
 from __future__ import annotations
@@ -41,19 +43,27 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--heldout", type=Path, help="held-out text for the gate (default: the validation shard)")
+    ap.add_argument("--schemes", default="", help="comma-separated SCHEMES names (default: all)")
     args = ap.parse_args()
     d = args.model_dir
     if not (d / "model.safetensors").exists():
         raise SystemExit(f"{d}: no model.safetensors; run python -m benchmarks.train.fixed_time or `gptport train`")
     from gptport import contract
     from gptport import tokenizer as bpe
-    from gptport.export import exporter, validate, variants
+    from gptport.export import calibration, exporter, validate, variants
     from gptport.runtime.onnx_engine import load_cpu
     from gptport.training.checkpoint import load_model
 
     tok = bpe.load(d)
     model, card = load_model(d, tok)
-    windows = validate.heldout(d, model, tok).windows
+    windows = validate.heldout(d, model, tok, args.heldout).windows
+    chosen = [s for s in args.schemes.split(",") if s] or list(variants.SCHEMES)
+    unknown = [s for s in chosen if s not in variants.SCHEMES]
+    if unknown:
+        raise SystemExit(f"--schemes: unknown {', '.join(unknown)} (known: {', '.join(variants.SCHEMES)})")
+    ranges = calibration.activation_ranges(model, windows[::2]) if any(variants.SCHEMES[s].smooth for s in chosen) \
+        else None
     prompt_len = min(64, card.model.n_ctx - args.gen)
     work = WORK / "quant"
     work.mkdir(parents=True, exist_ok=True)
@@ -62,9 +72,10 @@ def main() -> None:
     rows = {"fp32": {"scheme": "fp32", "bits": 32, "mb": fp32.stat().st_size / 1e6, "top1": 1.0, "mean_kl": 0.0,
                      "passes": True}}
     graphs = {"fp32": load_cpu(fp32, args.threads)}
-    for name, scheme in variants.SCHEMES.items():
+    for name in chosen:
+        scheme = variants.SCHEMES[name]
         out = work / f"{name}.onnx"
-        variants.quantize(fp32, out, scheme)
+        variants.quantize(fp32, out, scheme, ranges)
         exporter.set_metadata(out, exporter.metadata(card, "int8", contract.CACHE_STATIC))
         graphs[name] = load_cpu(out, args.threads)
         g = validate.gate(model, graphs[name], windows, name)
@@ -84,7 +95,8 @@ def main() -> None:
         print(f"{r['scheme']:<30}{r['mb']:>7.2f} MB {r['top1']:>8.2%} KL {r['mean_kl']:>9.2e} "
               f"{'ok' if r['passes'] else 'FAIL':>5}{r['decode_tok_s']:>10,.0f} decode tok/s "
               f"({r['decode_vs_fp32']:.2f}x){r['prefill_tok_s']:>10,.0f} prefill ({r['prefill_vs_fp32']:.2f}x)")
-    settings = cli.settings(args, prompt_len=prompt_len, gate="top-1 >= 98% vs fp32 torch")
+    settings = cli.settings(args, prompt_len=prompt_len, gate="top-1 >= 98% vs fp32 torch",
+                            heldout=str(args.heldout.name) if args.heldout else "validation shard", model_dir=d.name)
     results.write(results.document(results.benchmark_name(__spec__), run, list(rows.values()), settings,
                                    label=args.label, details={"model": card.model.__dict__,
                                                               "shipped": variants.LADDER}), args.results)
