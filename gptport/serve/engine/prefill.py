@@ -19,6 +19,22 @@ ORDERS = ("arrival", "shortest")  # the order of an iteration's chunks: admissio
 WAVE_BUDGET = 1 << 30  # fill_waves: a wave of prompts outnumbers the decoding rows: every ready chunk goes
 
 
+def groups(slots: list[int], gap: int) -> list[list[int]]:
+    """Indices into `slots` (distinct) grouped so that no two slots of a group that follow each other in slot
+    order have more than `gap` other rows between them (gap < 0: one group), the groups in the order of
+    their first index. A run of the multi-row append graph binds every row between its first and last
+    slot, and each row of it costs attention over its cache whether it appends or not."""
+    if gap < 0 or len(slots) < 2:
+        return [list(range(len(slots)))] if slots else []
+    out: list[list[int]] = []
+    for i in sorted(range(len(slots)), key=lambda i: slots[i]):
+        if out and slots[i] - slots[out[-1][-1]] - 1 <= gap:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return sorted((sorted(g) for g in out), key=lambda g: g[0])
+
+
 class Prefilling:
     """Scheduler's prefill methods (a mixin: the state they use is Scheduler's)."""
 
@@ -55,24 +71,29 @@ class Prefilling:
         if self.order == "shortest":
             sources = {id(c.twin) for c in self._filling if c.twin is not None}
             ready.sort(key=lambda c: (id(c) not in sources, len(c.prompt_ids) - c.filled))  # stable: admission
+        if self.rest_tokens:
+            ready.sort(key=lambda c: c.cached == 0)  # rests after a reused prefix first, each order kept
         return ready
 
     def _prefill_runs(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None) -> None:
         """Chunks of up to prefill_chunk tokens in all, in _ready's order, appended in runs of the multi-row
         append graph of up to `run_tokens` tokens each (at least one chunk; 0: one run), the first tokens of
-        each run's complete prompts handed over before the next run. A prompt one token short joins the
-        decode step; prompt logprobs (every position's logits) append alone. After each run, the choices
-        that waited to copy what it appended are ready too, and so are choices that arrived meanwhile and
-        took a free slot."""
+        each run's complete prompts handed over before the next run. With `rest_tokens`, the rests of
+        prompts after a reused prefix go first, in runs of their own of up to rest_tokens tokens (a wave of
+        rests hands its first tokens out a run at a time; fresh prompts keep their one run). A prompt one
+        token short joins the decode step; prompt logprobs (every position's logits) append alone. After each
+        run, the choices that waited to copy what it appended are ready too, and so are choices that arrived
+        meanwhile and took a free slot."""
         wave = self.fill_waves and len(self._filling) >= len(self._decoding)  # more wait for a first token
         budget, taken = (WAVE_BUDGET if wave else self.prefill_chunk), set()
         cap = self.run_tokens or budget
         while budget > 0:
             run: list[tuple[Choice, np.ndarray]] = []
-            size, took = 0, False
+            size, took, rests = 0, False, False  # rests: the run holds rests after a reused prefix
             for c in self._ready(taken, events, early):
                 n = min(budget, len(c.prompt_ids) - c.filled)
-                if run and size + n > cap:
+                rest = self.rest_tokens > 0 and c.cached > 0
+                if run and (rest != rests or size + n > (self.rest_tokens if rest else cap)):
                     break
                 taken.add(id(c))
                 took = True
@@ -83,7 +104,7 @@ class Prefilling:
                     self._append_alone(c, n, events, early)
                 else:
                     run.append((c, np.asarray(c.prompt_ids[c.filled:c.filled + n], dtype=np.int64)))
-                    size += n
+                    size, rests = size + n, rest
                 if budget <= 0:
                     break
             if run:
@@ -135,17 +156,25 @@ class Prefilling:
 
     def _append_together(self, pending: list[tuple[Choice, np.ndarray]], events: list[tuple[Any, Event]],
                          early: Callable[..., None] | None) -> None:
-        """The iteration's chunks (choice, ids) appended to their slots in one step (append_many); the
-        choices whose prompts are complete sample their first tokens."""
-        out = self.engine.append_many([c.slot for c, _ in pending], [chunk for _, chunk in pending])  # (1, V) each
-        done: list[tuple[Choice, np.ndarray]] = []
-        for (c, chunk), logits in zip(pending, out, strict=True):
-            c.filled += len(chunk)
-            self.observer.tokens(len(chunk), 0)
-            if c.filled == len(c.prompt_ids):
-                done.append((c, logits))
-        if done:
-            self._first_tokens(done, events, early)
+        """The iteration's chunks (choice, ids) appended to their slots, in one step of the multi-row append
+        graph per group of nearby slots (groups); with a span_gap, a group of one row appends alone (the
+        static-cache graph's one-row step). The choices whose prompts are complete sample their first
+        tokens, handed to `early` after each group."""
+        for group in groups([c.slot for c, _ in pending], self.span_gap):
+            part = [pending[i] for i in group]
+            if len(part) == 1 and self.span_gap >= 0:
+                c, chunk = part[0]
+                out = [self.engine.append(c.slot, chunk)]  # (1, V)
+            else:
+                out = self.engine.append_many([c.slot for c, _ in part], [chunk for _, chunk in part])  # (1, V) each
+            done: list[tuple[Choice, np.ndarray]] = []
+            for (c, chunk), logits in zip(part, out, strict=True):
+                c.filled += len(chunk)
+                self.observer.tokens(len(chunk), 0)
+                if c.filled == len(c.prompt_ids):
+                    done.append((c, logits))
+            if done:
+                self._first_tokens(done, events, early)
 
     def _can_join(self, c: Choice) -> bool:
         """Whether c's last prompt token can be one row of the decode step: an engine whose decode step takes

@@ -17,6 +17,7 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_appender, open_model
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
+from gptport.serve.engine.prefill import groups
 from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 
 
@@ -92,7 +93,9 @@ def test_waves_appended_together_give_each_request_its_tokens(opened: Any, appen
     """Two waves of greedy requests whose prompts share drawn prefixes (the second wave reuses kept caches;
     some of its prompts continue an earlier request: its prompt, its reply, a new turn), arriving at drawn
     iterations on a drawn number of slots with a drawn prefill chunk and policy (runs of a drawn size, in
-    arrival order or shortest first, a wave filled at once or not): every request gets the tokens of the
+    arrival order or shortest first, a wave filled at once or not, a run's slots any distance apart or
+    split where they are more than 0 or 2 rows apart, rests after a reused prefix first in runs of their
+    own or not): every request gets the tokens of the
     same waves served one slot at a time, and of `generate` alone."""
     vocab, n_ctx = opened.tok.vocab_size, opened.engine.n_ctx
     ids = st.integers(1, vocab - 1)
@@ -100,7 +103,8 @@ def test_waves_appended_together_give_each_request_its_tokens(opened: Any, appen
     slots = data.draw(st.sampled_from([3, 8, 16]))
     chunk = data.draw(st.sampled_from([7, 64, 512]))
     policy = {"run_tokens": data.draw(st.sampled_from([0, 5, 40])), "fill_waves": data.draw(st.booleans()),
-              "order": data.draw(st.sampled_from(["arrival", "shortest"]))}
+              "order": data.draw(st.sampled_from(["arrival", "shortest"])),
+              "span_gap": data.draw(st.sampled_from([-1, 0, 2])), "rest_tokens": data.draw(st.sampled_from([0, 6]))}
 
     def prompt() -> list[int]:
         base = data.draw(st.sampled_from(bases))
@@ -139,7 +143,7 @@ def test_a_wave_of_rests_turns_and_fresh_prompts_is_one_step(opened: Any, append
     conversation (its prompt, its reply, a new turn), two are fresh. Their rests and the fresh prompts are
     appended in one step (the prefill budget allowing), not one step per slot, and each gets its tokens."""
     system = list(range(5, 45))
-    run = Run(opened, 8, appender)
+    run = Run(opened, 8, appender, span_gap=-1, rest_tokens=0)  # one run, wherever its slots are, of every kind
     first = [Choice(system + [50 + i], 3, Sampling(), ignore_eos=True, out=f"w{i}") for i in range(8)]
     run.waves([[(0, c) for c in first]])
     run.steps.clear()
@@ -166,7 +170,7 @@ def test_a_wave_in_runs_samples_first_tokens_between_runs_shortest_first(opened:
     12 tokens, shortest first, they are appended in runs of the shortest rests first, each run's first
     tokens sampled (and handed to `early`) before the next run starts, all in one iteration."""
     system = list(range(5, 45))
-    run = Run(opened, 8, appender, run_tokens=12, order="shortest")
+    run = Run(opened, 8, appender, run_tokens=12, order="shortest", span_gap=-1, rest_tokens=0)
     run.waves([[(0, Choice(system + [50 + i], 2, Sampling(), ignore_eos=True, out=f"w{i}")) for i in range(8)]])
     run.sizes.clear()
     rests = [9, 2, 7, 4, 4, 9, 3, 5]
@@ -197,7 +201,7 @@ def test_arrivals_of_one_prefix_compute_it_once_in_one_iteration(opened: Any, ap
     head = rng.integers(1, opened.tok.vocab_size, 60).tolist()
     wave = [Choice(head + rng.integers(1, opened.tok.vocab_size, 4 + i % 5).tolist(), 3, Sampling(), ignore_eos=True,
                    out=i) for i in range(16)]
-    run = Run(opened, 16, appender, order="shortest")
+    run = Run(opened, 16, appender, order="shortest", span_gap=-1)
     run.s.submit(wave)
     run.events += run.s.iterate()
     assert all(c.new_ids for c in wave)
@@ -211,7 +215,7 @@ def test_a_wave_takes_every_chunk_a_few_arrivals_the_budget(opened: Any, appende
     """With fill_waves, six prompts of 20 tokens arriving while no row decodes are all appended in the first
     iteration, in runs of up to 40 tokens, though the prefill chunk is 30; two more arriving while those
     six decode (fewer prompts waiting than rows decoding) get at most 30 tokens an iteration."""
-    run = Run(opened, 8, appender, prefill_chunk=30, run_tokens=40, fill_waves=True)
+    run = Run(opened, 8, appender, prefill_chunk=30, run_tokens=40, fill_waves=True, span_gap=-1)
     wave = [Choice(list(range(10 + i, 30 + i)), 8, Sampling(), ignore_eos=True, out=i) for i in range(6)]
     run.s.submit(wave)
     run.events += run.s.iterate()
@@ -229,7 +233,7 @@ def test_a_wave_takes_every_chunk_a_few_arrivals_the_budget(opened: Any, appende
 def test_a_prompt_arriving_between_runs_goes_in_the_next_run(opened: Any, appender: Any) -> None:
     """A prompt submitted while an iteration's first run is appended takes a free slot before the next run
     and, shortest first, gets its first token in that same iteration, ahead of the longer prompts."""
-    run = Run(opened, 4, appender, run_tokens=10, order="shortest", fill_waves=True)
+    run = Run(opened, 4, appender, run_tokens=10, order="shortest", fill_waves=True, span_gap=-1)
     wave = [Choice(list(range(10 + i, 20 + i + 2 * i)), 3, Sampling(), ignore_eos=True, out=i) for i in range(3)]
     late = Choice([70, 71, 72], 3, Sampling(), ignore_eos=True, out="late")
     inner = run.s.engine.append_many
@@ -245,3 +249,52 @@ def test_a_prompt_arriving_between_runs_goes_in_the_next_run(opened: Any, append
     assert run.sizes == [[10], [3], [12], [14]] and late.new_ids
     run.drain()
     alone_tokens(opened, [*wave, late])
+
+
+def test_groups_split_where_slots_are_far_apart() -> None:
+    """prefill.groups: slots more than `gap` rows apart go to different groups, each group in request order,
+    the groups in the order of their first request; a negative gap keeps one group."""
+    assert groups([7, 0, 1, 12, 9], 1) == [[0, 4], [1, 2], [3]]
+    assert groups([7, 0, 1, 12, 9], 0) == [[0], [1, 2], [3], [4]]
+    assert groups([7, 0, 1, 12, 9], -1) == [[0, 1, 2, 3, 4]]
+    assert groups([], 2) == [] and groups([5], 0) == [[0]]
+
+
+def test_rests_far_apart_are_appended_in_groups(opened: Any, appender: Any) -> None:
+    """Slots 0, 1 and 7 take new prompts while 2-6 decode: with span_gap 1, slots 0 and 1 are one run of the
+    append graph and slot 7 appends alone (a run over 0-7 would compute the five decoding rows' attention
+    too); every first token comes in that iteration, and each request gets its tokens."""
+    run = Run(opened, 8, appender, span_gap=1)
+    first = [Choice(list(range(10 + 3 * i, 16 + 3 * i)), 1 if i in (0, 1, 7) else 12, Sampling(), ignore_eos=True,
+                    out=i) for i in range(8)]
+    run.s.submit(first)
+    run.events += run.s.iterate()
+    assert [c.slot for c in first] == [-1, -1, 2, 3, 4, 5, 6, -1]  # 0, 1 and 7 finished at their first token
+    run.steps.clear()
+    wave = [Choice(list(range(200 + 5 * i, 207 + 5 * i)), 4, Sampling(), ignore_eos=True, out=f"n{i}")
+            for i in range(3)]
+    run.s.submit(wave)
+    run.events += run.s.iterate()
+    assert [c.slot for c in wave] == [0, 1, 7] and run.steps == [2] and all(c.new_ids for c in wave)
+    run.drain()
+    alone_tokens(opened, [*first, *wave])
+
+
+def test_rests_go_first_in_runs_of_their_own(opened: Any, appender: Any) -> None:
+    """With rest_tokens 10, two fresh prompts of 12 tokens arrive, then three prompts whose first 40 tokens
+    are kept in the slots (rests of 3, 4 and 5 tokens): the rests are appended first, in runs of their own
+    of up to 10 tokens, and the fresh prompts after them in one run, all in one iteration."""
+    system = list(range(5, 45))
+    run = Run(opened, 8, appender, rest_tokens=10)
+    run.waves([[(0, Choice(system + [50 + i], 2, Sampling(), ignore_eos=True, out=f"w{i}")) for i in range(3)]])
+    run.sizes.clear()
+    fresh = [Choice(list(range(300 + 20 * i, 312 + 20 * i)), 3, Sampling(), ignore_eos=True, out=f"f{i}")
+             for i in range(2)]
+    rests = [Choice(system + list(range(100 + 10 * i, 100 + 10 * i + k)), 3, Sampling(), ignore_eos=True, out=i)
+             for i, k in enumerate([3, 4, 5])]
+    run.s.submit(fresh + rests)
+    run.events += run.s.iterate()
+    assert [c.cached for c in rests] == [40, 40, 40] and run.sizes == [[3, 4], [5], [12, 12]]
+    assert all(c.new_ids for c in fresh + rests)
+    run.drain()
+    alone_tokens(opened, [*fresh, *rests])
