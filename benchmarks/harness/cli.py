@@ -19,6 +19,8 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
 
 
 def settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
-    """The run's options as a results file records them (--results left out; paths as strings)."""
-    out = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("results", "label")}
+    """The run's options as a results file records them (--results left out; a path as a string, an absolute one
+    by its name only: no path of the machine that ran it goes into the repository)."""
+    out = {k: (v.name if v.is_absolute() else str(v)) if isinstance(v, Path) else v for k, v in vars(args).items()
+           if k not in ("results", "label")}
     return out | extra
