@@ -12,8 +12,9 @@ its peak resident set size the kernel's (os.wait4's ru_maxrss, which counts the 
   static-cache and append graphs, each parity-checked; random weights pass no variant's accuracy gate). Goal:
   it imports and exports on a machine of 24 GiB; its peaks are reported.
 
-Each command runs once per round (peak memory does not vary as timings do; its wall time is recorded beside it
-under the benchmark lock). The figures are a round's; with several rounds, the largest peak of the kept rounds.
+Each command runs once per round (peak memory does not vary as timings do; its wall time is recorded beside it,
+not a figure to compare: other work may share the host). The figures are a round's; with several rounds, the
+largest peak of the kept rounds.
 
     python -m benchmarks.export.memory [--models smollm2,qwen] [--rounds 1]
 """

@@ -115,7 +115,7 @@ def _up_columns(g: _Graph, x: str, width: int) -> tuple[str, str, slice] | None:
         node = g.producer.get(node.input[0])
     if node is None or node.op_type != "MatMul" or not g.owned(node.input[1]) or (bias and not g.owned(bias)):
         return None
-    if bias and node.input[1] and g.array(bias).shape[-1] != g.array(node.input[1]).shape[1]:
+    if bias and g.array(bias).shape[-1] != g.array(node.input[1]).shape[1]:
         return None
     return node.input[1], bias, cols
 
