@@ -335,18 +335,20 @@ def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | Non
     """The `graph` variant of the fp32 graph at `source` (the plain contract graph by default), under a
     temporary name, made with the first of `schemes` that passes the accuracy gate on job.windows (each
     try recorded in the report); nothing, and nothing left behind, if none does. Without windows
-    (--no-gate): the first scheme, unchecked, recorded as ungated."""
+    (--no-gate): the first scheme that applies, unchecked, recorded as ungated."""
     fp32 = source or job.plain
     assert fp32 is not None
     report, card, tmp = job.report, job.card, atomic.temp_name(graph.path)
     if job.windows is None:
-        variants.make(graph.precision, fp32, tmp, card.model, schemes[0])
+        scheme = next(s for s in schemes if variants.make(graph.precision, fp32, tmp, card.model, s))
         set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gated=False))
-        report.schemes[graph.label] = schemes[0]
+        report.schemes[graph.label] = scheme
         job.passed[graph] = tmp
         return
     for scheme in schemes:
-        variants.make(graph.precision, fp32, tmp, card.model, scheme, job.ranges_for(scheme))
+        if not variants.make(graph.precision, fp32, tmp, card.model, scheme, job.ranges_for(scheme)):
+            job.say(f"{graph.label}: {scheme} does not apply (no weight matrix on a 4-bit grid)")
+            continue
         set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gate_text=report.heldout))
         gate = replace(validate.gate(job.model, load_cpu(tmp), job.windows, graph.label), scheme=scheme)
         report.gates.append(gate)

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
-from gptport.export import smooth
+from gptport.export import grid, smooth
 
 # Kept in float32 in the fp16 variant: LayerNorm statistics and softmax overflow in float16.
 FP16_KEEP = ["LayerNormalization", "Softmax", "ReduceMean", "Pow", "Sqrt", "Div"]
@@ -45,8 +45,10 @@ def _quiet() -> None:
 class Scheme:
     """A weight-quantization scheme of onnxruntime's: block-wise MatMulNBits (bits, block size,
     accuracy level 4 = int8 compute, 0 = float compute; the head may get more bits than the rest;
-    `smooth` > 0: activations smoothed first with that alpha, smooth.py), 'dynamic' (QInt8 per-channel
-    weights, DynamicQuantizeMatMul: an int8 GEMM with one scale per activation tensor)."""
+    `smooth` > 0: activations smoothed first with that alpha, smooth.py; `grid`: weights already on a 4-bit
+    grid encoded exactly, grid.py, every other matrix quantized like the head, with `head_bits` and
+    `head_accuracy_level`), 'dynamic' (QInt8 per-channel weights, DynamicQuantizeMatMul: an int8 GEMM
+    with one scale per activation tensor)."""
 
     name: str
     kind: str = "nbits"
@@ -56,6 +58,8 @@ class Scheme:
     symmetric: bool = True
     head_bits: int = 0  # 0: the head gets `bits` like every other MatMul
     smooth: float = 0.0  # SmoothQuant's alpha; 0: no smoothing
+    grid: bool = False  # matrices on a 4-bit grid (GGUF 4-bit imports) encoded exactly; none: not applicable
+    head_accuracy_level: int = -1  # -1: the head's accuracy level is `accuracy_level`
 
 
 SCHEMES = {s.name: s for s in [
@@ -70,27 +74,34 @@ SCHEMES = {s.name: s for s in [
     Scheme("nbits4-b16-acc4-head8", bits=4, block=16, accuracy_level=4, head_bits=8),
     Scheme("nbits4-b32-acc0-head8", bits=4, block=32, accuracy_level=0, head_bits=8),
     Scheme("nbits4-b32-asym-acc4-head8", bits=4, block=32, accuracy_level=4, symmetric=False, head_bits=8),
+    Scheme("nbits4-grid-acc4-head8", bits=4, block=grid.BLOCK, accuracy_level=4, head_bits=8, grid=True),
+    Scheme("nbits4-grid-acc0-head8", bits=4, block=grid.BLOCK, accuracy_level=0, head_bits=8, grid=True,
+           head_accuracy_level=4),
 ]}
 # What `gptport export --precision int8/int4` tries, in order: the first scheme that passes the accuracy
 # gate ships. Block 128 is faster than block 32 (benchmarks/decode) but a little less accurate
 # (benchmarks/export/quant.py), so block 32 is the fallback; then blocks 32 and 16 on smoothed activations,
 # for models whose activations have outlier channels (the Llama family's: design record 0035). Float compute
 # (acc0) is not on the ladder: onnxruntime's CPU has no fast 8-bit kernel for it (slower than fp32).
+# int4 first tries the exact encodings of weights already on a 4-bit grid (a GGUF Q4_0/Q4_1/Q4_K import,
+# grid.py; skipped where no matrix is), int8 compute then float compute (4-bit acc0 is ~2x faster than
+# fp32 per weight read, acc4 ~4x: design record 0039), then the requantizing scheme.
 LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4", "nbits8-b32-acc4-smooth", "nbits8-b16-acc4-smooth"),
-          "int4": ("nbits4-b32-acc4-head8",)}
+          "int4": ("nbits4-grid-acc4-head8", "nbits4-grid-acc0-head8", "nbits4-b32-acc4-head8")}
 Ranges = Mapping[str, np.ndarray]  # calibration.activation_ranges: module name -> (channels,) max |x|
 
 
-def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None) -> None:
+def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None) -> bool:
     """Quantize the MatMul weights of the graph at `src` (the head included) into `dst`; a smoothing
-    scheme rescales with the activations' `ranges` first."""
+    scheme rescales with the activations' `ranges` first. False (nothing written): a grid scheme on a graph
+    with no matrix on a 4-bit grid."""
     _quiet()
     proto = materialize_head(onnx.load(str(src)))
     if scheme.smooth:
         if ranges is None:
             raise ValueError(f"{scheme.name}: smoothing needs the activations' ranges (calibration.py)")
         smooth.smooth(proto, ranges, scheme.smooth)
-    head = next(n.name for n in proto.graph.node if contract.LOGITS in n.output)
+    head = next((n.name for n in proto.graph.node if contract.LOGITS in n.output), None)  # None: a bare MatMul's
     if scheme.kind == "dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -98,19 +109,26 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
                          weight_type=QuantType.QInt8,
                          extra_options={"MatMulConstBOnly": True,  # float: contrib ops stop shape inference
                                         "DefaultTensorType": onnx.TensorProto.FLOAT})
-        return
-    passes = [(scheme.bits, [head] if scheme.head_bits else [], None)]
-    if scheme.head_bits:
-        passes.append((scheme.head_bits, [], [head]))
+        return True
+    head_level = scheme.accuracy_level if scheme.head_accuracy_level < 0 else scheme.head_accuracy_level
+    if scheme.grid:
+        added = grid.encode(proto, scheme.accuracy_level, exclude=set())
+        if not added:
+            return False
+        passes = [(scheme.head_bits or scheme.bits, head_level, added, None)]  # every matrix off the grid
+    else:
+        passes = [(scheme.bits, scheme.accuracy_level, [head] if scheme.head_bits and head else [], None)]
+        if scheme.head_bits and head:
+            passes.append((scheme.head_bits, head_level, [], [head]))
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    for bits, exclude, include in passes:
+    for bits, level, exclude, include in passes:
         q = MatMulNBitsQuantizer(proto, bits=bits, block_size=scheme.block, is_symmetric=scheme.symmetric,
-                                 accuracy_level=scheme.accuracy_level, nodes_to_exclude=exclude,
-                                 nodes_to_include=include)
+                                 accuracy_level=level, nodes_to_exclude=exclude, nodes_to_include=include)
         q.process()
         proto = q.model.model
     onnx.save_model(proto, str(dst))
+    return True
 
 
 def to_fp16(src: Path, dst: Path) -> None:
@@ -162,13 +180,13 @@ def optimize(src: Path, cfg: ModelConfig) -> tuple[Path, dict[str, int]]:
 
 
 def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig, scheme: str = "",
-         ranges: Ranges | None = None) -> None:
+         ranges: Ranges | None = None) -> bool:
     """Write the `precision` variant of the fp32 graph at `fp32` to `dst`; int8 and int4 with
     `scheme` (a SCHEMES name), by default the first of the precision's LADDER (`ranges`: a smoothing
-    scheme's calibration)."""
+    scheme's calibration). False (nothing written): the scheme does not apply to this graph."""
     if precision in LADDER:
-        quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]], ranges)
-    elif precision == "fp16":
+        return quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]], ranges)
+    if precision == "fp16":
         to_fp16(fp32, dst)
-    else:
-        raise UsageError(f"unknown precision {precision!r}")
+        return True
+    raise UsageError(f"unknown precision {precision!r}")

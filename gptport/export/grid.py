@@ -1,0 +1,136 @@
+"""Weights that already lie on a 4-bit grid, encoded for MatMulNBits without a second rounding.
+
+A model imported from a GGUF file of llama.cpp's 4-bit types carries weights that are, block by block of
+32 input channels, `scale * q + offset` with q in 0..15 (Q4_0: offset = -8 scale; Q4_1 and Q4_K's
+sub-blocks: any offset). Quantizing those values again with onnxruntime's quantizer rounds them a second
+time onto a different grid (symmetric, or an integer zero point that cannot express Q4_1's float minimum):
+SmolLM2-135M's Q4_1 weights came out agreeing with the float model on ~70% of held-out positions. This module
+finds such matrices and writes them exactly: MatMulNBits' 4-bit codes are the file's q, its scale the
+file's, its implied zero point 8, and what the offset adds, (sum of x over each block) @ (offset + 8 scale),
+is a small float MatMul beside it:
+
+    y = x @ W = MatMulNBits(x; q, scale) + (x @ S) @ R      S: (K, K/32) block indicator, R: (K/32, N)
+
+No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+BLOCK = 32  # llama.cpp's 4-bit block (Q4_0, Q4_1, and Q4_K's sub-blocks)
+LEVELS = 15  # codes 0..15
+ZERO = 8  # MatMulNBits' zero point when none is given (4 bits)
+SAMPLE_COLUMNS = 64  # looked at first, so a matrix off the grid is turned away after a small slice of it
+_ULPS = 64.0  # how far (in float32 epsilons of the block's largest magnitude) a value may sit from its grid point
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A (K, N) matrix as codes, scales and offsets of blocks of BLOCK rows: w = scale * q + offset."""
+
+    q: np.ndarray  # (K/BLOCK, BLOCK, N) uint8, 0..15
+    scale: np.ndarray  # (K/BLOCK, N) float32
+    offset: np.ndarray  # (K/BLOCK, N) float32
+
+
+def find(w: np.ndarray) -> Grid | None:
+    """`w` (K, N) as a Grid if every block of BLOCK rows of every column holds at most 16 evenly spaced
+    values (to float32 rounding), else None."""
+    if w.ndim != 2 or w.shape[0] % BLOCK or w.dtype != np.float32:
+        return None
+    if _fit(w[:, :SAMPLE_COLUMNS]) is None:
+        return None
+    return _fit(w)
+
+
+def _fit(w: np.ndarray) -> Grid | None:
+    k, n = w.shape
+    blocks = w.reshape(k // BLOCK, BLOCK, n)  # (nb, BLOCK, N)
+    lo, hi = blocks.min(1), blocks.max(1)  # (nb, N)
+    tol = _ULPS * np.finfo(np.float32).eps * np.maximum(np.abs(lo), np.abs(hi))  # (nb, N)
+    scale = np.zeros_like(lo)
+    q = np.zeros(blocks.shape, np.uint8)
+    todo = hi > lo  # a constant block: scale 0, every code 0
+    # The span is `steps` grid steps for some steps <= 15: the most a block's values use is tried first
+    # (Q4_0 and Q4_1 use all 16 levels); any steps that fits is an exact encoding.
+    for steps in range(LEVELS, 0, -1):
+        if not todo.any():
+            break
+        idx = np.nonzero(todo)
+        sub = blocks[idx[0], :, idx[1]]  # (m, BLOCK)
+        d = ((hi - lo)[idx] / steps)[:, None]  # (m, 1)
+        codes = np.rint((sub - lo[idx][:, None]) / d)
+        ok = (np.abs(lo[idx][:, None] + d * codes - sub) <= tol[idx][:, None]).all(1)  # (m,)
+        hit = (idx[0][ok], idx[1][ok])
+        scale[hit] = d[ok, 0]
+        q[hit[0], :, hit[1]] = codes[ok].astype(np.uint8)
+        todo[hit] = False
+    if todo.any():
+        return None
+    return Grid(q, scale, lo)
+
+
+def _pack(g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' B (N, K/BLOCK, BLOCK/2) uint8, two codes a byte, the lower index in the low nibble,
+    and its scales (N * K/BLOCK,) float32, column-major over blocks."""
+    codes = g.q.transpose(2, 0, 1)  # (N, nb, BLOCK)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return np.ascontiguousarray(packed), np.ascontiguousarray(g.scale.T).reshape(-1)
+
+
+def encode(proto: onnx.ModelProto, accuracy_level: int, exclude: set[str]) -> list[str]:
+    """Replace each MatMul of `proto` whose weight is an initializer on a 4-bit grid (and whose name is not
+    in `exclude`) by its exact MatMulNBits encoding; the names of the nodes added (to keep other quantizers
+    off them). Nodes keep their order, so the graph stays topologically sorted."""
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    users: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    added: list[str] = []
+    sums: dict[str, str] = {}  # activation -> its block sums (one per input, shared by q/k/v or gate/up)
+    out: list[onnx.NodeProto] = []
+    for node in graph.node:
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        g = find(numpy_helper.to_array(weight)) if weight is not None and node.name not in exclude else None
+        if g is None:
+            out.append(node)
+            continue
+        x, (k, n), base = node.input[0], weight.dims, node.name or node.output[0]
+        if x not in sums:
+            indicator = f"grid_blocks_{k}"
+            if indicator not in inits:
+                s = np.zeros((k, k // BLOCK), np.float32)
+                s[np.arange(k), np.arange(k) // BLOCK] = 1.0
+                inits[indicator] = numpy_helper.from_array(s, indicator)
+                graph.initializer.append(inits[indicator])
+            sums[x] = f"{base}_grid_block_sums"
+            out.append(helper.make_node("MatMul", [x, indicator], [sums[x]], name=f"{base}_grid_sum"))
+            added.append(f"{base}_grid_sum")
+        packed, scales = _pack(g)
+        names = [f"{weight.name}_grid_q4", f"{weight.name}_grid_scales", f"{weight.name}_grid_offsets"]
+        for arr, name in zip((packed, scales, g.offset + ZERO * g.scale), names, strict=True):
+            graph.initializer.append(numpy_helper.from_array(arr, name))
+        attrs = {"K": k, "N": n, "bits": 4, "block_size": BLOCK}
+        if accuracy_level:
+            attrs["accuracy_level"] = accuracy_level
+        main, fix = f"{base}_grid_main", f"{base}_grid_offset"
+        out.append(helper.make_node("MatMulNBits", [x, names[0], names[1]], [main], name=f"{base}_Q4_grid",
+                                    domain="com.microsoft", **attrs))
+        out.append(helper.make_node("MatMul", [sums[x], names[2]], [fix], name=fix))
+        out.append(helper.make_node("Add", [main, fix], [node.output[0]], name=f"{base}_grid_add"))
+        added += [f"{base}_Q4_grid", fix, f"{base}_grid_add"]
+        users[weight.name] -= 1
+        if users[weight.name] == 0:
+            graph.initializer.remove(weight)
+    del graph.node[:]
+    graph.node.extend(out)
+    if added and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return added
