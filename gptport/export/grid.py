@@ -83,10 +83,20 @@ def _pack(g: Grid) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(packed), np.ascontiguousarray(g.scale.T).reshape(-1)
 
 
-def encode(proto: onnx.ModelProto, accuracy_level: int, exclude: set[str]) -> list[str]:
-    """Replace each MatMul of `proto` whose weight is an initializer on a 4-bit grid (and whose name is not
-    in `exclude`) by its exact MatMulNBits encoding; the names of the nodes added (to keep other quantizers
-    off them). Nodes keep their order, so the graph stays topologically sorted."""
+def _initializers(graph: onnx.GraphProto, weight: str, g: Grid) -> list[str]:
+    """`g`'s codes, scales and offsets (+ ZERO x scale: MatMulNBits subtracts its zero point) added to
+    `graph` as initializers; their names."""
+    packed, scales = _pack(g)
+    names = [f"{weight}_grid_{part}" for part in ("q4", "scales", "offsets")]
+    for arr, name in zip((packed, scales, g.offset + ZERO * g.scale), names, strict=True):
+        graph.initializer.append(numpy_helper.from_array(arr, name))
+    return names
+
+
+def encode(proto: onnx.ModelProto, accuracy_level: int) -> list[str]:
+    """Replace each MatMul of `proto` whose weight is an initializer on a 4-bit grid by its exact
+    MatMulNBits encoding; the names of the nodes added (to keep other quantizers off them). Nodes keep
+    their order, so the graph stays topologically sorted; a weight two MatMuls share is encoded once."""
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
     users: dict[str, int] = {}
@@ -95,11 +105,15 @@ def encode(proto: onnx.ModelProto, accuracy_level: int, exclude: set[str]) -> li
             users[name] = users.get(name, 0) + 1
     added: list[str] = []
     sums: dict[str, str] = {}  # activation -> its block sums (one per input, shared by q/k/v or gate/up)
+    encoded: dict[str, list[str]] = {}  # weight -> its codes, scales and offsets
     out: list[onnx.NodeProto] = []
     for node in graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        g = find(numpy_helper.to_array(weight)) if weight is not None and node.name not in exclude else None
-        if g is None:
+        if weight is not None and weight.name not in encoded:
+            g = find(numpy_helper.to_array(weight))
+            if g is not None:
+                encoded[weight.name] = _initializers(graph, weight.name, g)
+        if weight is None or weight.name not in encoded:
             out.append(node)
             continue
         x, (k, n), base = node.input[0], weight.dims, node.name or node.output[0]
@@ -113,10 +127,7 @@ def encode(proto: onnx.ModelProto, accuracy_level: int, exclude: set[str]) -> li
             sums[x] = f"{base}_grid_block_sums"
             out.append(helper.make_node("MatMul", [x, indicator], [sums[x]], name=f"{base}_grid_sum"))
             added.append(f"{base}_grid_sum")
-        packed, scales = _pack(g)
-        names = [f"{weight.name}_grid_q4", f"{weight.name}_grid_scales", f"{weight.name}_grid_offsets"]
-        for arr, name in zip((packed, scales, g.offset + ZERO * g.scale), names, strict=True):
-            graph.initializer.append(numpy_helper.from_array(arr, name))
+        names = encoded[weight.name]
         attrs = {"K": k, "N": n, "bits": 4, "block_size": BLOCK}
         if accuracy_level:
             attrs["accuracy_level"] = accuracy_level

@@ -112,7 +112,7 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         return True
     head_level = scheme.accuracy_level if scheme.head_accuracy_level < 0 else scheme.head_accuracy_level
     if scheme.grid:
-        added = grid.encode(proto, scheme.accuracy_level, exclude=set())
+        added = grid.encode(proto, scheme.accuracy_level)
         if not added:
             return False
         passes = [(scheme.head_bits or scheme.bits, head_level, added, None)]  # every matrix off the grid

@@ -82,7 +82,7 @@ def test_the_encoded_matmul_gives_the_float_product(tmp_path: Path) -> None:
     weights = {"a": on_grid(gf.Q.Q4_1, 3), "b": on_grid(gf.Q.Q4_0, 4)}
     x = np.random.default_rng(5).standard_normal((2, 5, K)).astype(np.float32) * 3  # (B, T, K)
     proto = matmuls(weights)
-    added = grid.encode(proto, accuracy_level=0, exclude=set())
+    added = grid.encode(proto, accuracy_level=0)
     ops = [n.op_type for n in proto.graph.node]
     assert ops.count("MatMulNBits") == 2 and ops.count("Add") == 2
     assert sum(n.endswith("_grid_sum") for n in added) == 1  # one block sum for the input both read
@@ -96,6 +96,24 @@ def test_the_encoded_matmul_gives_the_float_product(tmp_path: Path) -> None:
     assert variants.quantize(src, dst, variants.SCHEMES["nbits4-b32-acc0-head8"])
     want = x.astype(np.float64) @ weights["a"].astype(np.float64)
     assert np.abs(run(onnx.load(str(dst)), x)[0] - want).max() > 1e-2 * np.abs(want).max()
+
+
+def test_a_weight_two_matmuls_share_is_encoded_once() -> None:
+    w = on_grid(gf.Q.Q4_1, 7)
+    nodes = [helper.make_node("MatMul", [x, "W"], [f"y_{x}"], name=f"mm_{x}") for x in ("x", "x2")]
+    inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [2, 5, K]) for x in ("x", "x2")]
+    outputs = [helper.make_tensor_value_info(f"y_{x}", TensorProto.FLOAT, [2, 5, N]) for x in ("x", "x2")]
+    proto = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(w, "W")]),
+                              opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    grid.encode(proto, accuracy_level=0)
+    names = [i.name for i in proto.graph.initializer]
+    assert len(names) == len(set(names)) and sum(n.endswith("_grid_q4") for n in names) == 1
+    rng = np.random.default_rng(8)
+    feeds = {x: rng.standard_normal((2, 5, K)).astype(np.float32) for x in ("x", "x2")}
+    got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for y, x in zip(got, feeds.values(), strict=True):
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max()
 
 
 def test_grid_schemes_do_not_apply_to_weights_off_the_grid(tmp_path: Path) -> None:
