@@ -75,7 +75,10 @@ def main() -> None:
     for name in chosen:
         scheme = variants.SCHEMES[name]
         out = work / f"{name}.onnx"
-        variants.quantize(fp32, out, scheme, ranges)
+        out.unlink(missing_ok=True)
+        if not variants.quantize(fp32, out, scheme, ranges):
+            print(f"{name}: does not apply to this model (no weight matrix on a 4-bit grid)")
+            continue
         exporter.set_metadata(out, exporter.metadata(card, "int8", contract.CACHE_STATIC))
         graphs[name] = load_cpu(out, args.threads)
         g = validate.gate(model, graphs[name], windows, name)

@@ -340,7 +340,10 @@ def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | Non
     assert fp32 is not None
     report, card, tmp = job.report, job.card, atomic.temp_name(graph.path)
     if job.windows is None:
-        scheme = next(s for s in schemes if variants.make(graph.precision, fp32, tmp, card.model, s))
+        scheme = next((s for s in schemes if variants.make(graph.precision, fp32, tmp, card.model, s)), None)
+        if scheme is None:  # the ladders end with a scheme every graph takes: not reached today
+            job.say(f"{graph.label}: none of {', '.join(schemes)} applies to this model")
+            return
         set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gated=False))
         report.schemes[graph.label] = scheme
         job.passed[graph] = tmp

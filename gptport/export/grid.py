@@ -5,13 +5,15 @@ A model imported from a GGUF file of llama.cpp's 4-bit types carries weights tha
 sub-blocks: any offset). Quantizing those values again with onnxruntime's quantizer rounds them a second
 time onto a different grid (symmetric, or an integer zero point that cannot express Q4_1's float minimum):
 SmolLM2-135M's Q4_1 weights came out agreeing with the float model on ~70% of held-out positions. This module
-finds such matrices and writes them exactly: MatMulNBits' 4-bit codes are the file's q, its scale the
-file's, its implied zero point 8, and what the offset adds, (sum of x over each block) @ (offset + 8 scale),
-is a small float MatMul beside it:
+finds such matrices and writes the same values (to float32 rounding), re-expressed per block as codes 0..15
+from the block's minimum with a positive step: MatMulNBits takes the codes and steps with its implied zero
+point 8, and what the minimum adds, (sum of x over each block) @ (minimum + 8 step), is a small float
+MatMul beside it:
 
-    y = x @ W = MatMulNBits(x; q, scale) + (x @ S) @ R      S: (K, K/32) block indicator, R: (K/32, N)
+    y = x @ W = MatMulNBits(x; codes, steps) + (x @ S) @ R      S: (K, K/32) block indicator, R: (K/32, N)
 
-No torch here.
+S grows as K^2/32 (295 KB at K = 1536, 26 MB at K = 14336): a model that wide would want the block sums
+from a reshape and a ReduceSum instead. No torch here.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ BLOCK = 32  # llama.cpp's 4-bit block (Q4_0, Q4_1, and Q4_K's sub-blocks)
 LEVELS = 15  # codes 0..15
 ZERO = 8  # MatMulNBits' zero point when none is given (4 bits)
 SAMPLE_COLUMNS = 64  # looked at first, so a matrix off the grid is turned away after a small slice of it
+CHUNK = 4096  # columns fitted at a time after the sample
 _ULPS = 64.0  # how far (in float32 epsilons of the block's largest magnitude) a value may sit from its grid point
 
 
@@ -40,19 +43,26 @@ class Grid:
 
 def find(w: np.ndarray) -> Grid | None:
     """`w` (K, N) as a Grid if every block of BLOCK rows of every column holds at most 16 evenly spaced
-    values (to float32 rounding), else None."""
-    if w.ndim != 2 or w.shape[0] % BLOCK or w.dtype != np.float32:
-        return None
-    if _fit(w[:, :SAMPLE_COLUMNS]) is None:
-        return None
-    return _fit(w)
+    values (to float32 rounding) and some block more than one, else None. The first SAMPLE_COLUMNS columns
+    are tried first; the rest in slices of CHUNK columns (a fit holds a few copies of what it fits)."""
+    if w.ndim != 2 or w.shape[0] % BLOCK or w.dtype != np.float32 or not (w != w[:1]).any():
+        return None  # not a weight MatMulNBits takes, or constant along K (zeros): nothing to keep exact
+    parts = []
+    for start in (0, *range(SAMPLE_COLUMNS, w.shape[1], CHUNK)):
+        part = _fit(w[:, start:SAMPLE_COLUMNS if start == 0 else start + CHUNK])
+        if part is None:
+            return None
+        parts.append(part)
+    return Grid(*(np.concatenate(arrays, axis=-1) for arrays in zip(*((p.q, p.scale, p.offset) for p in parts),
+                                                                      strict=True)))
 
 
 def _fit(w: np.ndarray) -> Grid | None:
+    """`w` (K, n) as a Grid, or None if a block of it is off every 4-bit grid."""
     k, n = w.shape
-    blocks = w.reshape(k // BLOCK, BLOCK, n)  # (nb, BLOCK, N)
-    lo, hi = blocks.min(1), blocks.max(1)  # (nb, N)
-    tol = _ULPS * np.finfo(np.float32).eps * np.maximum(np.abs(lo), np.abs(hi))  # (nb, N)
+    blocks = w.reshape(k // BLOCK, BLOCK, n)  # (nb, BLOCK, n)
+    lo, hi = blocks.min(1), blocks.max(1)  # (nb, n)
+    tol = _ULPS * np.finfo(np.float32).eps * np.maximum(np.abs(lo), np.abs(hi))  # (nb, n)
     scale = np.zeros_like(lo)
     q = np.zeros(blocks.shape, np.uint8)
     todo = hi > lo  # a constant block: scale 0, every code 0

@@ -112,9 +112,10 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         return True
     head_level = scheme.accuracy_level if scheme.head_accuracy_level < 0 else scheme.head_accuracy_level
     if scheme.grid:
+        weights = _matmul_weights(proto)
         added = grid.encode(proto, scheme.accuracy_level)
-        if not added:
-            return False
+        if 2 * (weights - _matmul_weights(proto)) < weights:
+            return False  # most of the weights off the grid: not a 4-bit import, and the rest would get 8 bits
         passes = [(scheme.head_bits or scheme.bits, head_level, added, None)]  # every matrix off the grid
     else:
         passes = [(scheme.bits, scheme.accuracy_level, [head] if scheme.head_bits and head else [], None)]
@@ -129,6 +130,13 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         proto = q.model.model
     onnx.save_model(proto, str(dst))
     return True
+
+
+def _matmul_weights(proto: onnx.ModelProto) -> int:
+    """How many float32 weights the MatMul nodes of `proto` read from initializers."""
+    inits = {i.name: i for i in proto.graph.initializer}
+    shapes = [inits[n.input[1]].dims for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    return sum(int(np.prod(dims)) for dims in shapes)
 
 
 def to_fp16(src: Path, dst: Path) -> None:

@@ -1,8 +1,10 @@
 """Weights already on a 4-bit grid encoded exactly (export/grid.py): llama.cpp's Q4_0 and Q4_1 blocks (and blocks
-that use only some of the 16 levels, as Q4_K's sub-blocks may) are found and rebuilt bit for bit, weights off the
-grid are turned away (a single nudged value past the sampled columns included), the encoded MatMul gives the float
-product where requantizing the same weights does not, and `gptport export --precision int4` of a Q4_1 GGUF import
-ships the exact encoding for the contract and static-cache graphs, while a model trained here skips those rungs."""
+that use only some of the 16 levels, as Q4_K's sub-blocks may) are found and rebuilt to float32 rounding, weights
+off the grid are turned away (a single nudged value past the sampled columns included, and a matrix that is
+constant along K), a scheme whose grid matrices are a small share of the weights does not apply, the encoded
+MatMul gives the float product where requantizing the same weights does not, and `gptport export --precision
+int4` of a Q4_1 GGUF import ships the exact encoding for the contract and static-cache graphs, while a model
+trained here skips those rungs."""
 
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ def test_weights_off_the_grid_are_turned_away() -> None:
     nudged[40, N - 1] += 1e-3 * float(np.abs(nudged[32:64, N - 1]).max())  # past the sampled columns
     assert grid.find(nudged) is None
     assert grid.find(on_grid(gf.Q.Q4_1)[:80]) is None  # K not a multiple of the block
+    assert grid.find(np.zeros((K, N), np.float32)) is None  # constant along K: nothing to keep exact
 
 
 def matmuls(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -116,9 +119,12 @@ def test_a_weight_two_matmuls_share_is_encoded_once() -> None:
         assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max()
 
 
-def test_grid_schemes_do_not_apply_to_weights_off_the_grid(tmp_path: Path) -> None:
+@pytest.mark.parametrize("on", [0, 1], ids=["none on the grid", "a small share on the grid"])
+def test_grid_schemes_do_not_apply_to_weights_mostly_off_the_grid(on: int, tmp_path: Path) -> None:
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save_model(matmuls({"a": np.random.default_rng(6).standard_normal((K, N)).astype(np.float32)}), str(src))
+    trained = np.random.default_rng(6).standard_normal((K, N)).astype(np.float32)
+    weights = {"a": trained, "b": trained[:, :100] * 2} | ({"c": on_grid(gf.Q.Q4_1)[:, :32]} if on else {})
+    onnx.save_model(matmuls(weights), str(src))
     for name in ("nbits4-grid-acc4-head8", "nbits4-grid-acc0-head8"):
         assert variants.quantize(src, dst, variants.SCHEMES[name]) is False
         assert not dst.exists()
