@@ -274,8 +274,11 @@ def main() -> None:
     if tests is not None:  # before anything is timed: they use the GPU too
         data["gpu tests"] = finish_tests(tests, args.budget_s + 60 - (time.perf_counter() - t_start))
     write()
-    for shape in ready:
+    for shape in ready:  # every shape's decode figures first, the slower checks after: the budget may end them
         rows += measure(shape, WORK / shape, provider, args.rounds, run, stage, data)
+        write()
+    for shape in ready:
+        rows += checks(shape, WORK / shape, provider, run, stage, data)
         write()
     for r in rows + goals(rows):
         print("  " + " ".join(f"{k}={v}" for k, v in r.items() if v is not None))
@@ -283,7 +286,7 @@ def main() -> None:
 
 def measure(shape: str, d: Path, provider: str, rounds: int, run: Run, stage: Callable[..., Any],
             data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The shape's decode rounds, greedy and torch checks and (gpt2-124m, tiny) serving: its rows."""
+    """The shape's decode rounds and the device graphs' greedy tokens against the CPU provider's: its rows."""
     rows: list[dict[str, Any]] = []
     opened: dict[str, Any] = {}
     with run.round(shape=shape, stage="open") as rnd:
@@ -305,20 +308,29 @@ def measure(shape: str, d: Path, provider: str, rounds: int, run: Run, stage: Ca
                          "rounds_disturbed": not any(not r.discarded for r in series)})
     with run.round(shape=shape, stage="checks") as rnd:
         data[f"greedy {shape}"] = stage(f"greedy {shape}", rnd, lambda: greedy_check(d, opened))
-        opened.clear()  # the sessions' GPU memory, before torch and the servers take theirs
-        got = stage(f"torch {shape}", rnd, lambda: torch_speeds(d, provider, compiled=provider == "cuda"))
-        for dtype, r in (got or {}).items():
-            if isinstance(r, dict) and "decode_tok_s" in r:
-                rows.append({"table": "decode", "shape": shape, "config": f"torch {dtype} "
-                             f"{'compiled' if r['compiled'] else 'eager'}", "decode_tok_s": r["decode_tok_s"],
-                             "tokens_equal_gptport_torch": r["tokens_equal_gptport_torch"]})
+    opened.clear()  # the sessions' GPU memory, before the next shape, torch and the servers take theirs
+    return rows
+
+
+def checks(shape: str, d: Path, provider: str, run: Run, stage: Callable[..., Any],
+           data: dict[str, Any]) -> list[dict[str, Any]]:
+    """(gpt2-124m, tiny) serving at 8 and 16 users, then PyTorch's own best on the shape: its rows."""
+    rows: list[dict[str, Any]] = []
+    with run.round(shape=shape, stage="torch-serve") as rnd:
         if shape in ("gpt2-124m", "tiny"):
             for concat in (False, True):
                 served = stage(f"serve {shape} {'concat' if concat else 'device'}", rnd,
                                lambda c=concat: serving(d, provider, [8, 16], c))
                 rows += [{"table": "serving", "shape": shape, "graph": "contract" if concat else "device", **r}
                          for r in (served or {}).get("results", []) if isinstance(served, dict)]
+        got = stage(f"torch {shape}", rnd, lambda: torch_speeds(d, provider, compiled=provider == "cuda"))
+        for dtype, r in (got or {}).items():
+            if isinstance(r, dict) and "decode_tok_s" in r:
+                rows.append({"table": "decode", "shape": shape, "config": f"torch {dtype} "
+                             f"{'compiled' if r['compiled'] else 'eager'}", "decode_tok_s": r["decode_tok_s"],
+                             "tokens_equal_gptport_torch": r["tokens_equal_gptport_torch"]})
     return rows
+
 
 if __name__ == "__main__":
     main()
