@@ -51,16 +51,17 @@ PROMPT, NEW = 64, 128
 GOALS = {("gpt2-124m", "fp32"): 2000.0, ("gpt2-124m", "fp16"): 2500.0, ("small", "best"): 4000.0}
 
 
-def with_cuda_libraries() -> None:
+def with_cuda_libraries(module: str = "benchmarks.gpu.static_decode") -> None:
     """Re-run this process with the CUDA libraries of the nvidia-* packages (PyTorch's: cuBLAS, cuDNN, cuRAND,
-    cudart) on LD_LIBRARY_PATH, which onnxruntime-gpu's provider loads, for it and its children (serve)."""
+    cudart) on LD_LIBRARY_PATH, which onnxruntime-gpu's provider loads, for it and its children (serve);
+    `module`: the script re-run."""
     spec = importlib.util.find_spec("nvidia")
     dirs = sorted(str(p) for base in (spec.submodule_search_locations or []) for p in Path(base).glob("*/lib")
                   ) if spec is not None else []
     have = os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
     if dirs and not set(dirs) <= set(have):
         os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([*dirs, *filter(None, have)])
-        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.gpu.static_decode", *sys.argv[1:]])
+        os.execv(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]])
 
 
 def prepare(shape: str) -> tuple[Path, dict[str, float]]:
