@@ -137,6 +137,8 @@ def _sync(provider: str) -> Callable[[], None]:
 def main() -> None:
     ap = cli.parser(__doc__)
     ap.add_argument("--shapes", default="small,gpt2-124m")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="which of " + ", ".join(CONFIGS))
+    ap.add_argument("--no-torch", dest="torch", action="store_false", help="leave PyTorch's decoder out")
     ap.add_argument("--steps", type=int, default=200, help="timed calls per figure")
     ap.add_argument("--budget-s", type=float, default=300, help="stages starting later are skipped, said so")
     ap.add_argument("--cpu-dry-run", action="store_true", help="the tiny shape on the CPU, no kernel trace")
@@ -176,7 +178,7 @@ def main() -> None:
             got = stage(f"prepare {shape}", lambda s=shape: sd.prepare(s)[1])
             if got is None or "error" in got:
                 continue
-            for name in CONFIGS:
+            for name in args.configs.split(","):
                 r = stage(f"{shape} {name}", lambda s=shape, n=name: ours(s, n, provider, args.steps))
                 if isinstance(r, dict) and "error" not in r:
                     trace = r.get("trace", {})
@@ -184,7 +186,7 @@ def main() -> None:
                                  **{k: round(v, 1) for k, v in r.items() if k.endswith("_us")},
                                  "kernels": trace.get("kernels_per_step"),
                                  "gpu_us": round(trace["gpu_us_per_step"], 1) if trace else None})
-            r = stage(f"{shape} torch", lambda s=shape: theirs(s, provider))
+            r = stage(f"{shape} torch", lambda s=shape: theirs(s, provider)) if args.torch else None
             if isinstance(r, dict) and "error" not in r:
                 trace = r.get("trace", {})
                 rows.append({"table": "breakdown", "shape": shape, "config": f"torch {r['dtype']}",

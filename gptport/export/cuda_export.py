@@ -20,7 +20,7 @@ import onnx
 from gptport import atomic, contract, provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError
-from gptport.export import cuda_graphs, decode_check, validate
+from gptport.export import cuda_graphs, decode_check, gqa_graph, validate
 from gptport.export.exporter import metadata, save, set_metadata
 from gptport.export.tolerance import Tolerance
 from gptport.runtime.onnx_engine import load_cpu
@@ -52,7 +52,6 @@ def write(model_dir: Path, precisions: Sequence[str], gate: bool = True, heldout
     config = card.model
     decode = model_dir / contract.onnx_file("fp32", contract.CACHE_DECODE)
     half = model_dir / contract.onnx_file("fp16", contract.CACHE_STATIC)
-    static = model_dir / contract.onnx_file("fp32", contract.CACHE_STATIC)
     targets = [decode] + ([half] if "fp16" in precisions else [])
     existing = [str(p) for p in targets if p.exists()]
     if existing and not force:
@@ -77,21 +76,22 @@ def write(model_dir: Path, precisions: Sequence[str], gate: bool = True, heldout
             tmp.unlink(missing_ok=True)
         report.files["fp32 decode"] = decode
     if "fp16" in precisions:
-        _fp16_static(report, model_dir, model, card, static, half, gate, heldout, sampled_text, sources, say)
+        _fp16_static(report, model_dir, model, card, half, gate, heldout, sampled_text, sources, say)
     return report
 
 
-def _fp16_static(report: CudaReport, model_dir: Path, model: GPT, card: ModelCard, static: Path, half: Path,
-                 gate: bool, heldout: Path | None, sampled_text: bool, sources: dict[str, str],
-                 say: Callable[[str], None]) -> None:
-    """model.fp16.static.onnx from model.static.onnx, gated like the fp16 variant (or marked ungated)."""
-    if not static.is_file():
-        report.skipped["fp16 static"] = f"{static} is missing: export without --no-static first"
+def _fp16_static(report: CudaReport, model_dir: Path, model: GPT, card: ModelCard, half: Path, gate: bool,
+                 heldout: Path | None, sampled_text: bool, sources: dict[str, str], say: Callable[[str], None]) -> None:
+    """model.fp16.static.onnx from the model's weights, gated like the fp16 variant (or marked ungated)."""
+    why = gqa_graph.unsupported(card.model)
+    if why:
+        report.skipped["fp16 static"] = why
         return
     say("making the fp16 static-cache graph (float16 GroupQueryAttention)")
     tmp = atomic.temp_name(half)
     try:
-        cuda_graphs.fp16_static(static, tmp)
+        weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+        cuda_graphs.fp16_static(card.model, weights, tmp)
         if not gate:
             set_metadata(tmp, metadata(card, "fp16", contract.CACHE_STATIC, sources, gated=False))
         else:

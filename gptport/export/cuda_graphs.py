@@ -11,6 +11,10 @@
 - the fp16 static-cache graph (model.fp16.static.onnx): gqa_graph's graph converted to float16 (weights
   and cache; norms, softmax and logits stay float32), GroupQueryAttention as CUDA runs it.
 
+Both write each residual sum and the norm after it as one SkipLayerNormalization (or, for RMSNorm,
+SkipSimplifiedLayerNormalization) with the projection's bias folded in (CUDA_FORMS): on CUDA one kernel
+where the CPU's graphs launch three, each a few microseconds at batch 1 (benchmarks/gpu/decode_profile.py).
+
 A decode graph takes no prompt: prefills go through the multi-row append graph (scatter_graph.py) over
 the same buffers. No torch here.
 
@@ -36,9 +40,10 @@ from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.export import gqa_graph, graph_body
-from gptport.export.graph_body import Builder, Qkv
+from gptport.export.graph_body import Builder, Forms, Qkv
 
 OPSET = 24  # TensorScatter, and Attention with nonpad_kv_seqlen
+CUDA_FORMS = Forms(rms="skip", layer="skip")  # the residual, its bias and the norm in one node
 
 
 def unsupported(config: ModelConfig) -> str:
@@ -96,7 +101,7 @@ def build_decode(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx
                  scale=1.0 / math.sqrt(hd))[0]  # (B, H, 1, hd): each row reads its first seqlens_k + 1 positions
         return g.op("Reshape", [y, g.const("tokens_q", _i64(0, 1, config.q_width))], [f"h.{i}.attn"])[0]
 
-    g = graph_body.transformer(config, weights, attend)
+    g = graph_body.transformer(config, weights, attend, CUDA_FORMS)
     past_values, outputs = graph_body.cache_values(config)
     batch = contract.BATCH
     inputs = [
@@ -109,14 +114,14 @@ def build_decode(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx
     return graph_body.model(g, "gptport_decode", inputs, outputs, {"": OPSET, "com.microsoft": 1})
 
 
-def fp16_static(fp32_static: Path, dst: Path) -> None:
-    """The fp16 static-cache graph from the fp32 one at `fp32_static` (gqa_graph.py's): float16 weights,
-    cache and every operator, GroupQueryAttention in float16; the logits stay float32. LayerNormalization
-    is not kept in float32 as in the fp16 contract graph (variants.FP16_KEEP): onnxruntime's kernel
-    accumulates its statistics in float32 (stash_type 1) either way, and the converter gives a kept
-    node's weights of this graph float16 types (onnxruntime refuses the mixed node)."""
+def fp16_static(config: ModelConfig, weights: Mapping[str, np.ndarray], dst: Path) -> None:
+    """The fp16 static-cache graph of a model with this config and these weights at `dst`: gqa_graph's graph
+    in CUDA_FORMS converted to float16 (weights, cache and every operator, GroupQueryAttention in float16);
+    the logits stay float32. The norms are not kept in float32 as in the fp16 contract graph
+    (variants.FP16_KEEP): onnxruntime's kernels accumulate their statistics in float32 either way, and the
+    converter gives a kept node's weights of this graph float16 types (onnxruntime refuses the mixed node)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    half = convert_float_to_float16(onnx.load(str(fp32_static)), keep_io_types=[contract.LOGITS],
+    half = convert_float_to_float16(gqa_graph.build(config, weights, CUDA_FORMS), keep_io_types=[contract.LOGITS],
                                     disable_shape_infer=True)
     onnx.save_model(half, str(dst))

@@ -41,13 +41,16 @@ Attend = Callable[["Builder", int, Qkv], str]
 
 @dataclass(frozen=True)
 class Forms:
-    """Which of onnxruntime's operators write the Llama family's RMSNorm and SwiGLU. The defaults are the
-    fastest on the CPU (benchmarks/decode/static_llama.py; design record 0035's amendment)."""
+    """Which of onnxruntime's operators write the Llama family's RMSNorm and SwiGLU, and GPT-2's residual
+    LayerNorm. The defaults are the fastest on the CPU (benchmarks/decode/static_llama.py; design record
+    0035's amendment); the CUDA graphs fuse (cuda_graphs.CUDA_FORMS)."""
 
     rms: str = "onnx"  # onnx: Add + RMSNormalization (opset 23); skip: SkipSimplifiedLayerNormalization where
     #                    a sum is normalised, RMSNormalization elsewhere; simplified: Add +
     #                    SimplifiedLayerNormalization (onnxruntime's, in the onnx domain: onnx's checker refuses it)
     swiglu: str = "fused"  # fused: one MatMul of [gate | up], then Split; apart: two MatMuls
+    layer: str = "apart"  # apart: Add(s) + LayerNormalization; skip: SkipLayerNormalization, the bias and the
+    #                       residual sum in one node (one kernel on CUDA for three; 2x slower on the CPU)
 
 
 FASTEST = Forms()
@@ -124,16 +127,24 @@ class Builder:
     def add_norm(self, x: str, delta: str, bias: str, weights: Mapping[str, np.ndarray], prefix: str
                  ) -> tuple[str, str]:
         """x + delta (+ bias) and its norm: -> (normalized, sum); x alone when there is no delta (a rope
-        model's first layer). Add and LayerNormalization rather than the fused SkipLayerNormalization,
-        whose CPU kernel is 2x slower (benchmarks/results); RMSNorm as Forms.rms says."""
+        model's first layer). By default Add and LayerNormalization rather than the fused
+        SkipLayerNormalization, whose CPU kernel is 2x slower (benchmarks/results): Forms.layer and
+        Forms.rms say which."""
         if not delta:
             return self.norm(x, weights, prefix), x
+        if self.config.norm == "layernorm" and self.forms.layer == "skip":
+            gamma = self.const(f"{prefix}.weight", weights[f"{prefix}.weight"])
+            beta = self.const(f"{prefix}.bias", weights[f"{prefix}.bias"]) if f"{prefix}.bias" in weights else ""
+            outs = self.op("SkipLayerNormalization", [x, delta, gamma, beta, bias] if bias else [x, delta, gamma, beta],
+                           [f"{prefix}.normed", "", "", f"{prefix}.sum"], domain="com.microsoft",
+                           epsilon=self.config.ln_eps)  # no mean, no inv_std_var (CUDA's kernel writes neither)
+            return outs[0], outs[3]  # norm(x + delta + bias), and that sum (input_skip_bias_sum)
         if bias:  # onto the MatMul's output first: onnxruntime folds it into a quantized MatMulNBits
             delta = self.op("Add", [delta, bias])[0]
         if self.config.norm == "rmsnorm" and self.forms.rms == "skip":
             gamma = self.const(f"{prefix}.weight", weights[f"{prefix}.weight"])
-            outs = self.op("SkipSimplifiedLayerNormalization", [x, delta, gamma], 4, domain="com.microsoft",
-                           epsilon=self.config.ln_eps)
+            outs = self.op("SkipSimplifiedLayerNormalization", [x, delta, gamma], [f"{prefix}.normed", "", "",
+                           f"{prefix}.sum"], domain="com.microsoft", epsilon=self.config.ln_eps)
             return outs[0], outs[3]  # the normalized sum, and the sum (input_skip_bias_sum)
         total = self.op("Add", [x, delta])[0]
         return self.norm(total, weights, prefix), total
