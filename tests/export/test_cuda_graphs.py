@@ -16,7 +16,7 @@ from onnx import helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError, ValidationError
-from gptport.export import cuda_graphs, decode_check, validate
+from gptport.export import cuda_graphs, decode_check, gqa_graph, validate
 from gptport.export.tolerance import Tolerance
 from gptport.runtime.onnx_engine import file_metadata
 from tests.support.cli import assert_one_line_error, gptport
@@ -97,3 +97,18 @@ def test_export_cuda_writes_and_records_both(trained_dir: Path, tmp_path: Path) 
     assert types[contract.past_names(1)[0]] == onnx.TensorProto.FLOAT16
     again = gptport("export", str(out), "--cuda", "--no-static")
     assert_one_line_error(again, 2, "--cuda --no-static")
+
+
+def test_each_residual_and_its_norm_are_one_node(exported: tuple[Path, Any, Any]) -> None:
+    """The CUDA graphs write a residual sum, its projection's bias and the norm after it as one
+    SkipLayerNormalization (one kernel where the CPU's graphs launch three); the CPU's keep them apart."""
+    _, model, _ = exported
+    cfg = model.cfg
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    first = 0 if cfg.pos_encoding == "rope" else 1  # the position table is the first layer's sum
+    for proto in (cuda_graphs.build_decode(cfg, weights), gqa_graph.build(cfg, weights, cuda_graphs.CUDA_FORMS)):
+        ops = [n.op_type for n in proto.graph.node]
+        assert ops.count("SkipLayerNormalization") == 2 * cfg.n_layer - 1 + first
+        assert ops.count("LayerNormalization") == 2 - first  # ln_f (and a rope model's first ln_1)
+    cpu = [n.op_type for n in gqa_graph.build(cfg, weights).graph.node]
+    assert "SkipLayerNormalization" not in cpu and cpu.count("LayerNormalization") == 2 * cfg.n_layer + 1

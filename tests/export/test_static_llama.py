@@ -202,3 +202,28 @@ def test_each_choice_alone_passes_both_gates(change: dict[str, object]) -> None:
     rows = validate.static_parity(model, static, Tolerance())
     rows += append_check.append_parity(model, static, session(scatter_graph.build(cfg, weights)), Tolerance())
     assert all(r.ok and r.top1 == 1.0 for r in rows), rows
+
+
+def test_the_cuda_fp16_graph_fuses_each_residual_and_keeps_the_numbers(exported: tuple[HfModel, Path, str],
+                                                                      tmp_path: Path) -> None:
+    """export --cuda's fp16 static-cache graph writes each residual sum and the RMSNorm after it as one
+    SkipSimplifiedLayerNormalization, and (on the CPU's float16 kernels) gives the fp32 static graph's logits."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from gptport.export import cuda_graphs
+    from gptport.training.checkpoint import load_model
+
+    hf, out, _ = exported
+    model, card = load_model(out, bpe.load(out))
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    cuda_graphs.fp16_static(card.model, weights, tmp_path / "half.onnx")
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "half.onnx")).graph.node]
+    assert ops.count("SkipSimplifiedLayerNormalization") == 2 * card.model.n_layer - 1  # not the first ln_1
+    ids = np.array(hf.tokenizer(hf.prompt)["input_ids"], dtype=np.int64)
+    session = ort.InferenceSession(str(tmp_path / "half.onnx"), providers=["CPUExecutionProvider"])
+    half = StaticSlots(session, card.model, 1, np.dtype(np.float16))
+    full = StaticSlots(load_cpu(out / "model.static.onnx").session, card.model, 1)
+    got, want = half.prefill_many(0, [ids])[0], full.prefill_many(0, [ids])[0]  # (V,) each
+    assert got.argmax() == want.argmax()
+    assert np.abs(got - want).max() < 0.02 * np.abs(want).max(), np.abs(got - want).max()
