@@ -30,7 +30,8 @@ from benchmarks.gpu.providers import gpu_name
 from benchmarks.harness import cli, results
 from benchmarks.harness.run import Run
 
-CONFIGS = ["decode fp32 cuda-graph", "decode fp32", "static fp16 cuda-graph", "static fp16"]
+CONFIGS = ["decode fp32 cuda-graph", "decode fp32", "static fp16 cuda-graph", "static fp16",
+           "decode fp32 cuda-graph burst", "static fp16 cuda-graph burst"]
 
 
 def timed(fn: Callable[[], Any], n: int) -> float:

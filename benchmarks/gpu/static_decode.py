@@ -9,8 +9,9 @@ and fp16 with --no-gate --cuda (the decode graph is still checked against torch)
 even when another fails, stopping when the time budget is spent:
 - decode: batch-1 greedy decode tok/s (prompt 64, 128 new: `gptport bench`'s loop) of the contract graph
   fp32 and fp16 (today's), the decode graph fp32 and the fp16 static graph each with and without CUDA
-  graphs, and torch: gptport's GPT over a static cache under torch.compile(mode="reduce-overhead"), fp32
-  and fp16 (benchmarks/gpu/support/torch_static.py); configurations interleaved over --rounds rounds;
+  graphs and with CUDA graphs of 8-step greedy bursts (runtime/burst.py), and torch: gptport's GPT over a
+  static cache under torch.compile(mode="reduce-overhead"), fp32 and fp16
+  (benchmarks/gpu/support/torch_static.py); configurations interleaved over --rounds rounds;
 - greedy: the device graphs' greedy tokens against the CPU provider's static-cache graph of the same
   precision (fp32: every row equal), and torch's compiled decoder's against gptport's torch model;
 - serve (gpt2-124m): `gptport serve --provider cuda --slots 16` under `gptport bench-serve` at 8 and 16
@@ -79,8 +80,8 @@ def prepare(shape: str) -> tuple[Path, dict[str, float]]:
     return d, took
 
 
-CONFIGS = ["contract fp32", "contract fp16", "decode fp32 cuda-graph", "decode fp32", "static fp16 cuda-graph",
-           "static fp16"]
+CONFIGS = ["contract fp32", "contract fp16", "decode fp32 cuda-graph burst", "decode fp32 cuda-graph", "decode fp32",
+           "static fp16 cuda-graph burst", "static fp16 cuda-graph", "static fp16"]
 
 
 def engine(d: Path, provider: str, name: str) -> Any:
@@ -91,16 +92,18 @@ def engine(d: Path, provider: str, name: str) -> Any:
     from gptport.runtime.loader import open_graph
     from gptport.runtime.onnx_engine import load
 
-    kind, p, *graphs = name.split()
+    kind, p, *how = name.split()
     if kind == "contract":
         return open_graph(d, p, provider, "concat")
     if provider == "cuda":
-        return open_graph(d, p, provider, "static", cuda_graph=bool(graphs))
-    path = cuda_engine.graph_path(d, p, required=True)
-    assert path is not None
-    twin = load(d / contract.onnx_file("fp32", contract.CACHE_APPEND), provider) if p == "fp32" else None
-    model = cuda_engine.on_device(load(path, provider), twin, cuda_graph=False)
-    model.graphs = bool(graphs)  # gpu_graph_id run options as on CUDA (ignored by the CPU provider)
+        model = open_graph(d, p, provider, "static", cuda_graph="cuda-graph" in how)
+    else:
+        path = cuda_engine.graph_path(d, p, required=True)
+        assert path is not None
+        twin = load(d / contract.onnx_file("fp32", contract.CACHE_APPEND), provider) if p == "fp32" else None
+        model = cuda_engine.on_device(load(path, provider), twin, cuda_graph=False)
+        model.graphs = "cuda-graph" in how  # gpu_graph_id run options as on CUDA (ignored by the CPU provider)
+    model.bursts = cuda_engine.BURST_STEPS if "burst" in how else 0  # greedy steps a run
     return model
 
 
@@ -145,7 +148,11 @@ def greedy_check(d: Path, opened: dict[str, Any]) -> dict[str, Any]:
 
     prompts = [list(range(7 * i + 1, 7 * i + 1 + n)) for i, n in enumerate((5, 17, 1, 40))]
     out = {}
-    for p, name in (("fp32", "decode fp32 cuda-graph"), ("fp16", "static fp16 cuda-graph")):
+    for name in ("decode fp32 cuda-graph", "decode fp32 cuda-graph burst", "static fp16 cuda-graph",
+                 "static fp16 cuda-graph burst"):
+        if name not in opened:  # its opening failed, and says so
+            continue
+        p = name.split()[1]
         cpu = generate(load_cpu(d / contract.onnx_file(p, contract.CACHE_STATIC)), prompts, 64, Sampling(), -1)
         got = generate(opened[name], prompts, 64, Sampling(), -1)
         first = [next((i for i, (a, b) in enumerate(zip(x.new_ids, y.new_ids, strict=True)) if a != b), 64)
@@ -296,6 +303,7 @@ def measure(shape: str, d: Path, provider: str, rounds: int, run: Run, stage: Ca
             if got is not None and not (isinstance(got, dict) and "error" in got):
                 opened[name] = got
                 rnd.data[f"open {name}"] = got.session.get_providers()
+                decode_speed(got, 0)  # warm-up: capture, and a burst's session, before the timed rounds
     for rnd in run.series(rounds, shape=shape, stage="decode"):
         for name in rnd.order(list(opened)):
             stage(f"decode {name}", rnd, lambda e=opened[name], i=rnd.index: decode_speed(e, i))

@@ -25,7 +25,7 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import ModelConfig
-from gptport.runtime import append, cuda_memory
+from gptport.runtime import append, burst, cuda_memory
 from gptport.runtime.cuda_memory import Memory
 from gptport.runtime.slots import StaticSlots
 from gptport.runtime.static_cache import DecodeStep
@@ -82,6 +82,9 @@ class DeviceDecodeStep(DecodeStep):
             self._values.append(value)
             if name != contract.LOGITS_INDEX:
                 self._uploads.append((value, array))
+        self._bind_output(n, vocab)
+
+    def _bind_output(self, n: int, vocab: int) -> None:
         self.device_logits = self.mem.zeros((n, 1, vocab), np.dtype(np.float32))
         self.binding.bind_ortvalue_output(contract.LOGITS, self.device_logits)
 
@@ -97,6 +100,26 @@ class DeviceDecodeStep(DecodeStep):
         out = np.empty((hi - lo, vocab), dtype=np.float32)
         self.mem.read(self.device_logits.data_ptr() + lo * vocab * 4, out)
         return out[index - lo]
+
+
+class DeviceBurstStep(DeviceDecodeStep):
+    """k greedy decode steps of n rows in one run of the unrolled graph (burst.py): the inputs of its first
+    step go up as a decode step's do, and only the k chosen tokens a row come back."""
+
+    def __init__(self, binding: ort.IOBinding, n: int, k: int, mem: Memory, inputs: set[str], n_ctx: int,
+                 graph_id: int) -> None:
+        self.k = k
+        super().__init__(binding, n, 1, mem, inputs, n_ctx, graph_id)
+
+    def _bind_output(self, n: int, vocab: int) -> None:
+        self.device_ids = self.mem.zeros((n, self.k), np.dtype(np.int64))
+        self.binding.bind_ortvalue_output(burst.BURST_IDS, self.device_ids)
+
+    def tokens(self, rows: int) -> np.ndarray:
+        """The chosen tokens (rows, k) of the first `rows` rows."""
+        out = np.empty((rows, self.k), dtype=np.int64)
+        self.mem.read(self.device_ids.data_ptr(), out)
+        return out
 
 
 class DeviceAppender(append.Appender):
@@ -123,6 +146,7 @@ class DeviceSlots(StaticSlots):
     def __init__(self, session: Any, config: ModelConfig, slots: int, dtype: np.dtype, mem: Memory,
                  appender: Any = None, graphs: bool = False, sizes: Sequence[int] | None = None) -> None:
         self.mem, self.graphs = mem, graphs
+        self._bursts: dict[int, DeviceBurstStep] = {}  # bucket -> its burst's binding (burst())
         self.sizes = list(sizes) if sizes is not None else buckets(slots)
         if self.sizes[-1] != slots or sorted(self.sizes) != self.sizes:
             raise ValueError(f"buckets {self.sizes}: ascending, the last one the slots ({slots})")
@@ -165,6 +189,41 @@ class DeviceSlots(StaticSlots):
             step = self._steps[(lo, n)] = DeviceDecodeStep(binding, n, self.vocab_size, self.mem, self._inputs,
                                                            self.n_ctx, next(_GRAPH_IDS) if self.graphs else -1)
         return step
+
+    def burst(self, tokens: np.ndarray, session: Any, k: int) -> np.ndarray:
+        """k greedy decode steps of the rows 0 .. B-1 (every slot of the batch, each holding 1 to n_ctx - k
+        positions) in one run of `session`, the unrolled graph (burst.py): tokens (B,) the rows' next
+        inputs -> the k tokens chosen after each (B, k). The rows' caches then hold the input token and
+        the first k-1 chosen; the last chosen is the next input. Bucket rows past B must be empty."""
+        rows = np.arange(len(tokens))  # (B,)
+        lengths = self.lengths[rows]
+        if (lengths == 0).any() or (lengths + k > self.n_ctx).any():
+            raise ValueError(f"a burst of {k} steps needs rows holding 1 to n_ctx - {k} positions")
+        lo, n = self._span(rows)
+        if (self.lengths[len(rows):n] != 0).any() or (self.kept[len(rows):n] != 0).any():
+            raise ValueError("a burst's bucket rows past its batch must be empty (they write positions 0 .. k-1)")
+        step = self._bursts.get(n)
+        if step is None:
+            binding = session.io_binding()
+            self.bind_rows(binding, self._pasts, self._presents, lo, n)
+            names = {i.name for i in session.get_inputs()}
+            step = self._bursts[n] = DeviceBurstStep(binding, n, k, self.mem, names, self.n_ctx,
+                                                               next(_GRAPH_IDS) if self.graphs else -1)
+        if step.k != k:
+            raise ValueError(f"this batch's bursts are {step.k} steps, not {k}")
+        step.pos[:, 0] = self.lengths[lo:lo + n]  # (n,): empty rows at 0
+        step.ids.fill(0)
+        step.ids[rows, 0] = tokens
+        step.seqlens_k[:] = step.pos[:, 0]
+        step.run(session)
+        got = step.tokens(len(rows))  # (B, k)
+        for b in rows:
+            at = int(lengths[b])
+            self.tokens[b, at] = tokens[b]
+            self.tokens[b, at + 1:at + k] = got[b, :k - 1]
+        self.lengths[rows] += k
+        self.kept[rows] = self.lengths[rows]
+        return got
 
     def _execute(self, binding: Any) -> None:
         self.session.run_with_iobinding(binding, self._uncaptured)

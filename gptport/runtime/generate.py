@@ -72,15 +72,27 @@ def generate(
     pos = positions(mask)
     logits, past = step(ids, mask, pos, engine.empty_past(len(rows)))
     prefill_ms = (time.perf_counter() - t0) * 1e3
+    # greedy rows on an engine that decodes several steps a run on its own (cuda_engine.DeviceModel.burst):
+    # each burst's tokens are taken one per iteration, as if chosen from their logits
+    k = getattr(engine, "bursts", 0) if sampling.plain and constrained is None else 0
+    pending: list[np.ndarray] = []  # the current burst's columns not taken yet, (B,) each
     t_decode = time.perf_counter()
     for _ in range(max_new_tokens):
         if constrained is not None:
             constrained.mask(logits, active)
-        nxt = _choose_all(rows, active, logits, sampling, rngs, counts, ends, max_new_tokens, on_token)  # (B,)
+        nxt = _choose_all(rows, active, logits, sampling, rngs, counts, ends, max_new_tokens, on_token,
+                          pending.pop(0) if pending else None)  # (B,)
         if constrained is not None:
             constrained.consume(rows, active, nxt, ends)
         if not any(active):
             break
+        if pending:  # in the cache already: the burst's next token is taken without a step
+            continue
+        if k and mask.shape[1] + k <= n_ctx:  # room for a burst: k steps in one run
+            pending = list(engine.burst(past, nxt).T)  # type: ignore[attr-defined]
+            mask = np.concatenate([mask, np.ones((len(rows), k), dtype=np.int64)], axis=1)  # (B, P+k)
+            pos = pos[:, -1:] + k
+            continue
         if mask.shape[1] < n_ctx:  # room for one more token: one decode step through the cache
             mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)  # (B, P+1)
             pos = pos[:, -1:] + 1  # (B, 1)
@@ -102,15 +114,17 @@ def generate(
 
 def _choose_all(rows: list[RowResult], active: list[bool], logits: np.ndarray, sampling: Sampling,
                 rngs: list[np.random.Generator], counts: list[Counter[int] | None], ends: frozenset[int],
-                max_new_tokens: int, on_token: Callable[[int, int], bool] | None) -> np.ndarray:
-    """Each active row's next token from `logits` (B, 1, V), its counts updated; rows that end (on a token
-    of `ends`, ...) are marked inactive with their reason. Finished rows get an end token, which the next
-    step computes and nobody reads."""
+                max_new_tokens: int, on_token: Callable[[int, int], bool] | None,
+                chosen: np.ndarray | None = None) -> np.ndarray:
+    """Each active row's next token from `logits` (B, 1, V), or `chosen` (B,) when a burst chose them, its
+    counts updated; rows that end (on a token of `ends`, ...) are marked inactive with their reason.
+    Finished rows get an end token, which the next step computes and nobody reads."""
     nxt = np.full(len(rows), min(ends, default=0), dtype=np.int64)  # (B,)
     for i, row in enumerate(rows):
         if not active[i]:
             continue
-        tok = choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids), counts[i])
+        tok = (int(chosen[i]) if chosen is not None
+               else choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids), counts[i]))
         nxt[i] = tok
         if tok in ends:
             active[i], row.finish_reason = False, "eot"

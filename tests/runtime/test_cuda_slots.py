@@ -39,6 +39,7 @@ def device_model(model_dir: Path, precision: str, graphs: bool = True) -> cuda_e
     twin = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
     model = cuda_engine.on_device(load_cpu(path), load_cpu(twin) if precision == "fp32" else None, cuda_graph=False)
     model.graphs = graphs  # run options carry gpu_graph_id as on CUDA (the CPU provider ignores them)
+    model.bursts = 0  # one decode step a run (bursts of greedy steps: test_burst.py)
     return model
 
 

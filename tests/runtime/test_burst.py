@@ -1,0 +1,102 @@
+"""Greedy decode bursts (burst.py, DeviceModel.burst) on the CPU over host memory, the code CUDA runs: k steps
+a run give the tokens of one step a run, for the fp32 decode graph and the fp16 GroupQueryAttention graph,
+with an end token or a stop inside a burst, a token budget that is no multiple of k and a context too short
+for a burst; sampling other than greedy never bursts; a graph that is not a one-token static-cache graph is
+refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from gptport import contract
+from gptport.runtime import burst, cuda_engine
+from gptport.runtime.generate import generate
+from gptport.runtime.onnx_engine import load_cpu
+from gptport.runtime.sampling import Sampling
+from tests.support.cuda_models import with_cuda_graphs
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]]
+
+
+@pytest.fixture(scope="module")
+def cuda_dir(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return with_cuda_graphs(trained_dir, tmp_path_factory.mktemp("burst") / "m")
+
+
+def engine(model_dir: Path, precision: str, bursts: int) -> cuda_engine.DeviceModel:
+    """The engine CUDA opens, on the CPU provider over host memory, `bursts` greedy steps a run."""
+    path = cuda_engine.graph_path(model_dir, precision, required=True)
+    assert path is not None
+    twin = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
+    model = cuda_engine.on_device(load_cpu(path), load_cpu(twin) if precision == "fp32" else None, cuda_graph=False)
+    model.bursts = bursts
+    return model
+
+
+def counted(model: cuda_engine.DeviceModel) -> list[int]:
+    """The batch of every burst `model` runs, recorded as they run."""
+    calls: list[int] = []
+    inner = model.burst
+
+    def wrapped(past: Any, tokens: np.ndarray) -> np.ndarray:
+        calls.append(len(tokens))
+        return inner(past, tokens)
+
+    model.burst = wrapped  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_bursts_give_the_tokens_of_one_step_a_run(cuda_dir: Path, precision: str) -> None:
+    want = generate(engine(cuda_dir, precision, 0), PROMPTS, 21, Sampling(), -1)  # 21: no multiple of 8
+    model = engine(cuda_dir, precision, 8)
+    calls = counted(model)
+    for _ in range(2):  # the second run reuses the slots and the burst's binding
+        got = generate(model, PROMPTS, 21, Sampling(), -1)
+        assert [g.new_ids for g in got] == [w.new_ids for w in want]
+        assert all(len(g.new_ids) == 21 and g.finish_reason == "length" for g in got)
+    assert calls == [3] * 6  # tokens 2-9, 10-17, 18-25 (of which 18-21 are taken) in each run
+
+
+def test_an_end_or_a_stop_inside_a_burst_ends_the_row_there(cuda_dir: Path) -> None:
+    want = generate(engine(cuda_dir, "fp32", 0), PROMPTS, 30, Sampling(), -1)
+    row = want[0].new_ids
+    at = next(i for i in range(3, len(row)) if row[i] not in row[:i])  # its first time, inside a burst
+    model = engine(cuda_dir, "fp32", 8)
+    got = generate(model, PROMPTS[:1], 30, Sampling(), row[at])
+    assert got[0].new_ids == row[:at] and got[0].finish_reason == "eot"
+    stops = generate(model, PROMPTS[:1], 30, Sampling(), -1, on_token=lambda _, tok: tok == row[at])
+    assert stops[0].new_ids == row[:at + 1] and stops[0].finish_reason == "stop"
+
+
+def test_a_context_too_short_for_a_burst_steps_one_token_a_run(cuda_dir: Path) -> None:
+    base = engine(cuda_dir, "fp16", 0)
+    long = [list(range(3, 3 + base.n_ctx - 5))]  # room for 5 more positions: no burst of 8 fits
+    want = generate(base, long, 10, Sampling(), -1, overflow="stop")
+    model = engine(cuda_dir, "fp16", 8)
+    calls = counted(model)
+    got = generate(model, long, 10, Sampling(), -1, overflow="stop")
+    assert calls == [] and got[0].new_ids == want[0].new_ids and got[0].finish_reason == "context"
+
+
+def test_sampling_never_bursts(cuda_dir: Path) -> None:
+    model = engine(cuda_dir, "fp32", 8)
+    calls = counted(model)
+    generate(model, PROMPTS, 12, Sampling(temperature=0.8, seed=3), -1)
+    generate(model, PROMPTS, 12, Sampling(repetition_penalty=1.3), -1)
+    assert calls == []
+
+
+def test_a_graph_with_no_one_token_cache_is_refused(cuda_dir: Path) -> None:
+    contract_graph = onnx.load(str(cuda_dir / "model.onnx"))
+    with pytest.raises(ValueError, match="not a one-token static-cache graph: seqlens_k"):
+        burst.unroll(contract_graph, 4)
+    proto = burst.unroll(onnx.load(str(cuda_dir / contract.onnx_file("fp32", contract.CACHE_DECODE))), 3)
+    outputs = [o.name for o in proto.graph.output]
+    assert outputs[0] == burst.BURST_IDS and contract.LOGITS not in outputs
+    assert sum(n.op_type == "ArgMax" for n in proto.graph.node) == 3
