@@ -13,6 +13,7 @@ its own length, all rows in one bucket (the batch size), replayed as one CUDA gr
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,7 @@ class DeviceModel(OnnxModel):
     bursts: int = BURST_STEPS  # greedy decode steps a run (burst.py); 0: one step a run
     _pasts: dict[int, SlotsPast] = field(default_factory=dict, repr=False)
     _burster: Any = field(default=None, repr=False)
+    _making: Future[Any] | None = field(default=None, repr=False)
 
     @property
     def device(self) -> str:
@@ -107,19 +109,43 @@ class DeviceModel(OnnxModel):
     def step(self, last_only: bool = False) -> StepFn:
         return slot_step(self.config.vocab_size, last_only)
 
+    def bursting(self) -> bool:
+        """Whether greedy bursts run now. The first call starts making their session (the graph unrolled,
+        burst.py) on a thread of its own, so that a short generation does not wait for it: greedy rows
+        step one token a run until it is ready."""
+        if not self.bursts:
+            return False
+        if self._burster is None:
+            if self._making is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="gptport-burst")
+                self._making = pool.submit(self._make_burster)
+                pool.shutdown(wait=False)  # its thread ends with the making
+            if not self._making.done():
+                return False
+            self._burster = self._making.result()  # the making's error, if any, here
+        return True
+
+    def prepare_bursts(self) -> None:
+        """Make the bursts' session now and wait for it (bench and the benchmarks, before they time)."""
+        if self.bursts and not self.bursting():
+            assert self._making is not None
+            self._burster = self._making.result()
+
+    def _make_burster(self) -> Any:
+        import onnx
+
+        if self.path is None:
+            raise ArtifactError("a burst unrolls the engine's graph file: this engine has none")
+        proto = burst.unroll(onnx.load(str(self.path)), self.bursts)
+        return burst.session_like(self.session, proto, session_options())
+
     def burst(self, past: Past, tokens: np.ndarray) -> np.ndarray:
         """`bursts` greedy decode steps of every row of `past` (a cache of this engine's empty_past, after
-        its prefill) in one run: tokens (B,) -> the tokens chosen after them (B, bursts). Its session, the
-        decode graph unrolled (burst.py), is made on the first burst."""
+        its prefill) in one run: tokens (B,) -> the tokens chosen after them (B, bursts). Once bursting()."""
         if not isinstance(past, SlotsPast) or past.stale or not past.started:
             raise ValueError("a burst steps a live, prefilled cache of this engine's empty_past()")
-        if self._burster is None:
-            import onnx
-
-            if self.path is None:
-                raise ArtifactError("a burst unrolls the engine's graph file: this engine has none")
-            proto = burst.unroll(onnx.load(str(self.path)), self.bursts)
-            self._burster = burst.session_like(self.session, proto, session_options())
+        if not self.bursting():
+            raise ValueError("the bursts' session is not ready: ask bursting() first, or prepare_bursts()")
         return past.slots.burst(np.asarray(tokens, dtype=np.int64), self._burster, self.bursts)
 
 

@@ -74,7 +74,7 @@ def generate(
     prefill_ms = (time.perf_counter() - t0) * 1e3
     # greedy rows on an engine that decodes several steps a run on its own (cuda_engine.DeviceModel.burst):
     # each burst's tokens are taken one per iteration, as if chosen from their logits
-    k = getattr(engine, "bursts", 0) if sampling.plain and constrained is None else 0
+    k = getattr(engine, "bursts", 0) if sampling.plain and constrained is None else 0  # (its session made aside)
     pending: list[np.ndarray] = []  # the current burst's columns not taken yet, (B,) each
     t_decode = time.perf_counter()
     for _ in range(max_new_tokens):
@@ -88,7 +88,7 @@ def generate(
             break
         if pending:  # in the cache already: the burst's next token is taken without a step
             continue
-        if k and mask.shape[1] + k <= n_ctx:  # room for a burst: k steps in one run
+        if k and mask.shape[1] + k <= n_ctx and engine.bursting():  # type: ignore[attr-defined]  # room, ready
             pending = list(engine.burst(past, nxt).T)  # type: ignore[attr-defined]
             mask = np.concatenate([mask, np.ones((len(rows), k), dtype=np.int64)], axis=1)  # (B, P+k)
             pos = pos[:, -1:] + k

@@ -1,8 +1,9 @@
 """Greedy decode bursts (burst.py, DeviceModel.burst) on the CPU over host memory, the code CUDA runs: k steps
 a run give the tokens of one step a run, for the fp32 decode graph and the fp16 GroupQueryAttention graph,
 with an end token or a stop inside a burst, a token budget that is no multiple of k and a context too short
-for a burst; sampling other than greedy never bursts; a graph that is not a one-token static-cache graph is
-refused."""
+for a burst; a fresh engine steps one token a run while the bursts' session is made aside; bench's timing
+loop bursts too; sampling other than greedy never bursts; a graph that is not a one-token static-cache graph
+is refused."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def engine(model_dir: Path, precision: str, bursts: int) -> cuda_engine.DeviceMo
     twin = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
     model = cuda_engine.on_device(load_cpu(path), load_cpu(twin) if precision == "fp32" else None, cuda_graph=False)
     model.bursts = bursts
+    model.prepare_bursts()  # made aside otherwise, ready some tokens in
     return model
 
 
@@ -100,3 +102,24 @@ def test_a_graph_with_no_one_token_cache_is_refused(cuda_dir: Path) -> None:
     outputs = [o.name for o in proto.graph.output]
     assert outputs[0] == burst.BURST_IDS and contract.LOGITS not in outputs
     assert sum(n.op_type == "ArgMax" for n in proto.graph.node) == 3
+
+
+def test_a_fresh_engine_does_not_wait_for_its_bursts(cuda_dir: Path) -> None:
+    want = generate(engine(cuda_dir, "fp16", 0), PROMPTS, 30, Sampling(), -1)
+    path = cuda_engine.graph_path(cuda_dir, "fp16", required=True)
+    assert path is not None
+    fresh = cuda_engine.on_device(load_cpu(path), None, cuda_graph=False)
+    assert fresh.bursts == cuda_engine.BURST_STEPS and not fresh.bursting()  # its making has just begun
+    got = generate(fresh, PROMPTS, 30, Sampling(), -1)  # one token a run until the session is there
+    assert [g.new_ids for g in got] == [w.new_ids for w in want]
+    fresh.prepare_bursts()
+    assert fresh.bursting()
+
+
+def test_bench_times_bursts(cuda_dir: Path) -> None:
+    from gptport.runtime.bench import time_generation
+
+    model = engine(cuda_dir, "fp32", 8)
+    calls = counted(model)
+    _, _, steps = time_generation(model, model.config.vocab_size, 2, 16, 20, seed=0)
+    assert len(steps) == 19 and calls == [2, 2, 2] and all(s > 0 for s in steps)  # 8 + 8 + 3 of 8
