@@ -78,9 +78,11 @@ def ours(shape: str, name: str, provider: str, n: int) -> dict[str, Any]:
     slots, tok = past.slots, np.array([int(logits[0, -1].argmax())])
     row = np.arange(1)
     slots.decode(row, tok)  # the first decode step: captured here when graphs are on
+    sync = _sync(provider)
+    if model.bursts:  # per token: a burst's figures over its k tokens
+        return burst_figures(model, slots, tok, n, sync)
     dstep = slots._decode_step(0, 1)
     session = slots.session
-    sync = _sync(provider)
     out: dict[str, Any] = {"graph_id": dstep.graph_id, "providers": session.get_providers()}
     out["replay_us"] = timed(lambda: session.run_with_iobinding(dstep.binding, dstep.options), n)
     out["replay_read_us"] = timed(lambda: (session.run_with_iobinding(dstep.binding, dstep.options),
@@ -95,6 +97,25 @@ def ours(shape: str, name: str, provider: str, n: int) -> dict[str, Any]:
     out["generate_us"] = 1e6 / sd.decode_speed(model, 0)
     if provider == "cuda":
         out["trace"] = kernels(lambda: session.run_with_iobinding(dstep.binding, dstep.options), 20, sync)
+    return out
+
+
+def burst_figures(model: Any, slots: Any, tok: np.ndarray, n: int, sync: Callable[[], None]) -> dict[str, Any]:
+    """A burst's replay, its run with the uploads and the tokens' read, and the generate loop, each per
+    token (over its k tokens); its kernels per token."""
+    k = model.bursts
+    model.prepare_bursts()
+    session = model._burster[1]
+    slots.burst(tok, session, k)  # the first burst: captured here when graphs are on
+    bstep = slots._bursts[(1, k)]
+    out: dict[str, Any] = {"graph_id": bstep.graph_id, "providers": session.get_providers(), "k": k}
+    out["replay_us"] = timed(lambda: session.run_with_iobinding(bstep.binding, bstep.options), n) / k
+    out["step_us"] = timed(lambda: (bstep.run(session), bstep.tokens(1)), n) / k
+    out["generate_us"] = 1e6 / sd.decode_speed(model, 0)
+    if model.provider == "cuda":
+        trace = kernels(lambda: session.run_with_iobinding(bstep.binding, bstep.options), 20, sync)
+        out["trace"] = {**trace, "kernels_per_step": trace["kernels_per_step"] / k,
+                        "gpu_us_per_step": trace["gpu_us_per_step"] / k}
     return out
 
 

@@ -300,10 +300,13 @@ def measure(shape: str, d: Path, provider: str, rounds: int, run: Run, stage: Ca
     with run.round(shape=shape, stage="open") as rnd:
         for name in CONFIGS:
             got = stage(f"open {name}", rnd, lambda n=name: engine(d, provider, n))
-            if got is not None and not (isinstance(got, dict) and "error" in got):
+            if got is None or (isinstance(got, dict) and "error" in got):
+                continue
+            rnd.data[f"open {name}"] = got.session.get_providers()
+            # warm-up: capture, and a burst's session, before the timed rounds; a failure drops the config
+            warm = stage(f"open {name} warm-up", rnd, lambda e=got: decode_speed(e, 0))
+            if not (isinstance(warm, dict) and "error" in warm):
                 opened[name] = got
-                rnd.data[f"open {name}"] = got.session.get_providers()
-                decode_speed(got, 0)  # warm-up: capture, and a burst's session, before the timed rounds
     for rnd in run.series(rounds, shape=shape, stage="decode"):
         for name in rnd.order(list(opened)):
             stage(f"decode {name}", rnd, lambda e=opened[name], i=rnd.index: decode_speed(e, i))

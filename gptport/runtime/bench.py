@@ -166,8 +166,9 @@ def maxrss_mb(ru_maxrss: int) -> float:
 def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen_len: int, seed: int
                     ) -> tuple[float, float, list[float]]:
     """One greedy run on random ids: (prefill seconds, time to first token, per-step decode seconds). An
-    engine that decodes greedy bursts (cuda_engine.DeviceModel) runs them, its bursts' session made
-    before the clock starts; a burst's time is spread over the tokens taken from it."""
+    engine asked for greedy bursts (cuda_engine.DeviceModel.bursts) runs them while k tokens are left,
+    their session made before the clock starts; a burst's time is spread evenly over its k tokens, so
+    the per-token latencies are a burst's mean, not what a streaming client sees token by token."""
     prepare = getattr(engine, "prepare_bursts", None)
     if prepare is not None:
         prepare()
@@ -184,11 +185,10 @@ def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen
     ttft = time.perf_counter() - t0
     steps: list[float] = []
     while len(steps) < gen_len - 1:
-        if k and mask.shape[1] + k <= engine.n_ctx:  # k steps in one run
+        if k and mask.shape[1] + k <= engine.n_ctx and gen_len - 1 - len(steps) >= k:  # k steps in one run
             t = time.perf_counter()
             got = engine.burst(past, nxt[:, 0])  # type: ignore[attr-defined]  # (B, k)
-            took, take = time.perf_counter() - t, min(k, gen_len - 1 - len(steps))
-            steps += [took / take] * take
+            steps += [(time.perf_counter() - t) / k] * k
             nxt = got[:, -1:]  # (B, 1)
             mask, pos = np.ones((batch, mask.shape[1] + k), dtype=np.int64), pos[:, -1:] + k
             continue

@@ -5,10 +5,15 @@ At batch 1 on a GPU a replayed decode step is bound by the host as much as by th
 host sends the token, its position and its length, waits, reads the logits back and picks the next token
 (benchmarks/gpu/decode_profile.py; design record 0037). For greedy decoding none of that needs the host:
 `unroll` writes k copies of a one-token static-cache graph in one graph, step j's ArgMax the next step's
-input ids, its positions and lengths the first step's plus j, its cache the previous step's present (in
-place: TensorScatter and GroupQueryAttention may write over their past), and returns the k chosen tokens
-(`burst_ids`, (B, k)) instead of the logits. One run, one upload of three small inputs and one read of k
-tokens a row then stand for k steps; replayed as one CUDA graph per bucket like the decode step.
+input ids, its positions and lengths the first step's plus j, its cache the previous step's present
+(written in place inside the burst; its first and last steps copy the cache from and to the bound
+buffers), and returns the k chosen tokens (`burst_ids`, (B, k)) instead of the logits. One run, one
+upload of three small inputs and one read of k tokens a row then stand for k steps; replayed as one
+CUDA graph per bucket like the decode step.
+
+Bursts are asked for (DeviceModel.bursts, then prepare_bursts(), which makes their session: a second copy
+of the weights on the device). The benchmarks time them beside single steps; nothing in the CLI turns
+them on until a GPU run has measured them.
 
 The host keeps what it must: end tokens, stop strings and max_new_tokens are applied to the k tokens as
 they come back, the tokens past a row's end are dropped (their cache positions are past its length, so
@@ -28,6 +33,7 @@ if TYPE_CHECKING:  # onnx loads when a graph is unrolled, not when the runtime s
     import onnx
 
 BURST_IDS = "burst_ids"  # (B, k) int64: the k greedy tokens after the input token
+MAX_PROTO_BYTES = 2**31 - 1  # protobuf's limit on one message: a larger graph keeps its weights apart
 STEPPED = (contract.INPUT_IDS, contract.POSITION_IDS, contract.SEQLENS_K)  # advanced from step to step
 
 

@@ -13,7 +13,6 @@ its own length, all rows in one bucket (the batch size), replayed as one CUDA gr
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from gptport.runtime.engine import Past, StepFn
 from gptport.runtime.onnx_engine import OnnxModel, session_options
 
 GPU_CACHES = (contract.CACHE_STATIC, contract.CACHE_DECODE)
-BURST_STEPS = 8  # greedy steps a run: the host's share of a step (~200 us on an H200) spread over 8 tokens
+BURST_STEPS = 8  # greedy steps a burst when asked for: the host's share of a step (~230 us on an H200) over 8
 
 
 def graph_file(precision: str) -> str | None:
@@ -78,10 +77,9 @@ class DeviceModel(OnnxModel):
 
     appender: Any = None
     graphs: bool = False
-    bursts: int = BURST_STEPS  # greedy decode steps a run (burst.py); 0: one step a run
+    bursts: int = 0  # greedy decode steps a run (burst.py), once prepare_bursts(); 0: one step a run
     _pasts: dict[int, SlotsPast] = field(default_factory=dict, repr=False)
-    _burster: Any = field(default=None, repr=False)
-    _making: Future[Any] | None = field(default=None, repr=False)
+    _burster: tuple[int, Any] | None = field(default=None, repr=False)  # (its steps, its session)
 
     @property
     def device(self) -> str:
@@ -109,44 +107,31 @@ class DeviceModel(OnnxModel):
     def step(self, last_only: bool = False) -> StepFn:
         return slot_step(self.config.vocab_size, last_only)
 
-    def bursting(self) -> bool:
-        """Whether greedy bursts run now. The first call starts making their session (the graph unrolled,
-        burst.py) on a thread of its own, so that a short generation does not wait for it: greedy rows
-        step one token a run until it is ready."""
-        if not self.bursts:
-            return False
-        if self._burster is None:
-            if self._making is None:
-                pool = ThreadPoolExecutor(1, thread_name_prefix="gptport-burst")
-                self._making = pool.submit(self._make_burster)
-                pool.shutdown(wait=False)  # its thread ends with the making
-            if not self._making.done():
-                return False
-            self._burster = self._making.result()  # the making's error, if any, here
-        return True
-
     def prepare_bursts(self) -> None:
-        """Make the bursts' session now and wait for it (bench and the benchmarks, before they time)."""
-        if self.bursts and not self.bursting():
-            assert self._making is not None
-            self._burster = self._making.result()
-
-    def _make_burster(self) -> Any:
+        """Make the bursts' session (the graph unrolled `bursts` steps, burst.py) now, or again when
+        `bursts` changed since; nothing when bursts are off. Made in the caller's thread: onnxruntime
+        captures CUDA graphs in global mode, when no other thread may allocate on the device."""
+        if not self.bursts or (self._burster is not None and self._burster[0] == self.bursts):
+            return
         import onnx
 
         if self.path is None:
-            raise ArtifactError("a burst unrolls the engine's graph file: this engine has none")
-        proto = burst.unroll(onnx.load(str(self.path)), self.bursts)
-        return burst.session_like(self.session, proto, session_options())
+            raise ArtifactError("bursts unroll the engine's graph file: this engine has none")
+        proto = burst.unroll(onnx.load(str(self.path)), self.bursts)  # the nodes k times, the weights once
+        if proto.ByteSize() > burst.MAX_PROTO_BYTES:  # one protobuf message: onnxruntime takes it whole
+            raise ArtifactError(f"{self.path}: unrolled {self.bursts} steps its graph is over 2 GB; bursts are "
+                                "for graphs under 2 GB")
+        self._burster = (self.bursts, burst.session_like(self.session, proto, session_options()))
 
     def burst(self, past: Past, tokens: np.ndarray) -> np.ndarray:
         """`bursts` greedy decode steps of every row of `past` (a cache of this engine's empty_past, after
-        its prefill) in one run: tokens (B,) -> the tokens chosen after them (B, bursts). Once bursting()."""
+        its prefill) in one run: tokens (B,) -> the tokens chosen after them (B, bursts). After
+        prepare_bursts()."""
         if not isinstance(past, SlotsPast) or past.stale or not past.started:
             raise ValueError("a burst steps a live, prefilled cache of this engine's empty_past()")
-        if not self.bursting():
-            raise ValueError("the bursts' session is not ready: ask bursting() first, or prepare_bursts()")
-        return past.slots.burst(np.asarray(tokens, dtype=np.int64), self._burster, self.bursts)
+        if self._burster is None or self._burster[0] != self.bursts:
+            raise ValueError(f"no session for bursts of {self.bursts} steps: call prepare_bursts() first")
+        return past.slots.burst(np.asarray(tokens, dtype=np.int64), self._burster[1], self.bursts)
 
 
 def slot_step(vocab: int, last_only: bool) -> StepFn:

@@ -146,7 +146,7 @@ class DeviceSlots(StaticSlots):
     def __init__(self, session: Any, config: ModelConfig, slots: int, dtype: np.dtype, mem: Memory,
                  appender: Any = None, graphs: bool = False, sizes: Sequence[int] | None = None) -> None:
         self.mem, self.graphs = mem, graphs
-        self._bursts: dict[int, DeviceBurstStep] = {}  # bucket -> its burst's binding (burst())
+        self._bursts: dict[tuple[int, int], DeviceBurstStep] = {}  # (bucket, k) -> a burst's binding
         self.sizes = list(sizes) if sizes is not None else buckets(slots)
         if self.sizes[-1] != slots or sorted(self.sizes) != self.sizes:
             raise ValueError(f"buckets {self.sizes}: ascending, the last one the slots ({slots})")
@@ -202,15 +202,13 @@ class DeviceSlots(StaticSlots):
         lo, n = self._span(rows)
         if (self.lengths[len(rows):n] != 0).any() or (self.kept[len(rows):n] != 0).any():
             raise ValueError("a burst's bucket rows past its batch must be empty (they write positions 0 .. k-1)")
-        step = self._bursts.get(n)
+        step = self._bursts.get((n, k))
         if step is None:
             binding = session.io_binding()
             self.bind_rows(binding, self._pasts, self._presents, lo, n)
             names = {i.name for i in session.get_inputs()}
-            step = self._bursts[n] = DeviceBurstStep(binding, n, k, self.mem, names, self.n_ctx,
+            step = self._bursts[(n, k)] = DeviceBurstStep(binding, n, k, self.mem, names, self.n_ctx,
                                                                next(_GRAPH_IDS) if self.graphs else -1)
-        if step.k != k:
-            raise ValueError(f"this batch's bursts are {step.k} steps, not {k}")
         step.pos[:, 0] = self.lengths[lo:lo + n]  # (n,): empty rows at 0
         step.ids.fill(0)
         step.ids[rows, 0] = tokens

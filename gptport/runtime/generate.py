@@ -72,12 +72,14 @@ def generate(
     pos = positions(mask)
     logits, past = step(ids, mask, pos, engine.empty_past(len(rows)))
     prefill_ms = (time.perf_counter() - t0) * 1e3
-    # greedy rows on an engine that decodes several steps a run on its own (cuda_engine.DeviceModel.burst):
+    # greedy rows on an engine asked to decode several steps a run on its own (cuda_engine.DeviceModel.burst):
     # each burst's tokens are taken one per iteration, as if chosen from their logits
-    k = getattr(engine, "bursts", 0) if sampling.plain and constrained is None else 0  # (its session made aside)
+    k = getattr(engine, "bursts", 0) if sampling.plain and constrained is None else 0
+    if k:
+        engine.prepare_bursts()  # type: ignore[attr-defined]  # once per engine
     pending: list[np.ndarray] = []  # the current burst's columns not taken yet, (B,) each
     t_decode = time.perf_counter()
-    for _ in range(max_new_tokens):
+    for taken in range(max_new_tokens):
         if constrained is not None:
             constrained.mask(logits, active)
         nxt = _choose_all(rows, active, logits, sampling, rngs, counts, ends, max_new_tokens, on_token,
@@ -88,7 +90,7 @@ def generate(
             break
         if pending:  # in the cache already: the burst's next token is taken without a step
             continue
-        if k and mask.shape[1] + k <= n_ctx and engine.bursting():  # type: ignore[attr-defined]  # room, ready
+        if k and mask.shape[1] + k <= n_ctx and max_new_tokens - taken - 1 >= k:  # room, and k tokens to take
             pending = list(engine.burst(past, nxt).T)  # type: ignore[attr-defined]
             mask = np.concatenate([mask, np.ones((len(rows), k), dtype=np.int64)], axis=1)  # (B, P+k)
             pos = pos[:, -1:] + k

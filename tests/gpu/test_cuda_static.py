@@ -1,8 +1,8 @@
 """The static cache on the CUDA provider (export --cuda's graphs): decode steps captured as CUDA graphs and
 replayed give the numbers of the same steps run uncaptured, and the greedy tokens of the CPU provider's
 static-cache graph (every row in fp32; two rows of three in fp16); greedy bursts (8 steps a run, replayed)
-give the tokens of one step a run; the serving slots' bucketed, replayed decode steps give their uncaptured
-logits. Each skips, saying why, where the CUDA provider does not run."""
+give the tokens of one step a run (every row in fp32, two of three in fp16); the serving slots' bucketed,
+replayed decode steps give their uncaptured logits. Each skips, saying why, where the CUDA provider does not run."""
 
 from __future__ import annotations
 
@@ -68,10 +68,16 @@ def test_greedy_tokens_are_the_cpu_providers(cuda_dir: Path, precision: str) -> 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_replayed_bursts_give_one_step_a_runs_tokens(cuda_dir: Path, precision: str) -> None:
     bursting, stepping = open_graph(cuda_dir, precision, "cuda"), open_graph(cuda_dir, precision, "cuda")
-    assert isinstance(stepping, cuda_engine.DeviceModel) and bursting.bursts == cuda_engine.BURST_STEPS
-    stepping.bursts = 0
-    for _ in range(2):  # capture, then replay
-        assert rows(bursting, 40) == rows(stepping, 40)
+    assert isinstance(bursting, cuda_engine.DeviceModel) and bursting.graphs and stepping.bursts == 0
+    bursting.bursts = cuda_engine.BURST_STEPS
+    bursting.prepare_bursts()
+    runs: list[int] = []
+    inner = bursting.burst
+    bursting.burst = lambda past, tokens: runs.append(len(tokens)) or inner(past, tokens)  # type: ignore[method-assign]
+    for _ in range(2):  # capture, then replay (fp16: the steps inside a burst may take another kernel path)
+        same = float(np.mean([a == b for a, b in zip(rows(bursting, 40), rows(stepping, 40), strict=True)]))
+        assert same >= (1.0 if precision == "fp32" else 2 / 3)
+    assert runs == [3] * 8  # 4 bursts of 8 a run, then 7 tokens one a run
 
 
 def test_serving_slots_replay_each_bucket(cuda_dir: Path) -> None:

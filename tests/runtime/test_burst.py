@@ -1,9 +1,8 @@
 """Greedy decode bursts (burst.py, DeviceModel.burst) on the CPU over host memory, the code CUDA runs: k steps
 a run give the tokens of one step a run, for the fp32 decode graph and the fp16 GroupQueryAttention graph,
 with an end token or a stop inside a burst, a token budget that is no multiple of k and a context too short
-for a burst; a fresh engine steps one token a run while the bursts' session is made aside; bench's timing
-loop bursts too; sampling other than greedy never bursts; a graph that is not a one-token static-cache graph
-is refused."""
+for a burst; bursts are asked for, their session made once per size; bench's timing loop bursts too;
+sampling other than greedy never bursts; a graph that is not a one-token static-cache graph is refused."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ def engine(model_dir: Path, precision: str, bursts: int) -> cuda_engine.DeviceMo
     twin = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
     model = cuda_engine.on_device(load_cpu(path), load_cpu(twin) if precision == "fp32" else None, cuda_graph=False)
     model.bursts = bursts
-    model.prepare_bursts()  # made aside otherwise, ready some tokens in
+    model.prepare_bursts()  # generate would make it at its first greedy call
     return model
 
 
@@ -62,7 +61,7 @@ def test_bursts_give_the_tokens_of_one_step_a_run(cuda_dir: Path, precision: str
         got = generate(model, PROMPTS, 21, Sampling(), -1)
         assert [g.new_ids for g in got] == [w.new_ids for w in want]
         assert all(len(g.new_ids) == 21 and g.finish_reason == "length" for g in got)
-    assert calls == [3] * 6  # tokens 2-9, 10-17, 18-25 (of which 18-21 are taken) in each run
+    assert calls == [3] * 4  # tokens 2-9 and 10-17 in each run; 18-21 one a run (fewer than 8 left)
 
 
 def test_an_end_or_a_stop_inside_a_burst_ends_the_row_there(cuda_dir: Path) -> None:
@@ -104,16 +103,27 @@ def test_a_graph_with_no_one_token_cache_is_refused(cuda_dir: Path) -> None:
     assert sum(n.op_type == "ArgMax" for n in proto.graph.node) == 3
 
 
-def test_a_fresh_engine_does_not_wait_for_its_bursts(cuda_dir: Path) -> None:
-    want = generate(engine(cuda_dir, "fp16", 0), PROMPTS, 30, Sampling(), -1)
+def test_bursts_are_asked_for_and_made_once_per_size(cuda_dir: Path) -> None:
     path = cuda_engine.graph_path(cuda_dir, "fp16", required=True)
     assert path is not None
-    fresh = cuda_engine.on_device(load_cpu(path), None, cuda_graph=False)
-    assert fresh.bursts == cuda_engine.BURST_STEPS and not fresh.bursting()  # its making has just begun
-    got = generate(fresh, PROMPTS, 30, Sampling(), -1)  # one token a run until the session is there
-    assert [g.new_ids for g in got] == [w.new_ids for w in want]
-    fresh.prepare_bursts()
-    assert fresh.bursting()
+    model = cuda_engine.on_device(load_cpu(path), None, cuda_graph=False)
+    calls = counted(model)
+    want = generate(model, PROMPTS, 30, Sampling(), -1)
+    assert model.bursts == 0 and calls == []  # not asked for: one step a run
+    past = model.empty_past(1)
+    model.step(last_only=True)(np.array([[5, 6]]), np.ones((1, 2), dtype=np.int64), np.array([[0, 1]]), past)
+    model.bursts = 4
+    with pytest.raises(ValueError, match="no session for bursts of 4 steps: call prepare_bursts"):
+        model.burst(past, np.array([7]))
+    got = generate(model, PROMPTS, 30, Sampling(), -1)  # its session made here, before the first burst
+    assert calls and [g.new_ids for g in got] == [w.new_ids for w in want]
+    made = model._burster
+    model.prepare_bursts()
+    assert model._burster is made  # once per size
+    model.bursts = 5
+    again = generate(model, PROMPTS, 30, Sampling(), -1)
+    assert model._burster is not None and model._burster[0] == 5
+    assert [g.new_ids for g in again] == [w.new_ids for w in want]
 
 
 def test_bench_times_bursts(cuda_dir: Path) -> None:
@@ -122,4 +132,4 @@ def test_bench_times_bursts(cuda_dir: Path) -> None:
     model = engine(cuda_dir, "fp32", 8)
     calls = counted(model)
     _, _, steps = time_generation(model, model.config.vocab_size, 2, 16, 20, seed=0)
-    assert len(steps) == 19 and calls == [2, 2, 2] and all(s > 0 for s in steps)  # 8 + 8 + 3 of 8
+    assert len(steps) == 19 and calls == [2, 2] and all(s > 0 for s in steps)  # 8 + 8, then 3 one a run
