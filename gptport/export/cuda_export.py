@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -49,6 +50,7 @@ def write(model_dir: Path, precisions: Sequence[str], gate: bool = True, heldout
     tok = bpe.load(model_dir)
     sources = provenance.sources(model_dir)
     model, card = load_model(model_dir, tok)
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}  # gptport's names
     config = card.model
     decode = model_dir / contract.onnx_file("fp32", contract.CACHE_DECODE)
     half = model_dir / contract.onnx_file("fp16", contract.CACHE_STATIC)
@@ -65,7 +67,6 @@ def write(model_dir: Path, precisions: Sequence[str], gate: bool = True, heldout
     else:
         say("building the decode graph (TensorScatter + Attention, one token per row) and checking it on the CPU")
         tmp = atomic.temp_name(decode)
-        weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
         save(cuda_graphs.build_decode(config, weights), tmp, metadata(card, "fp32", contract.CACHE_DECODE, sources))
         try:
             onnx.checker.check_model(str(tmp), full_check=True)
@@ -76,12 +77,13 @@ def write(model_dir: Path, precisions: Sequence[str], gate: bool = True, heldout
             tmp.unlink(missing_ok=True)
         report.files["fp32 decode"] = decode
     if "fp16" in precisions:
-        _fp16_static(report, model_dir, model, card, half, gate, heldout, sampled_text, sources, say)
+        _fp16_static(report, model_dir, model, card, weights, half, gate, heldout, sampled_text, sources, say)
     return report
 
 
-def _fp16_static(report: CudaReport, model_dir: Path, model: GPT, card: ModelCard, half: Path, gate: bool,
-                 heldout: Path | None, sampled_text: bool, sources: dict[str, str], say: Callable[[str], None]) -> None:
+def _fp16_static(report: CudaReport, model_dir: Path, model: GPT, card: ModelCard, weights: dict[str, Any],
+                 half: Path, gate: bool, heldout: Path | None, sampled_text: bool, sources: dict[str, str],
+                 say: Callable[[str], None]) -> None:
     """model.fp16.static.onnx from the model's weights, gated like the fp16 variant (or marked ungated)."""
     why = gqa_graph.unsupported(card.model)
     if why:
@@ -90,7 +92,6 @@ def _fp16_static(report: CudaReport, model_dir: Path, model: GPT, card: ModelCar
     say("making the fp16 static-cache graph (float16 GroupQueryAttention)")
     tmp = atomic.temp_name(half)
     try:
-        weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
         cuda_graphs.fp16_static(card.model, weights, tmp)
         if not gate:
             set_metadata(tmp, metadata(card, "fp16", contract.CACHE_STATIC, sources, gated=False))

@@ -91,7 +91,8 @@ def unroll(proto: onnx.ModelProto, k: int) -> onnx.ModelProto:
                             [helper.make_tensor_value_info(BURST_IDS, TensorProto.INT64, [contract.BATCH, k]),
                              *[o for o in graph.output if o.name in presents]],
                             [*graph.initializer, *offsets])
-    burst = helper.make_model(out, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
+    burst = helper.make_model(out, opset_imports=list(proto.opset_import), ir_version=proto.ir_version,
+                              functions=list(proto.functions))
     del burst.metadata_props[:]
     burst.metadata_props.extend(proto.metadata_props)
     return burst
