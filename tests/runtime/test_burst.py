@@ -18,14 +18,8 @@ from gptport.runtime import burst, cuda_engine
 from gptport.runtime.generate import generate
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.sampling import Sampling
-from tests.support.cuda_models import with_cuda_graphs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]]
-
-
-@pytest.fixture(scope="module")
-def cuda_dir(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return with_cuda_graphs(trained_dir, tmp_path_factory.mktemp("burst") / "m")
 
 
 def engine(model_dir: Path, precision: str, bursts: int) -> cuda_engine.DeviceModel:

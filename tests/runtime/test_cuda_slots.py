@@ -22,14 +22,8 @@ from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
 from gptport.serve.engine.scheduler import Choice, Failure, Scheduler
-from tests.support.cuda_models import with_cuda_graphs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]]
-
-
-@pytest.fixture(scope="module")
-def cuda_dir(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return with_cuda_graphs(trained_dir, tmp_path_factory.mktemp("cuda") / "m")
 
 
 def device_model(model_dir: Path, precision: str, graphs: bool = True) -> cuda_engine.DeviceModel:
