@@ -34,7 +34,7 @@ from gptport.load import server_proc
 
 WORK = ROOT_WORK / "gpu"
 # gpt2-124m: GPT-2 small's layers with 32,768 tokens (the stdlib corpus runs out of BPE pairs before 50,257)
-VOCAB = {"tiny": 1024, "small": 4096, "gpt2-124m": 32768}
+VOCAB = {"tiny": 1024, "small": 4096, "gpt2-124m": 32768, "smollm2-shape": 32768}
 PROMPTS = ["def ", "import os\n", "class Parser:\n    def __init__(self", "# Copyright"]
 
 

@@ -4,9 +4,10 @@ the device, decode steps replayed as CUDA graphs, against today's contract graph
 the same model in the same run.
 
 For each shape (gpt2-124m first, then small; vocabularies 32,768 and 4,096 from the standard library's
-sources, as benchmarks.gpu.providers): seeded random weights (speed does not depend on them), exported fp32
-and fp16 with --no-gate --cuda (the decode graph is still checked against torch). Then, each stage recorded
-even when another fails, stopping when the time budget is spent:
+sources, as benchmarks.gpu.providers; `--shapes smollm2-shape` adds the Llama family at SmolLM2-135M's size,
+smollm2_shape.toml, whose grouped heads have the fp16 graph only): seeded random weights (speed does not
+depend on them), exported fp32 and fp16 with --no-gate --cuda (the decode graph is still checked against
+torch). Then, each stage recorded even when another fails, stopping when the time budget is spent:
 - decode: batch-1 greedy decode tok/s (prompt 64, 128 new: `gptport bench`'s loop) of the contract graph
   fp32 and fp16 (today's), the decode graph fp32 and the fp16 static graph each with and without CUDA
   graphs and with CUDA graphs of 8-step greedy bursts (runtime/burst.py), and torch: gptport's GPT over a
@@ -49,6 +50,7 @@ from benchmarks.harness.run import Run
 
 WORK = ROOT_WORK / "gpu-static"
 PROMPT, NEW = 64, 128
+SHAPE_FILES = {"smollm2-shape": Path(__file__).parent / "smollm2_shape.toml"}  # the Llama family at SmolLM2's size
 GOALS = {("gpt2-124m", "fp32"): 2000.0, ("gpt2-124m", "fp16"): 2500.0, ("small", "best"): 4000.0}
 
 
@@ -71,8 +73,8 @@ def prepare(shape: str) -> tuple[Path, dict[str, float]]:
     t0 = time.perf_counter()
     if not (d / "tokenizer.json").exists():
         gptport("train-tokenizer", str(corpus_file()), "--vocab-size", str(VOCAB[shape]), "--out", str(d), "--force")
-    if not (d / "model.safetensors").exists():
-        random_weights(d, shape)
+    if not (d / "model.safetensors").exists():  # a shape of its own is a preset file beside this script
+        random_weights(d, str(SHAPE_FILES.get(shape, shape)))
     took["weights_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     gptport("export", str(d), "--precision", "fp32,fp16", "--no-gate", "--cuda", "--force", timeout=1200)
