@@ -4,7 +4,8 @@ For each model directory, precision and cache kind (static-cache graph, or the c
 with concat): a prefill of 64 tokens and --steps decode steps with profiling on (2 threads) through the
 step function `gptport generate` uses, one round per graph; the decode steps' events summarised per
 operator type (time per step, node count) with the heaviest nodes and the time outside nodes (the
-executor's per-run overhead); the prefill's the same way. Defaults: the random-weight `small` and
+executor's per-run overhead); the prefill's the same way. `--batch B` steps B rows of equal length at once
+(a serving step's shape). Defaults: the random-weight `small` and
 `gpt2-124m` directories of benchmarks.decode.precisions (run it first).
 
     python -m benchmarks.decode.profile_ops [MODEL_DIR ...] [--precisions fp32] [--kv-caches static,concat]
@@ -28,7 +29,7 @@ from benchmarks.harness.run import Run
 TOP_OPS = 12
 
 
-def profile(path: Path, precision: str, cache: str, steps: int, threads: int) -> dict[str, Any]:
+def profile(path: Path, precision: str, cache: str, steps: int, threads: int, batch: int = 1) -> dict[str, Any]:
     """The decode steps' and the prefill's summaries of the graph at `path`."""
     import onnxruntime as ort
 
@@ -44,14 +45,14 @@ def profile(path: Path, precision: str, cache: str, steps: int, threads: int) ->
         config = graph_config(path, session.get_modelmeta().custom_metadata_map)
         model = OnnxModel(session, config, precision, "", cache=cache)  # the step fn generate uses
         step = model.step(last_only=True)
-        ids = np.random.default_rng(0).integers(0, config.vocab_size, (1, 64), dtype=np.int64)
+        ids = np.random.default_rng(0).integers(0, config.vocab_size, (batch, 64), dtype=np.int64)  # (B, 64)
         mask = np.ones_like(ids)
-        step(ids, mask, positions(mask), model.empty_past(1))  # warm-up: the profiled prefill is the second
-        logits, past = step(ids, mask, positions(mask), model.empty_past(1))
+        step(ids, mask, positions(mask), model.empty_past(batch))  # warm-up: the profiled prefill is the second
+        logits, past = step(ids, mask, positions(mask), model.empty_past(batch))
         for i in range(steps):
-            nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
-            mask = np.ones((1, 65 + i), dtype=np.int64)
-            logits, past = step(nxt, mask, np.array([[64 + i]], dtype=np.int64), past)
+            nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
+            mask = np.ones((batch, 65 + i), dtype=np.int64)
+            logits, past = step(nxt, mask, np.full((batch, 1), 64 + i, dtype=np.int64), past)
         events = json.loads(Path(session.end_profiling()).read_text())
     runs = model_runs(events)
     return {"config": model_config_to_dict(config), "decode": summarize(runs[-steps:], events),
@@ -77,6 +78,7 @@ def main() -> None:
     ap.add_argument("--kv-caches", default="static,concat")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
     from gptport import contract
 
@@ -89,7 +91,7 @@ def main() -> None:
                     raise SystemExit(f"{path}: missing; run python -m benchmarks.decode.precisions first")
                 graph = f"{d.name} {path.name}"
                 with run.round(graph=graph) as rnd:
-                    rnd.data["profile"] = profile(path, precision, cache, args.steps, args.threads)
+                    rnd.data["profile"] = profile(path, precision, cache, args.steps, args.threads, args.batch)
                 rows += table_rows(graph, rnd.data["profile"])
                 for phase in ("decode", "prefill_64"):
                     r = rnd.data["profile"][phase]

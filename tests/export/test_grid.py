@@ -66,12 +66,12 @@ def test_weights_off_the_grid_are_turned_away() -> None:
     assert grid.find(np.zeros((K, N), np.float32)) is None  # constant along K: nothing to keep exact
 
 
-def matmuls(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """y_NAME = x @ W_NAME for each weight, all reading one (2, 5, K) input."""
+def matmuls(weights: dict[str, np.ndarray], lead: tuple[int, ...] = (2, 5)) -> onnx.ModelProto:
+    """y_NAME = x @ W_NAME for each weight, all reading one (*lead, K) input."""
     nodes = [helper.make_node("MatMul", ["x", f"W_{n}"], [f"y_{n}"], name=f"mm_{n}") for n in weights]
-    outputs = [helper.make_tensor_value_info(f"y_{n}", TensorProto.FLOAT, [2, 5, w.shape[1]])
+    outputs = [helper.make_tensor_value_info(f"y_{n}", TensorProto.FLOAT, [*lead, w.shape[1]])
                for n, w in weights.items()]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, K])],
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, K])],
                               outputs, [numpy_helper.from_array(w, f"W_{n}") for n, w in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
@@ -81,21 +81,24 @@ def run(proto: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
     return sess.run(None, {"x": x})
 
 
-def test_the_encoded_matmul_gives_the_float_product(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lead", [(2, 5), (7,)], ids=["(B, T, K)", "(T, K)"])
+def test_the_encoded_matmul_gives_the_float_product(lead: tuple[int, ...], tmp_path: Path) -> None:
     weights = {"a": on_grid(gf.Q.Q4_1, 3), "b": on_grid(gf.Q.Q4_0, 4)}
-    x = np.random.default_rng(5).standard_normal((2, 5, K)).astype(np.float32) * 3  # (B, T, K)
-    proto = matmuls(weights)
+    x = np.random.default_rng(5).standard_normal((*lead, K)).astype(np.float32) * 3  # (*lead, K)
+    proto = matmuls(weights, lead)
     added = grid.encode(proto, accuracy_level=0)
     ops = [n.op_type for n in proto.graph.node]
-    assert ops.count("MatMulNBits") == 2 and ops.count("Add") == 2
+    assert ops.count("MatMulNBits") == 2 and ops.count("Add") == 2 and ops.count("ReduceSum") == 1
     assert sum(n.endswith("_grid_sum") for n in added) == 1  # one block sum for the input both read
     assert not {i.name for i in proto.graph.initializer} & {"W_a", "W_b"}  # the float weights are gone
+    # nothing beside the weights' own codes, steps and offsets grows with K (no (K, K/32) indicator)
+    assert max(int(np.prod(i.dims)) for i in proto.graph.initializer if "_grid_" not in i.name) <= len(lead) + 2
     for got, w in zip(run(proto, x), weights.values(), strict=True):
         want = x.astype(np.float64) @ w.astype(np.float64)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     # the check has teeth: the same weights quantized again onto a symmetric 4-bit grid are far off
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save_model(matmuls({"a": weights["a"]}), str(src))
+    onnx.save_model(matmuls({"a": weights["a"]}, lead), str(src))
     assert variants.quantize(src, dst, variants.SCHEMES["nbits4-b32-acc0-head8"])
     want = x.astype(np.float64) @ weights["a"].astype(np.float64)
     assert np.abs(run(onnx.load(str(dst)), x)[0] - want).max() > 1e-2 * np.abs(want).max()
