@@ -55,7 +55,7 @@ def export_gguf(
 def import_gguf(
     gguf_file: Annotated[Path, typer.Argument(help="A llama.cpp GGUF file of architecture llama, qwen2, qwen3 or gpt2 "
                                               "(F32, F16, BF16 or block-quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
-                                              "Q2_K-Q6_K).",
+                                              "Q2_K-Q6_K, IQ4_NL, IQ4_XS, IQ3_S).",
                                               show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="gptport model directory to create.")],
     force: Force = False,

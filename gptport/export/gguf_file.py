@@ -14,9 +14,13 @@ import numpy as np
 from gptport.errors import ArtifactError, InputError
 
 Q = gguf.GGMLQuantizationType
-# The types import-gguf dequantizes: floats, llama.cpp's legacy block types and its k-quants (Q4_K_M and Q5_K_M
-# files fall back to Q5_0 / Q5_1 / Q8_0 for rows that are no multiple of 256 values).
-TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# The types import-gguf dequantizes: floats, llama.cpp's legacy block types, its k-quants (Q4_K_M and Q5_K_M
+# files fall back to Q5_0 / Q5_1 / Q8_0 for rows that are no multiple of 256 values) and the i-quants that
+# llama-quantize writes without an importance matrix (IQ3_XXS files hold none: they fall back to Q3_K and
+# IQ4_NL). Each was read from a real file as transformers reads it (benchmarks.export.gguf_types); the i-quants
+# of 1 and 2 bits, which need an importance matrix, and the ternary TQ types were not, and are refused.
+TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+         Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_S)
 
 
 class _Truncated(Exception):

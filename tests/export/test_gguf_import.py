@@ -221,9 +221,10 @@ def _bad_file(kind: str, path: Path, source_tokenizer: Any) -> Path:
     if kind == "not-gguf":
         path.write_text("no magic here\n")
         return path
-    if kind == "tensor-type":  # IQ4_NL: 18 bytes per block of 32 values
+    if kind == "tensor-type":  # Q8_1, llama.cpp's activations' type
         name, w, _ = tensors[1]
-        tensors[1] = (name, np.zeros((w.shape[0], w.shape[1] // 32 * 18), np.uint8), gf.Q.IQ4_NL)
+        values, size = gguf.GGML_QUANT_SIZES[gf.Q.Q8_1]
+        tensors[1] = (name, np.zeros((w.shape[0], w.shape[1] // values * size), np.uint8), gf.Q.Q8_1)
     if kind == "architecture":
         arch = "mamba"
     if kind in ("tokenizer-model", "pre-tokenizer"):
@@ -243,7 +244,7 @@ def _bad_file(kind: str, path: Path, source_tokenizer: Any) -> Path:
 BAD = {
     "truncated-data": "truncated: {size} bytes, but what its header describes reaches byte",
     "truncated-header": "truncated: {size} bytes, but what its header describes reaches byte",
-    "not-gguf": "not a GGUF file gptport can read", "tensor-type": "is IQ4_NL, a type gptport does not import",
+    "not-gguf": "not a GGUF file gptport can read", "tensor-type": "is Q8_1, a type gptport does not import",
     "architecture": "architecture 'mamba' is not one gptport imports",
     "tokenizer-model": "tokenizer.ggml.model 't5' is a tokenizer gptport cannot rebuild",
     "pre-tokenizer": "tokenizer.ggml.pre 'no-such-pre' is a pre-tokenizer gptport does not know",
