@@ -76,8 +76,10 @@ def main() -> None:
         scheme = variants.SCHEMES[name]
         out = work / f"{name}.onnx"
         out.unlink(missing_ok=True)
-        if not variants.quantize(fp32, out, scheme, ranges):
-            print(f"{name}: does not apply to this model (no weight matrix on a 4-bit grid)")
+        try:
+            variants.quantize(fp32, out, scheme, ranges)
+        except variants.NotApplicable as e:
+            print(f"{name}: does not apply to this model ({e})")
             continue
         exporter.set_metadata(out, exporter.metadata(card, "int8", contract.CACHE_STATIC))
         graphs[name] = load_cpu(out, args.threads)

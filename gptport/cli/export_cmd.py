@@ -123,6 +123,8 @@ def export(
             gates.add_row(g.precision, g.scheme or "—", f"{g.top1:.2%}", f"{g.mean_kl:.2e}", str(g.positions),
                           "✓" if g.ok else "✗")
         err.print(gates)
+    for label, scheme, why in report.not_applied:
+        err.print(f"{label}: {scheme} not tried: {why}")
     if report.kv_gates:
         kv = Table("graph", "scales", "top-1 agreement", "bits/byte (float32 → int8 cache)", "positions",
                    "16-row step (float32 → int8 cache)", "passed",

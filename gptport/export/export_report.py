@@ -19,6 +19,7 @@ class ExportReport:
     parity: list[validate.ParityRow] = field(default_factory=list)
     greedy_tokens: int = 0
     gates: list[validate.GateRow] = field(default_factory=list)  # every scheme tried, in order
+    not_applied: list[tuple[str, str, str]] = field(default_factory=list)  # (variant, scheme, why) not tried
     schemes: dict[str, str] = field(default_factory=dict)  # written variant ("int8", "int8 static") -> scheme
     gated: bool = True  # False: the variants were written with --no-gate, unchecked
     heldout: str = ""  # the text the gate scored (validate.Heldout.source), when a variant was gated

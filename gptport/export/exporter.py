@@ -340,7 +340,7 @@ def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | Non
     assert fp32 is not None
     report, card, tmp = job.report, job.card, atomic.temp_name(graph.path)
     if job.windows is None:
-        scheme = next((s for s in schemes if variants.make(graph.precision, fp32, tmp, card.model, s)), None)
+        scheme = next((s for s in schemes if _made(job, graph, fp32, tmp, s)), None)
         if scheme is None:  # the ladders end with a scheme every graph takes: not reached today
             job.say(f"{graph.label}: none of {', '.join(schemes)} applies to this model")
             return
@@ -349,8 +349,7 @@ def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | Non
         job.passed[graph] = tmp
         return
     for scheme in schemes:
-        if not variants.make(graph.precision, fp32, tmp, card.model, scheme, job.ranges_for(scheme)):
-            job.say(f"{graph.label}: {scheme} does not apply (no weight matrix on a 4-bit grid)")
+        if not _made(job, graph, fp32, tmp, scheme):
             continue
         set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gate_text=report.heldout))
         gate = replace(validate.gate(job.model, load_cpu(tmp), job.windows, graph.label), scheme=scheme)
@@ -360,6 +359,17 @@ def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | Non
             job.passed[graph] = tmp
             return
     tmp.unlink(missing_ok=True)
+
+
+def _made(job: _Job, graph: Graph, fp32: Path, tmp: Path, scheme: str) -> bool:
+    """Whether `scheme` made the `graph` variant at `tmp`; where it does not apply, why is said and reported."""
+    try:
+        variants.make(graph.precision, fp32, tmp, job.card.model, scheme, job.ranges_for(scheme))
+    except variants.NotApplicable as e:
+        job.say(f"{graph.label}: {scheme} does not apply ({e})")
+        job.report.not_applied.append((graph.label, scheme, str(e)))
+        return False
+    return True
 
 
 def _rename_into_place(job: _Job) -> None:

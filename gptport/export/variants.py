@@ -91,10 +91,14 @@ LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4", "nbits8-b32-acc4-smoot
 Ranges = Mapping[str, np.ndarray]  # calibration.activation_ranges: module name -> (channels,) max |x|
 
 
-def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None) -> bool:
+class NotApplicable(Exception):
+    """A scheme that does not apply to this graph (a grid scheme where most weights are off the grid), and why."""
+
+
+def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None) -> None:
     """Quantize the MatMul weights of the graph at `src` (the head included) into `dst`; a smoothing
-    scheme rescales with the activations' `ranges` first. False (nothing written): a grid scheme on a graph
-    with no matrix on a 4-bit grid."""
+    scheme rescales with the activations' `ranges` first. NotApplicable (nothing written): a grid scheme on a
+    graph whose matrices on a 4-bit grid hold less than half of the MatMul weights."""
     _quiet()
     proto = materialize_head(onnx.load(str(src)))
     if scheme.smooth:
@@ -109,13 +113,17 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
                          weight_type=QuantType.QInt8,
                          extra_options={"MatMulConstBOnly": True,  # float: contrib ops stop shape inference
                                         "DefaultTensorType": onnx.TensorProto.FLOAT})
-        return True
+        return
     head_level = scheme.accuracy_level if scheme.head_accuracy_level < 0 else scheme.head_accuracy_level
     if scheme.grid:
-        weights = _matmul_weights(proto)
+        weights, matrices = _matmul_weights(proto), sum(n.op_type == "MatMul" for n in proto.graph.node)
+        sizes = {i.name: int(np.prod(i.dims)) for i in proto.graph.initializer}
         added = grid.encode(proto, scheme.accuracy_level)
-        if 2 * (weights - _matmul_weights(proto)) < weights:
-            return False  # most of the weights off the grid: not a 4-bit import, and the rest would get 8 bits
+        on = sum(sizes.values()) - sum(sizes.get(i.name, 0) for i in proto.graph.initializer)  # the float weights gone
+        if 2 * on < weights:  # not a 4-bit import, and the rest would get 8 bits
+            found = sum(n.endswith("_Q4_grid") for n in added)
+            raise NotApplicable(f"{on / weights:.1%} of the MatMul weights lie on a 4-bit grid ({found} of "
+                                f"{matrices} matrices); the exact encoding needs half")
         passes = [(scheme.head_bits or scheme.bits, head_level, added, None)]  # every matrix off the grid
     else:
         passes = [(scheme.bits, scheme.accuracy_level, [head] if scheme.head_bits and head else [], None)]
@@ -129,7 +137,6 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         q.process()
         proto = q.model.model
     onnx.save_model(proto, str(dst))
-    return True
 
 
 def _matmul_weights(proto: onnx.ModelProto) -> int:
@@ -188,13 +195,13 @@ def optimize(src: Path, cfg: ModelConfig) -> tuple[Path, dict[str, int]]:
 
 
 def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig, scheme: str = "",
-         ranges: Ranges | None = None) -> bool:
+         ranges: Ranges | None = None) -> None:
     """Write the `precision` variant of the fp32 graph at `fp32` to `dst`; int8 and int4 with
     `scheme` (a SCHEMES name), by default the first of the precision's LADDER (`ranges`: a smoothing
-    scheme's calibration). False (nothing written): the scheme does not apply to this graph."""
+    scheme's calibration). NotApplicable (nothing written): the scheme does not apply to this graph."""
     if precision in LADDER:
-        return quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]], ranges)
-    if precision == "fp16":
+        quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]], ranges)
+    elif precision == "fp16":
         to_fp16(fp32, dst)
-        return True
-    raise UsageError(f"unknown precision {precision!r}")
+    else:
+        raise UsageError(f"unknown precision {precision!r}")

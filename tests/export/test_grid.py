@@ -8,6 +8,7 @@ trained here skips those rungs."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ def test_the_encoded_matmul_gives_the_float_product(lead: tuple[int, ...], tmp_p
     # the check has teeth: the same weights quantized again onto a symmetric 4-bit grid are far off
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
     onnx.save_model(matmuls({"a": weights["a"]}, lead), str(src))
-    assert variants.quantize(src, dst, variants.SCHEMES["nbits4-b32-acc0-head8"])
+    variants.quantize(src, dst, variants.SCHEMES["nbits4-b32-acc0-head8"])
     want = x.astype(np.float64) @ weights["a"].astype(np.float64)
     assert np.abs(run(onnx.load(str(dst)), x)[0] - want).max() > 1e-2 * np.abs(want).max()
 
@@ -128,8 +129,11 @@ def test_grid_schemes_do_not_apply_to_weights_mostly_off_the_grid(on: int, tmp_p
     trained = np.random.default_rng(6).standard_normal((K, N)).astype(np.float32)
     weights = {"a": trained, "b": trained[:, :100] * 2} | ({"c": on_grid(gf.Q.Q4_1)[:, :32]} if on else {})
     onnx.save_model(matmuls(weights), str(src))
+    share = f"{on * 32 / (N + 100 + on * 32):.1%}"  # c's columns, if there, of all the columns of K rows
     for name in ("nbits4-grid-acc4-head8", "nbits4-grid-acc0-head8"):
-        assert variants.quantize(src, dst, variants.SCHEMES[name]) is False
+        with pytest.raises(variants.NotApplicable, match=rf"^{re.escape(share)} of the MatMul weights lie on a "
+                                                          rf"4-bit grid \({on} of {2 + on} matrices\)"):
+            variants.quantize(src, dst, variants.SCHEMES[name])
         assert not dst.exists()
 
 
@@ -167,5 +171,9 @@ def test_a_model_trained_here_skips_the_grid_rungs(tmp_path: Path, trained_dir: 
     report = export(model, ["fp32", "int4"], static=False, force=True, say=said.append)
     skipped = [line for line in said if "does not apply" in line]
     assert [line.split(": ")[1].split()[0] for line in skipped] == list(variants.LADDER["int4"][:2])
+    assert [(label, scheme) for label, scheme, _ in report.not_applied] == [
+        ("int4", s) for s in variants.LADDER["int4"][:2]]
+    assert all(why.startswith("0.0% of the MatMul weights lie on a 4-bit grid (0 of ") for *_, why in
+               report.not_applied)
     assert report.schemes["int4"] == "nbits4-b32-acc4-head8"
     assert [g.scheme for g in report.gates] == ["nbits4-b32-acc4-head8"]
