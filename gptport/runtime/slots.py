@@ -25,7 +25,7 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import ModelConfig
-from gptport.runtime import append
+from gptport.runtime import append, hugepages
 from gptport.runtime.engine import FLOAT32, Engine, Past
 from gptport.runtime.static_cache import DecodeStep
 
@@ -118,8 +118,8 @@ class StaticSlots(SlotEngine):
         self.supports_append_many = self.appender is not None
 
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype, count: int) -> list[Any]:
-        """The cache buffers: `count` zero-filled arrays of `shape`."""
-        return [np.zeros(shape, dtype=dtype) for _ in range(count)]
+        """The cache buffers: `count` zero-filled arrays of `shape`, faulted in now (hugepages.resident_zeros)."""
+        return [hugepages.resident_zeros(shape, dtype) for _ in range(count)]
 
     def _appender(self, session: Any, layers: int) -> append.Appender:
         """The multi-row append graph's runs over the buffers."""

@@ -78,3 +78,24 @@ def test_off_by_environment(region: tuple[mmap.mmap, int], monkeypatch: pytest.M
     done = hugepages.back_weights()
     assert done.collapsed == 0 and done.mappings == 0 and done.why.startswith("off")
     assert _smaps_field(address, "AnonHugePages") == 0
+
+
+
+def _rss() -> int:
+    """This process's resident bytes (VmRSS)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_a_static_cache_buffer_is_resident_when_made() -> None:
+    """resident_zeros: every page faulted in at once, so no request pays the first touch; numpy's own zeros
+    of the same size are not resident (the check has teeth)."""
+    import numpy as np
+
+    before = _rss()
+    lazy = np.zeros(SIZE // 4, dtype=np.float32)
+    assert _rss() - before < 4 << 20 and lazy.nbytes == SIZE
+    before = _rss()
+    a = hugepages.resident_zeros((16, SIZE // 64), np.dtype(np.float32))  # (S, ...) 64 MiB
+    assert _rss() - before >= SIZE - (1 << 20)
+    assert a.shape == (16, SIZE // 64) and a.dtype == np.float32 and not a.any()
