@@ -152,6 +152,7 @@ class DeviceSlots(StaticSlots):
             raise ValueError(f"buckets {self.sizes}: ascending, the last one the slots ({slots})")
         self._uncaptured = run_options(-1) if graphs else None
         super().__init__(session, config, slots, dtype, appender)
+        self.resident = None  # device memory: the host's residency does not apply
         self.decode_only = contract.TOTAL_SEQUENCE_LENGTH not in self._inputs
         if self.decode_only and self.appender is None:
             raise ValueError("the one-token decode graph needs the multi-row append graph beside it (appender=...)")

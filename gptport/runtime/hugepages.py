@@ -13,7 +13,8 @@ the memory stays as it was. GPTPORT_HUGEPAGES=0 turns it off.
 A serving engine's static KV cache is faulted in when it is made (`resident_zeros`): numpy's zeros come from
 calloc, whose pages the kernel maps at their first touch, so the first requests of a fresh server paid for
 touching their rows' buffers (gpt2-124m's 16 slots of 1,024 positions, 1.2 GB: 1.4 s in each of its first two
-8-row prompt runs against 0.24 s after; made resident at once, 0.09 s). No torch here.
+8-row prompt runs against 0.24 s after; made resident at once, 0.09 s), unless it would take over half the
+memory available (`fits`). No torch here.
 """
 
 from __future__ import annotations
@@ -90,6 +91,20 @@ def back_weights() -> Backed:
             done.refused += 1
             done.why = done.why or f"the kernel refused ({os.strerror(ctypes.get_errno())})"
     return done
+
+
+def fits(nbytes: int, path: str = "/proc/meminfo") -> bool:
+    """Whether `nbytes` may be made resident at once: at most half of the memory the kernel says is available
+    for new work (MemAvailable; True where it does not say). A cache larger than that is left to be faulted in
+    as its rows are written, as before."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return nbytes <= int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError, IndexError):
+        return True
+    return True
 
 
 def resident_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

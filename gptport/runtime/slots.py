@@ -101,6 +101,7 @@ class StaticSlots(SlotEngine):
         self.n_ctx, layers, self.vocab_size = config.n_ctx, config.n_layer, config.vocab_size
         self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
         shape = (slots, config.n_kv_head, self.n_ctx, config.head_dim)  # (S, Hkv, C, hd)
+        self.resident: bool | None = hugepages.fits(2 * layers * int(np.prod(shape)) * np.dtype(dtype).itemsize)
         self.buffers = self._allocate(shape, np.dtype(dtype), 2 * layers)
         self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
         self.tokens = np.zeros((slots, self.n_ctx), dtype=np.int64)  # (S, C) the ids each row's cache was written with
@@ -118,8 +119,10 @@ class StaticSlots(SlotEngine):
         self.supports_append_many = self.appender is not None
 
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype, count: int) -> list[Any]:
-        """The cache buffers: `count` zero-filled arrays of `shape`, faulted in now (hugepages.resident_zeros)."""
-        return [hugepages.resident_zeros(shape, dtype) for _ in range(count)]
+        """The cache buffers: `count` zero-filled arrays of `shape`, faulted in now where `resident`
+        (hugepages.resident_zeros: a fresh server's first prompts do not pay for touching their rows)."""
+        zeros = hugepages.resident_zeros if self.resident else np.zeros
+        return [zeros(shape, dtype) for _ in range(count)]
 
     def _appender(self, session: Any, layers: int) -> append.Appender:
         """The multi-row append graph's runs over the buffers."""

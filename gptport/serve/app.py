@@ -129,7 +129,8 @@ class State:
         kv = per_slot * s.slots
         self.metrics.kv_bytes.labels(kv_type).set(per_slot)
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
-                   f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB) · queue {s.max_queue} · "
+                   f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB{startup.residency(slots)}) · "
+                   f"queue {s.max_queue} · "
                    f"prefix cache {startup.prefix_cache(s, self.scheduler)} · "
                    f"{'multi-row append' if slots.supports_append_many else 'one-row appends'} · "
                    f"chat template: {template}{drafts_from}"

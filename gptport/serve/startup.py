@@ -1,5 +1,5 @@
-"""What serve's startup line says beyond the model and its slots: prefix caching's state, and a gated
-int8 variant beside the fp32 graph that runs. No torch here."""
+"""What serve's startup line says beyond the model and its slots: whether the KV cache is held from the start,
+prefix caching's state, and a gated int8 variant beside the fp32 graph that runs. No torch here."""
 
 from __future__ import annotations
 
@@ -30,3 +30,12 @@ def prefix_cache(s: Any, scheduler: Any) -> str:
     if scheduler.prefix_cache:
         return "on"
     return "off (--no-prefix-cache)" if not s.prefix_cache else "off (static-cache graphs only)"
+
+
+def residency(slots: Any) -> str:
+    """What the startup line says of the KV cache's memory: held from the start, or taken as rows are written
+    because holding it all would take over half of the memory available (runtime/slots.py)."""
+    resident = getattr(slots, "resident", None)
+    if resident is None:  # a cache on the device, or the contract graph's
+        return ""
+    return ", resident" if resident else ", taken as rows fill: over half the memory available"

@@ -99,3 +99,17 @@ def test_a_static_cache_buffer_is_resident_when_made() -> None:
     a = hugepages.resident_zeros((16, SIZE // 64), np.dtype(np.float32))  # (S, ...) 64 MiB
     assert _rss() - before >= SIZE - (1 << 20)
     assert a.shape == (16, SIZE // 64) and a.dtype == np.float32 and not a.any()
+
+
+def test_a_cache_is_made_resident_only_within_half_the_available_memory(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from gptport.serve.startup import residency
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  4000 kB\nMemAvailable:  1000 kB\n")
+    assert hugepages.fits(512_000, str(meminfo)) and not hugepages.fits(512_001, str(meminfo))
+    assert hugepages.fits(10**15, str(tmp_path / "absent"))  # nothing said: resident, as a small cache is
+    assert residency(SimpleNamespace(resident=True)) == ", resident"
+    assert "over half the memory available" in residency(SimpleNamespace(resident=False))
+    assert residency(SimpleNamespace(resident=None)) == residency(object()) == ""

@@ -36,6 +36,7 @@ def test_a_shared_prefix_is_prefilled_once(trained_dir: Path, tmp_path: Path, fl
         assert len({c.message.content for c in chat.choices}) == 1
         log = (tmp_path / "serve.log").read_text()
     assert texts == [cli_generate(trained_dir, HEAD + tail, 6) for tail in (" to suffer", " or to take arms")]
+    assert "MiB, resident)" in log  # a small cache is faulted in when the slots are made
     if flag:
         assert cached == [0, 0] and counted == 0 and copied == 0
         assert "prefix cache off (--no-prefix-cache)" in log
