@@ -40,6 +40,9 @@ def serve(
     kv_dtype: KvDtype = "float32",
     slots: Annotated[int, typer.Option(help="Requests decoded together: rows of the KV cache, n_ctx positions "
                                        "each.")] = 16,
+    n_ctx: Annotated[int | None, typer.Option(help="Positions per slot, prompt and answer together (default: the "
+                                              "model's n_ctx): a shorter context holds less KV cache.",
+                                              show_default=False)] = None,
     max_queue: Annotated[int, typer.Option(help="Choices that may wait for a slot; past that, 429.")] = 64,
     threads: Annotated[int, typer.Option(help="CPU intra-op threads (0: onnxruntime's default).")] = 0,
     api_key: Annotated[str | None, typer.Option(envvar="GPTPORT_API_KEY", help="Require 'Authorization: Bearer "
@@ -114,7 +117,7 @@ def serve(
                         draft=draft, draft_tokens=draft_tokens, prompt_lookup=prompt_lookup,
                         draft_precision=draft_precision, draft_threads=draft_threads, prefix_cache=prefix_cache,
                         kv_dtype=kv_dtype, allowed_origins=parse_origins(allowed_origins), access_log=access_log,
-                        multi_row_append=multi_row_append)
+                        multi_row_append=multi_row_append, n_ctx=n_ctx)
     limits = Limits(max_connections, header_timeout, keep_alive)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if ray:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gptport import contract
+from gptport.config import ModelConfig
 from gptport.errors import ArtifactError
 from gptport.runtime import burst, cuda_memory
 from gptport.runtime.cuda_slots import DeviceSlots
@@ -85,9 +86,10 @@ class DeviceModel(OnnxModel):
     def device(self) -> str:
         return cuda_memory.CUDA if self.on_gpu else cuda_memory.HOST
 
-    def device_slots(self, n: int) -> DeviceSlots:
-        """n device slots over this engine's graphs (what serve's scheduler steps)."""
-        return DeviceSlots(self.session, self.config, n, self.kv_dtype, cuda_memory.memory(self.device),
+    def device_slots(self, n: int, config: ModelConfig | None = None) -> DeviceSlots:
+        """n device slots over this engine's graphs (what serve's scheduler steps), of `config`'s n_ctx
+        positions each (default: this engine's config)."""
+        return DeviceSlots(self.session, config or self.config, n, self.kv_dtype, cuda_memory.memory(self.device),
                            self.appender, self.graphs)
 
     def empty_past(self, batch: int) -> Past:

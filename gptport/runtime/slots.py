@@ -17,6 +17,7 @@ about requests. No torch here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import ModelConfig
+from gptport.errors import UsageError
 from gptport.runtime import append, hugepages
 from gptport.runtime.engine import FLOAT32, Engine, Past
 from gptport.runtime.static_cache import DecodeStep
@@ -314,8 +316,8 @@ class ConcatSlots(SlotEngine):
     (B, H, P, hd) with its attention mask (B, P); a slot being filled keeps a cache of its own. None of
     the optional methods: a freed slot's cache is cut out of the batch."""
 
-    def __init__(self, engine: Engine, slots: int) -> None:
-        self.engine, self.slots, self.n_ctx = engine, slots, engine.n_ctx
+    def __init__(self, engine: Engine, slots: int, n_ctx: int | None = None) -> None:
+        self.engine, self.slots, self.n_ctx = engine, slots, n_ctx or engine.n_ctx
         self._last, self._all = engine.step(last_only=True), engine.step(last_only=False)
         self.lengths = np.zeros(slots, dtype=np.int64)
         self._solo: dict[int, Past] = {}  # slot -> its own (1, H, L, hd) cache while being filled
@@ -393,13 +395,17 @@ class ConcatSlots(SlotEngine):
             self._mask, self._past = np.zeros((0, 0), dtype=np.int64), []
 
 
-def open_slots(engine: Any, slots: int, appender: Any = None) -> SlotEngine:
+def open_slots(engine: Any, slots: int, appender: Any = None, n_ctx: int | None = None) -> SlotEngine:
     """StaticSlots for a static-cache onnxruntime graph (with `appender`, a session of the multi-row append
     graph of the same weights: append_many), the device slots of a static-cache graph on CUDA
-    (cuda_engine.DeviceModel: its own appender), ConcatSlots for any other engine."""
+    (cuda_engine.DeviceModel: its own appender), ConcatSlots for any other engine; `n_ctx` positions a slot
+    (None: the model's; more is refused, naming serve's --n-ctx)."""
+    if n_ctx is not None and not 2 <= n_ctx <= engine.config.n_ctx:
+        raise UsageError(f"--n-ctx {n_ctx}: give 2 to the model's n_ctx, {engine.config.n_ctx}")
+    config = engine.config if n_ctx is None else dataclasses.replace(engine.config, n_ctx=n_ctx)
     device_slots = getattr(engine, "device_slots", None)
     if device_slots is not None:
-        return device_slots(slots)  # type: ignore[no-any-return]
+        return device_slots(slots, config)  # type: ignore[no-any-return]
     if getattr(engine, "cache", None) == contract.CACHE_STATIC:
-        return StaticSlots(engine.session, engine.config, slots, engine.kv_dtype, appender)
-    return ConcatSlots(engine, slots)
+        return StaticSlots(engine.session, config, slots, engine.kv_dtype, appender)
+    return ConcatSlots(engine, slots, config.n_ctx)

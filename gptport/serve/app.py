@@ -71,6 +71,7 @@ class Settings:
     replica: str = ""  # this server's name in x-gptport-replica and /metrics (default: hostname:pid)
     allowed_origins: tuple[str, ...] = ()  # pages on these origins may call the API (CORS; "*": any); serve/cors.py
     access_log: bool = False  # one line per request, when its response ends (serve/access_log.py)
+    n_ctx: int | None = None  # positions per slot (None: the model's n_ctx)
     on_ready: Callable[[str], None] = field(default=lambda line: None)
     on_failure: Callable[[str], None] = field(default=lambda message: None)
 
@@ -102,7 +103,7 @@ class State:
             opened = open_model(s.model_dir, s.provider, s.precision, s.threads, cache=s.kv_cache,
                                 spin=s.spin, kv_dtype=s.kv_dtype)
             appender = companions.appender(s, opened.engine)
-            slots = open_slots(opened.engine, s.slots, appender.session if appender is not None else None)
+            slots = open_slots(opened.engine, s.slots, appender.session if appender is not None else None, s.n_ctx)
             self.render, template = renderer(s.model_dir)
             vocab = opened.engine.config.vocab_size
             self.grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
@@ -115,7 +116,7 @@ class State:
             log.debug("load failed", exc_info=True)
             s.on_failure(self.error)
             return
-        self.tok, self.n_ctx = opened.tok, opened.engine.n_ctx
+        self.tok, self.n_ctx = opened.tok, slots.n_ctx
         self.start = start_ids(opened.engine.config)
         self.metrics.slots.set(s.slots)
         self.metrics.capacity.set(s.slots * self.n_ctx)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from gptport import tokenizer as bpe
 from gptport.errors import InputError, UsageError
+from gptport.model_card import read_card
 from gptport.runtime import loader
 from gptport.runtime.onnx_engine import check_spin
 from gptport.runtime.providers import TRT_MAX_BATCH
@@ -42,6 +43,10 @@ def check(settings: Settings, limits: Limits | None = None) -> None:
         raise UsageError(f"--slots {settings.slots}: the TensorRT engine's profiles go up to batch {TRT_MAX_BATCH}")
     loader.graph_path(settings.model_dir, settings.precision, settings.provider, settings.kv_cache)
     bpe.load(settings.model_dir)
+    if settings.n_ctx is not None:
+        most = read_card(settings.model_dir).model.n_ctx
+        if not 2 <= settings.n_ctx <= most:
+            raise UsageError(f"--n-ctx {settings.n_ctx}: give 2 to the model's n_ctx, {most}")
 
 
 def check_drafting(settings: Settings) -> None:
