@@ -11,11 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gptport.runtime.concat_slots import ConcatSlots
 from gptport.runtime.engine import positions
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
-from gptport.runtime.slots import ConcatSlots, StaticSlots, open_slots
+from gptport.runtime.slots import StaticSlots, open_slots
 from gptport.serve.engine.scheduler import Choice, Failure, Finish, Scheduler
 
 CACHES = ["static", "concat"]
