@@ -59,7 +59,10 @@ def variant(src: Path, kind: str, dst: Path) -> Path:
         return src
     scheme = variants.SCHEMES.get(kind)
     if scheme is None:  # nbitsB-bK-accL: MatMulNBits of B bits, blocks of K, accuracy level L
-        bits, block, level = (int(re.sub(r"\D", "", part)) for part in kind.split("-"))
+        match = re.fullmatch(r"nbits(\d+)-b(\d+)-acc(\d+)", kind)
+        if match is None:
+            raise SystemExit(f"--kernels {kind!r}: fp32, a scheme of {', '.join(variants.SCHEMES)}, or nbitsB-bK-accL")
+        bits, block, level = (int(g) for g in match.groups())
         scheme = variants.Scheme(kind, bits=bits, block=block, accuracy_level=level)
     variants.quantize(src, dst, scheme)
     return dst

@@ -116,14 +116,15 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         return
     head_level = scheme.accuracy_level if scheme.head_accuracy_level < 0 else scheme.head_accuracy_level
     if scheme.grid:
-        weights, matrices = _matmul_weights(proto), sum(n.op_type == "MatMul" for n in proto.graph.node)
-        sizes = {i.name: int(np.prod(i.dims)) for i in proto.graph.initializer}
+        inits = {i.name: i for i in proto.graph.initializer}
+        sizes = {n.name or n.output[0]: int(np.prod(inits[n.input[1]].dims)) for n in proto.graph.node
+                 if n.op_type == "MatMul" and n.input[1] in inits}  # each weight-reading MatMul's weights
         added = grid.encode(proto, scheme.accuracy_level)
-        on = sum(sizes.values()) - sum(sizes.get(i.name, 0) for i in proto.graph.initializer)  # the float weights gone
+        encoded = {a.removesuffix("_Q4_grid") for a in added if a.endswith("_Q4_grid")}  # grid.encode's names
+        on, weights = sum(v for k, v in sizes.items() if k in encoded), sum(sizes.values())
         if 2 * on < weights:  # not a 4-bit import, and the rest would get 8 bits
-            found = sum(n.endswith("_Q4_grid") for n in added)
-            raise NotApplicable(f"{on / weights:.1%} of the MatMul weights lie on a 4-bit grid ({found} of "
-                                f"{matrices} matrices); the exact encoding needs half")
+            raise NotApplicable(f"{on / max(weights, 1):.1%} of the MatMul weights lie on a 4-bit grid "
+                                f"({len(encoded)} of {len(sizes)} matrices); the exact encoding needs half")
         passes = [(scheme.head_bits or scheme.bits, head_level, added, None)]  # every matrix off the grid
     else:
         passes = [(scheme.bits, scheme.accuracy_level, [head] if scheme.head_bits and head else [], None)]
@@ -137,13 +138,6 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         q.process()
         proto = q.model.model
     onnx.save_model(proto, str(dst))
-
-
-def _matmul_weights(proto: onnx.ModelProto) -> int:
-    """How many float32 weights the MatMul nodes of `proto` read from initializers."""
-    inits = {i.name: i for i in proto.graph.initializer}
-    shapes = [inits[n.input[1]].dims for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
-    return sum(int(np.prod(dims)) for dims in shapes)
 
 
 def to_fp16(src: Path, dst: Path) -> None:

@@ -93,18 +93,39 @@ def back_weights() -> Backed:
     return done
 
 
-def fits(nbytes: int, path: str = "/proc/meminfo") -> bool:
-    """Whether `nbytes` may be made resident at once: at most half of the memory the kernel says is available
-    for new work (MemAvailable; True where it does not say). A cache larger than that is left to be faulted in
-    as its rows are written, as before."""
+def _number(path: str, key: str = "") -> int | None:
+    """An integer read from a /proc or cgroup file: the whole file, or the kB value of the line `key`."""
     try:
         with open(path, encoding="ascii") as f:
+            if not key:
+                text = f.read().strip()
+                return None if text == "max" else int(text)
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    return nbytes <= int(line.split()[1]) * 1024 // 2
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        return True
-    return True
+        return None
+    return None
+
+
+def available(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """The memory this process may still take: the kernel's MemAvailable, less where a cgroup (v2's memory.max
+    less memory.current, or v1's limit less usage: a container's) leaves less; None where nothing says."""
+    room = [_number(meminfo, "MemAvailable:")]
+    for limit, used in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes",
+                                                           "memory/memory.usage_in_bytes")):
+        most, now = _number(f"{cgroup}/{limit}"), _number(f"{cgroup}/{used}")
+        if most is not None and now is not None:
+            room.append(most - now)
+    known = [r for r in room if r is not None]
+    return min(known) if known else None
+
+
+def fits(nbytes: int, meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> bool:
+    """Whether `nbytes` may be made resident at once: at most half of what `available` says (False where it says
+    nothing). A cache larger than that is faulted in as its rows are written, as before."""
+    room = available(meminfo, cgroup)
+    return room is not None and nbytes <= room // 2
 
 
 def resident_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from gptport import tokenizer as bpe
 from gptport.errors import InputError, UsageError
 from gptport.model_card import read_card
+from gptport.paths import CONFIG
 from gptport.runtime import loader
 from gptport.runtime.onnx_engine import check_spin
 from gptport.runtime.providers import TRT_MAX_BATCH
@@ -43,9 +44,11 @@ def check(settings: Settings, limits: Limits | None = None) -> None:
         raise UsageError(f"--slots {settings.slots}: the TensorRT engine's profiles go up to batch {TRT_MAX_BATCH}")
     loader.graph_path(settings.model_dir, settings.precision, settings.provider, settings.kv_cache)
     bpe.load(settings.model_dir)
-    if settings.n_ctx is not None:
+    if settings.n_ctx is not None and settings.n_ctx < 2:
+        raise UsageError(f"--n-ctx {settings.n_ctx}: give at least 2 positions a slot")
+    if settings.n_ctx is not None and (settings.model_dir / CONFIG).is_file():  # else the load refuses it
         most = read_card(settings.model_dir).model.n_ctx
-        if not 2 <= settings.n_ctx <= most:
+        if settings.n_ctx > most:
             raise UsageError(f"--n-ctx {settings.n_ctx}: give 2 to the model's n_ctx, {most}")
 
 

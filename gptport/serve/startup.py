@@ -34,8 +34,8 @@ def prefix_cache(s: Any, scheduler: Any) -> str:
 
 def residency(slots: Any) -> str:
     """What the startup line says of the KV cache's memory: held from the start, or taken as rows are written
-    because holding it all would take over half of the memory available (runtime/slots.py)."""
+    because half of the memory known to be available is less (hugepages.fits)."""
     resident = getattr(slots, "resident", None)
     if resident is None:  # a cache on the device, or the contract graph's
         return ""
-    return ", resident" if resident else ", taken as rows fill: over half the memory available"
+    return ", resident" if resident else ", taken as rows fill: more than half the memory known to be available"

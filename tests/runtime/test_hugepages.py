@@ -106,10 +106,18 @@ def test_a_cache_is_made_resident_only_within_half_the_available_memory(tmp_path
 
     from gptport.serve.startup import residency
 
-    meminfo = tmp_path / "meminfo"
+    meminfo, cgroup = tmp_path / "meminfo", tmp_path / "cgroup"
     meminfo.write_text("MemTotal:  4000 kB\nMemAvailable:  1000 kB\n")
-    assert hugepages.fits(512_000, str(meminfo)) and not hugepages.fits(512_001, str(meminfo))
-    assert hugepages.fits(10**15, str(tmp_path / "absent"))  # nothing said: resident, as a small cache is
+    cgroup.mkdir()
+    absent = str(tmp_path / "absent")
+    assert hugepages.fits(512_000, str(meminfo), absent) and not hugepages.fits(512_001, str(meminfo), absent)
+    assert not hugepages.fits(1, absent, absent)  # nothing said: faulted in as rows fill
+    (cgroup / "memory.max").write_text("max\n")  # a cgroup without a limit leaves MemAvailable's answer
+    (cgroup / "memory.current").write_text("123\n")
+    assert hugepages.fits(512_000, str(meminfo), str(cgroup))
+    (cgroup / "memory.max").write_text("600000\n")  # a container's limit: 600,000 - 123 bytes of room
+    assert hugepages.fits(299_938, str(meminfo), str(cgroup)) and not hugepages.fits(299_939, str(meminfo),
+                                                                                      str(cgroup))
     assert residency(SimpleNamespace(resident=True)) == ", resident"
-    assert "over half the memory available" in residency(SimpleNamespace(resident=False))
+    assert "more than half the memory known to be available" in residency(SimpleNamespace(resident=False))
     assert residency(SimpleNamespace(resident=None)) == residency(object()) == ""

@@ -17,12 +17,13 @@ N_CTX = 24  # the trained model's is 96
 PROMPT = "to be or not to be"
 
 
-@pytest.mark.parametrize("value", ["1", "97"])
-def test_an_n_ctx_outside_the_model_is_refused_in_one_line(trained_dir: Path, value: str) -> None:
+@pytest.mark.parametrize(("value", "says"), [("1", "give at least 2 positions a slot"),
+                                             ("97", "give 2 to the model's n_ctx, 96")])
+def test_an_n_ctx_outside_the_model_is_refused_in_one_line(trained_dir: Path, value: str, says: str) -> None:
     r = subprocess.run([sys.executable, "-m", "gptport.cli.main", "serve", str(trained_dir), "--n-ctx", value],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [f"gptport: error: --n-ctx {value}: give 2 to the model's n_ctx, 96"]
+    assert r.stderr.strip().splitlines() == [f"gptport: error: --n-ctx {value}: {says}"]
 
 
 def test_slots_of_fewer_positions(trained_dir: Path, tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 
 def app(args: dict[str, str]) -> Application:
     """The application builder for `serve run gptport.serve.ray.ray_app:app model_dir=DIR [replicas=N |
-    autoscale=MIN:MAX] [threads=N slots=N max_queue=N precision=... kv_cache=... model_name=A[,B...] api_key=...
+    autoscale=MIN:MAX] [threads=N slots=N n_ctx=N max_queue=N precision=... kv_cache=... model_name=A[,B...] api_key=...
     spin=step|always|never allowed_origins=ORIGIN[,ORIGIN...]]`."""
     from gptport.serve.cors import parse_origins
     from gptport.serve.names import served_names
@@ -137,7 +137,7 @@ def app(args: dict[str, str]) -> Application:
     origins = parse_origins([args.pop("allowed_origins")] if "allowed_origins" in args else None, "allowed_origins")
     settings = Settings(model_dir, model_name=primary, aliases=tuple(aliases), threads=int(args.pop("threads", "1")),
                         allowed_origins=origins)
-    for name, kind in (("precision", str), ("provider", str), ("kv_cache", str), ("slots", int),
+    for name, kind in (("precision", str), ("provider", str), ("kv_cache", str), ("slots", int), ("n_ctx", int),
                        ("max_queue", int), ("prefill_chunk", int), ("api_key", str), ("spin", str)):
         if name in args:
             setattr(settings, name, kind(args.pop(name)))
