@@ -14,7 +14,7 @@ A serving engine's static KV cache is faulted in when it is made (`resident_zero
 calloc, whose pages the kernel maps at their first touch, so the first requests of a fresh server paid for
 touching their rows' buffers (gpt2-124m's 16 slots of 1,024 positions, 1.2 GB: 1.4 s in each of its first two
 8-row prompt runs against 0.24 s after; made resident at once, 0.09 s), unless it would take over half the
-memory available (`fits`). No torch here.
+memory known to be available (`fits`). No torch here.
 """
 
 from __future__ import annotations
