@@ -99,12 +99,13 @@ class StaticSlots(SlotEngine):
     supports_reuse = supports_prefill_many = supports_join = True
 
     def __init__(self, session: Any, config: ModelConfig, slots: int, dtype: np.dtype = FLOAT32,
-                 appender: Any = None, resident: bool = False) -> None:
+                 appender: Any = None, hold: bool = False) -> None:
         self.session, self.slots = session, slots
         self.n_ctx, layers, self.vocab_size = config.n_ctx, config.n_layer, config.vocab_size
         self._pasts, self._presents = contract.past_names(layers), contract.present_names(layers)
         shape = (slots, config.n_kv_head, self.n_ctx, config.head_dim)  # (S, Hkv, C, hd)
-        self.resident: bool | None = resident  # the buffers faulted in when made (serve's, where they fit)
+        nbytes = 2 * layers * int(np.prod(shape)) * np.dtype(dtype).itemsize
+        self.resident: bool | None = hold and hugepages.fits(nbytes)  # `hold` (serve's): faulted in when made
         self.buffers = self._allocate(shape, np.dtype(dtype), 2 * layers)
         self.lengths = np.zeros(slots, dtype=np.int64)  # (S,)
         self.tokens = np.zeros((slots, self.n_ctx), dtype=np.int64)  # (S, C) the ids each row's cache was written with
@@ -319,8 +320,7 @@ def open_slots(engine: Any, slots: int, appender: Any = None, n_ctx: int | None 
     if device_slots is not None:
         return device_slots(slots, config)  # type: ignore[no-any-return]
     if getattr(engine, "cache", None) == contract.CACHE_STATIC:  # held from the start where it fits (serve's)
-        cache = 2 * config.n_layer * slots * config.kv_width * config.n_ctx * np.dtype(engine.kv_dtype).itemsize
-        return StaticSlots(engine.session, config, slots, engine.kv_dtype, appender, hugepages.fits(cache))
+        return StaticSlots(engine.session, config, slots, engine.kv_dtype, appender, hold=True)
     from gptport.runtime.concat_slots import ConcatSlots  # a subclass of SlotEngine, above
 
     return ConcatSlots(engine, slots, config.n_ctx)
