@@ -47,8 +47,9 @@ class Scheme:
     accuracy level 4 = int8 compute, 0 = float compute; the head may get more bits than the rest;
     `smooth` > 0: activations smoothed first with that alpha, smooth.py; `grid`: weights already on a 4-bit
     grid encoded exactly, grid.py, every other matrix quantized like the head, with `head_bits` and
-    `head_accuracy_level`), 'dynamic' (QInt8 per-channel weights, DynamicQuantizeMatMul: an int8 GEMM
-    with one scale per activation tensor)."""
+    `head_accuracy_level`; `fine_block`: the head, and with `fine_down` the down projections, in blocks that
+    long), 'dynamic' (QInt8 per-channel weights, DynamicQuantizeMatMul: an int8 GEMM with one scale per
+    activation tensor), 'w8a8' (per-channel int8 weights, per-token int8 activations: w8a8.py)."""
 
     name: str
     kind: str = "nbits"
@@ -60,14 +61,21 @@ class Scheme:
     smooth: float = 0.0  # SmoothQuant's alpha; 0: no smoothing
     grid: bool = False  # matrices on a 4-bit grid (GGUF 4-bit imports) encoded exactly; none: not applicable
     head_accuracy_level: int = -1  # -1: the head's accuracy level is `accuracy_level`
+    fine_block: int = 0  # > 0: the head (and with fine_down the down projections) in blocks this long
+    fine_down: bool = False  # the MLP's down projections (input wider than output) get `fine_block` too
 
 
 SCHEMES = {s.name: s for s in [
     Scheme("dynamic-int8", kind="dynamic"),
+    Scheme("w8a8", kind="w8a8"),
+    Scheme("w8a8-smooth", kind="w8a8", smooth=0.5),
     Scheme("nbits8-b32-acc4", bits=8, block=32, accuracy_level=4),
     Scheme("nbits8-b128-acc4", bits=8, block=128, accuracy_level=4),
     Scheme("nbits8-b32-acc0", bits=8, block=32, accuracy_level=0),
     Scheme("nbits8-b32-acc4-smooth", bits=8, block=32, accuracy_level=4, smooth=0.5),
+    Scheme("nbits8-b32-acc4-smooth-head16", bits=8, block=32, accuracy_level=4, smooth=0.5, fine_block=16),
+    Scheme("nbits8-b32-acc4-smooth-fine16", bits=8, block=32, accuracy_level=4, smooth=0.5, fine_block=16,
+           fine_down=True),
     Scheme("nbits8-b16-acc4-smooth", bits=8, block=16, accuracy_level=4, smooth=0.5),
     Scheme("nbits4-b32-acc4", bits=4, block=32, accuracy_level=4),
     Scheme("nbits4-b32-acc4-head8", bits=4, block=32, accuracy_level=4, head_bits=8),
@@ -80,19 +88,29 @@ SCHEMES = {s.name: s for s in [
 ]}
 # What `gptport export --precision int8/int4` tries, in order: the first scheme that passes the accuracy
 # gate ships. Block 128 is faster than block 32 (benchmarks/decode) but a little less accurate
-# (benchmarks/export/quant.py), so block 32 is the fallback; then blocks 32 and 16 on smoothed activations,
-# for models whose activations have outlier channels (the Llama family's: design record 0035). Float compute
-# (acc0) is not on the ladder: onnxruntime's CPU has no fast 8-bit kernel for it (slower than fp32).
+# (benchmarks/export/quant.py), so block 32 is the fallback; then smoothed activations, for models whose
+# activations have outlier channels (the Llama family's: design record 0035): block 32, block 32 with the head
+# and the down projections in blocks of 16 (the matrices whose error costs most agreement), block 16 (0038).
+# Float compute (acc0) is not on the ladder: onnxruntime's CPU has no fast 8-bit kernel for it (slower than fp32).
 # int4 first tries the exact encodings of weights already on a 4-bit grid (a GGUF Q4_0/Q4_1/Q4_K import,
 # grid.py; skipped where no matrix is), int8 compute then float compute (4-bit acc0 is ~2x faster than
 # fp32 per weight read, acc4 ~4x: design record 0039), then the requantizing scheme.
-LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4", "nbits8-b32-acc4-smooth", "nbits8-b16-acc4-smooth"),
+LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4", "nbits8-b32-acc4-smooth", "nbits8-b32-acc4-smooth-fine16",
+                  "nbits8-b16-acc4-smooth"),
           "int4": ("nbits4-grid-acc4-head8", "nbits4-grid-acc0-head8", "nbits4-b32-acc4-head8")}
 Ranges = Mapping[str, np.ndarray]  # calibration.activation_ranges: module name -> (channels,) max |x|
 
 
 class NotApplicable(Exception):
     """A scheme that does not apply to this graph (a grid scheme where most weights are off the grid), and why."""
+
+
+def _down_projections(proto: onnx.ModelProto) -> list[str]:
+    """The names of the MatMuls that read the MLP's hidden layer: a float weight (K, N) with K > N, the head
+    (whose N is the vocabulary) never among them."""
+    inits = {i.name: i for i in proto.graph.initializer}
+    return [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+            and len(dims := inits[n.input[1]].dims) == 2 and dims[0] > dims[1] and contract.LOGITS not in n.output]
 
 
 def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None) -> None:
@@ -106,6 +124,12 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
             raise ValueError(f"{scheme.name}: smoothing needs the activations' ranges (calibration.py)")
         smooth.smooth(proto, ranges, scheme.smooth)
     head = next((n.name for n in proto.graph.node if contract.LOGITS in n.output), None)  # None: a bare MatMul's
+    if scheme.kind == "w8a8":
+        from gptport.export import w8a8
+
+        w8a8.rewrite(proto)
+        onnx.save_model(proto, str(dst))
+        return
     if scheme.kind == "dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -125,16 +149,18 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         if 2 * on < weights:  # not a 4-bit import, and the rest would get 8 bits
             raise NotApplicable(f"{on / max(weights, 1):.1%} of the MatMul weights lie on a 4-bit grid "
                                 f"({len(encoded)} of {len(sizes)} matrices); the exact encoding needs half")
-        passes = [(scheme.head_bits or scheme.bits, head_level, added, None)]  # every matrix off the grid
-    else:
-        passes = [(scheme.bits, scheme.accuracy_level, [head] if scheme.head_bits and head else [], None)]
-        if scheme.head_bits and head:
-            passes.append((scheme.head_bits, head_level, [], [head]))
+        passes = [(scheme.head_bits or scheme.bits, head_level, scheme.block, added)]  # every matrix off the grid
+    else:  # the head (and the down projections) apart where they differ: the second pass finds them all that is left
+        apart = ([head] if head and (scheme.head_bits or scheme.fine_block) else []) + (
+            _down_projections(proto) if scheme.fine_down else [])
+        passes = [(scheme.bits, scheme.accuracy_level, scheme.block, apart)]
+        if apart:
+            passes.append((scheme.head_bits or scheme.bits, head_level, scheme.fine_block or scheme.block, []))
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    for bits, level, exclude, include in passes:
-        q = MatMulNBitsQuantizer(proto, bits=bits, block_size=scheme.block, is_symmetric=scheme.symmetric,
-                                 accuracy_level=level, nodes_to_exclude=exclude, nodes_to_include=include)
+    for bits, level, block, exclude in passes:
+        q = MatMulNBitsQuantizer(proto, bits=bits, block_size=block, is_symmetric=scheme.symmetric,
+                                 accuracy_level=level, nodes_to_exclude=exclude)
         q.process()
         proto = q.model.model
     onnx.save_model(proto, str(dst))
