@@ -7,7 +7,8 @@ A chain of `--layers` MLP pairs (d -> ffn -> d; d = 384, ffn = 4d by default) wi
 fp32 MatMul, MatMulNBits 8-bit block 32 / 128 (int8 compute), and dynamic int8 (DynamicQuantizeMatMul), at
 M = 1 (decode) and M = 64 (a 64-token prefill); rounds rotate the kernels' order. `--d 576 --ffn 1536
 --m 1,16,64 --kernels fp32,nbits8-b16-acc4,nbits8-b32-acc4,dynamic-int8` is SmolLM2-135M's MLP, with the
-16 rows of a serving step and the 8-bit scheme its int8 graphs ship (block 16).
+16 rows of a serving step and the 8-bit blocks its int8 graphs ship (16 and 32); `w8a8` is the per-token
+int8 scheme (MatMulInteger, gptport/export/w8a8.py).
 
     python -m benchmarks.decode.gemm [--layers 12] [--threads 2] [--repeat 50] [--rounds 2] [--d 384] [--ffn 1536]
 """

@@ -39,7 +39,7 @@ def weight_matmul(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]) -
 
 def rewrite(proto: onnx.ModelProto) -> int:
     """Replace every weight-reading MatMul of `proto` in place with the per-token int8 product; a tensor read by
-    several MatMuls is quantized once. -> how many were replaced."""
+    several MatMuls is quantized once, a weight several read is stored once. -> how many were replaced."""
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
     consts = [numpy_helper.from_array(np.array(v, np.float32), name) for name, v in
@@ -47,7 +47,7 @@ def rewrite(proto: onnx.ModelProto) -> int:
     consts += [numpy_helper.from_array(np.array([-1], np.int64), "w8a8_last"),
                numpy_helper.from_array(np.array(128, np.uint8), "w8a8_zp")]
     quantized: dict[str, tuple[str, str]] = {}  # input -> (its uint8 tensor, its row scales)
-    nodes, added, done = [], list(consts), 0
+    nodes, added, done, weights = [], list(consts), 0, set()
     for node in graph.node:
         if not weight_matmul(node, inits):
             nodes.append(node)
@@ -66,8 +66,11 @@ def rewrite(proto: onnx.ModelProto) -> int:
                       helper.make_node("Cast", [q + "_shift"], [q + "_u8"], to=TensorProto.UINT8)]
             quantized[x] = (q + "_u8", q + "_scale")
         xq, row_scale = quantized[x]
-        wq, w_scale = _quantize_weight(numpy_helper.to_array(inits[w_name]))  # (K, N) int8, (N,)
-        added += [numpy_helper.from_array(wq, w_name + "_w8a8"), numpy_helper.from_array(w_scale, w_name + "_w8a8_s")]
+        if w_name not in weights:  # a weight several MatMuls read is stored once
+            wq, w_scale = _quantize_weight(numpy_helper.to_array(inits[w_name]))  # (K, N) int8, (N,)
+            added += [numpy_helper.from_array(wq, w_name + "_w8a8"),
+                      numpy_helper.from_array(w_scale, w_name + "_w8a8_s")]
+            weights.add(w_name)
         nodes += [helper.make_node("MatMulInteger", [xq, w_name + "_w8a8", "w8a8_zp"], [p + "_acc"]),
                   helper.make_node("Cast", [p + "_acc"], [p + "_accf"], to=TensorProto.FLOAT),
                   helper.make_node("Mul", [p + "_accf", row_scale], [p + "_rows"]),

@@ -116,3 +116,17 @@ def test_w8a8_quantizes_a_tensor_read_twice_once(tmp_path: Path) -> None:
     assert w8a8.rewrite(proto) == 2
     kinds = [n.op_type for n in proto.graph.node]
     assert kinds.count("ReduceMax") == 1 and kinds.count("MatMulInteger") == 2
+
+
+def test_w8a8_stores_a_shared_weight_once(tmp_path: Path) -> None:
+    """A weight read by several MatMuls (a tied or repeated matrix) gets one int8 copy, not one per reader."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal((D, D)).astype(np.float32), "w")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="m1"), helper.make_node("MatMul", ["h", "w"], ["y"],
+                                                                                         name="m2")]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", 1, [2, D])],
+                              [helper.make_tensor_value_info("y", 1, [2, D])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    assert w8a8.rewrite(proto) == 2
+    names = [i.name for i in proto.graph.initializer]
+    assert len(names) == len(set(names)) and names.count("w_w8a8") == 1
