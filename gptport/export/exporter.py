@@ -1,91 +1,34 @@
 """The export: the fp32 graph under the I/O contract (torch_to_onnx.py), validated against the torch
 model before it is renamed into place, then the requested variants and static-cache graphs. `export`
-reads top to bottom as its steps; each graph it may write is a `Graph`, what they share a `_Job`."""
+reads top to bottom as its steps; each graph it may write is a `Graph`, what they share a `Job`."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from gptport import atomic, contract, provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.export import append_check, calibration, genai, gqa_graph, heap, kv_quant, validate, variants
+from gptport.export import append_check, genai, gqa_graph, heap, validate, variant_steps, variants
+from gptport.export.export_job import Graph, Job
 from gptport.export.export_report import ExportReport, parse_precisions
 from gptport.export.graph_files import metadata, remove_stale, save, save_static, set_metadata, size_ratio
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import write_all
 from gptport.export.tolerance import Tolerance
 from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
-from gptport.runtime.engine import StepFn
 from gptport.runtime.onnx_engine import load_cpu
-from gptport.training.checkpoint import ModelCard, load_model
-from gptport.training.model import GPT
+from gptport.training.checkpoint import load_model
 
 __all__ = ["ExportReport", "Graph", "export", "metadata", "parse_precisions", "save", "save_static", "set_metadata"]
 
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
 DEFAULT_TOL = Tolerance()  # the parity gate's bound of each quantity, relative to its magnitude (tolerance.py)
-
-
-@dataclass(frozen=True)
-class Graph:
-    """One graph export writes: its precision, cache layout and file in the model directory."""
-
-    precision: str
-    cache: str
-    path: Path
-
-    @property
-    def label(self) -> str:
-        """"int8", "int8 static": its key in ExportReport.files and .schemes and its gate row's name."""
-        return self.precision if self.cache == contract.CACHE_CONCAT else f"{self.precision} {self.cache}"
-
-
-@dataclass
-class _Job:
-    """What the steps of one export share: the model, where its graphs go, and what has passed."""
-
-    model_dir: Path
-    tok: bpe.BPETokenizer
-    model: GPT
-    card: ModelCard
-    sources: Mapping[str, str]  # provenance.sources, hashed once before the model was loaded
-    tol: Tolerance
-    say: Callable[[str], None]
-    report: ExportReport
-    graphs: list[Graph] = field(default_factory=list)  # every graph asked for, contract graphs first
-    windows: np.ndarray | None = None  # the gate's held-out windows; None: --no-gate (or no variant)
-    prompts: list[list[int]] = field(default_factory=list)  # of the greedy check
-    plain: Path | None = None  # the unfused fp32 graph (temporary): what the variants are made from
-    passed: dict[Graph, Path] = field(default_factory=dict)  # graph -> its checked temporary file
-    float64: StepFn | None = None  # the model in float64 (validate.exact_step): made once, dropped after the last check
-    ranges: variants.Ranges | None = None  # the activations' ranges a smoothing scheme needs: measured once
-
-    def ranges_for(self, scheme: str) -> variants.Ranges | None:
-        """The activations' ranges if `scheme` smooths (on every other gate window, measured on first use)."""
-        known = variants.SCHEMES.get(scheme)  # "": fp16, which has no scheme
-        if known is None or not known.smooth or self.windows is None:
-            return None
-        if self.ranges is None:
-            self.say("measuring the activations' channel ranges for smoothing (every other gate window)")
-            self.ranges = calibration.activation_ranges(self.model, self.windows[::2])
-        return self.ranges
-
-    def exact(self) -> StepFn:
-        """The float64 reference every parity check measures torch's rounding against, made on first use."""
-        if self.float64 is None:
-            self.float64 = validate.exact_step(self.model)
-        return self.float64
-
-    def graph(self, precision: str, cache: str = contract.CACHE_CONCAT) -> Graph | None:
-        return next((g for g in self.graphs if g.precision == precision and g.cache == cache), None)
 
 
 def export(
@@ -145,11 +88,11 @@ def export(
         for g in job.graphs:
             if g.cache == contract.CACHE_CONCAT and g.precision != "fp32":
                 job.say(f"making the {g.precision} variant")
-                _variant(job, g, variants.LADDER.get(g.precision, ("",)))
+                variant_steps.variant(job, g, variants.LADDER.get(g.precision, ("",)))
         if static_graphs:
-            _static_variants(job)
+            variant_steps.static_variants(job)
         if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
-            _kv8_graphs(job)
+            variant_steps.kv8_graphs(job)
         _rename_into_place(job)
         if ort_level is not None:
             _ort_files(job, ort_level)
@@ -169,7 +112,7 @@ def _check_options(opset: int, gate: bool, heldout: Path | None, sampled_text: b
                          "gate's text: give one or the other")
 
 
-def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None]) -> _Job:
+def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None]) -> Job:
     """The tokenizer, the hashes of the sources, then the model (a file replaced meanwhile fails the check); the
     job's say() frees what the last step left (heap.release) before it announces the next."""
     tok = bpe.load(model_dir)
@@ -180,10 +123,10 @@ def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None
         heap.release()
         say(message)
 
-    return _Job(model_dir, tok, model, card, sources, tol, step, ExportReport(gated=gate))
+    return Job(model_dir, tok, model, card, sources, tol, step, ExportReport(gated=gate))
 
 
-def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool, kv_dtype: str = "float32") -> None:
+def _plan(job: Job, precisions: Sequence[str], static: bool, force: bool, kv_dtype: str = "float32") -> None:
     """The graphs to write: each precision's contract graph, then the static-cache graphs where the model
     can have them (report.static_skipped says why not); refused if one exists and not `force`."""
     report = job.report
@@ -205,14 +148,14 @@ def _plan(job: _Job, precisions: Sequence[str], static: bool, force: bool, kv_dt
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
 
 
-def _gate_text(job: _Job, heldout: Path | None, sampled_text: bool) -> None:
+def _gate_text(job: Job, heldout: Path | None, sampled_text: bool) -> None:
     """The held-out text the variants' gate scores (validate.heldout), before anything is written."""
     text = validate.heldout(job.model_dir, job.model, job.tok, heldout, sampled_text)
     job.report.heldout, job.report.sampled = text.source, text.sampled
     job.windows = text.windows
 
 
-def _write_plain(job: _Job, opset: int) -> Path:
+def _write_plain(job: Job, opset: int) -> Path:
     """The graph torch.export gives, saved under a temporary name once every weight is found stored once (the
     graph in memory is freed on return: it is as large as the model)."""
     fp32 = job.graph("fp32")
@@ -228,7 +171,7 @@ def _write_plain(job: _Job, opset: int) -> Path:
     return job.plain
 
 
-def _check_fp32(job: _Job, opset: int) -> None:
+def _check_fp32(job: Job, opset: int) -> None:
     """The exported graph, saved under a temporary name and checked: every weight stored once,
     onnx.checker, parity with torch, greedy decoding. It is model.onnx unless it is optimized."""
     fp32 = job.graph("fp32")
@@ -244,7 +187,7 @@ def _check_fp32(job: _Job, opset: int) -> None:
     job.passed[fp32] = job.plain
 
 
-def _optimize_fp32(job: _Job) -> None:
+def _optimize_fp32(job: Job) -> None:
     """model.onnx becomes the graph fused by onnxruntime's transformer optimizer, checked again; the
     variants are still made from the plain graph, which quantizes better."""
     assert job.plain is not None
@@ -265,7 +208,7 @@ def _optimize_fp32(job: _Job) -> None:
     validate.check_again(job.model, load_cpu(job.passed[fp32]), job.tol, "optimized fp32", exact=job.exact())
 
 
-def _static_fp32(job: _Job) -> None:
+def _static_fp32(job: Job) -> None:
     """The fp32 static-cache graph, built from the weights and checked like model.onnx."""
     job.say("building the static-cache graph (GroupQueryAttention, cache preallocated at n_ctx)")
     fp32 = job.graph("fp32", contract.CACHE_STATIC)
@@ -280,22 +223,7 @@ def _static_fp32(job: _Job) -> None:
     job.passed[fp32] = tmp
 
 
-def _static_variants(job: _Job) -> None:
-    """The int8/int4 static-cache graphs of the precisions whose contract graph and fp32 static graph passed,
-    quantized from the latter, starting with the scheme their contract twin shipped, and gated again."""
-    fp32 = job.graph("fp32", contract.CACHE_STATIC)
-    if fp32 not in job.passed:
-        return
-    for g in job.graphs:
-        twin = job.graph(g.precision)
-        if g.cache != contract.CACHE_STATIC or g.precision == "fp32" or twin not in job.passed:
-            continue
-        job.say(f"making the {g.precision} static-cache variant")
-        ladder = variants.LADDER[g.precision]
-        _variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=job.passed[fp32])
-
-
-def _append_graph(job: _Job) -> None:
+def _append_graph(job: Job) -> None:
     """The multi-row append graph (scatter_graph.py) beside the fp32 static-cache graph that passed, checked
     against torch on appends of uneven chunks to several rows of one cache (append_check.py)."""
     static, graph = job.graph("fp32", contract.CACHE_STATIC), job.graph("fp32", contract.CACHE_APPEND)
@@ -312,67 +240,7 @@ def _append_graph(job: _Job) -> None:
     job.passed[graph] = tmp
 
 
-def _kv8_graphs(job: _Job) -> None:
-    """The int8-cache twin of each static-cache graph that passed (kv_quant.make), scales calibrated once
-    on the fp32 static graph."""
-    fp32 = job.graph("fp32", contract.CACHE_STATIC)
-    if fp32 not in job.passed:
-        return
-    windows = job.windows if job.windows is not None else validate.sampled_windows(job.model)
-    job.say("calibrating the int8 KV cache's scales")
-    amax = kv_quant.calibrate(load_cpu(job.passed[fp32]), windows)
-    for g in job.graphs:
-        twin = job.graph(g.precision, contract.CACHE_STATIC)
-        if g.cache == contract.CACHE_STATIC_KV8 and twin in job.passed:
-            job.say(f"making the {g.precision} static-cache graph's int8 KV cache")
-            made = kv_quant.make(g.label, job.passed[twin], g.path, amax, windows, bpe.token_bytes(job.tok),
-                                 gated=job.windows is not None, rows=job.report.kv_gates)
-            if made is not None:
-                job.passed[g] = made
-
-
-def _variant(job: _Job, graph: Graph, schemes: Sequence[str], source: Path | None = None) -> None:
-    """The `graph` variant of the fp32 graph at `source` (the plain contract graph by default), under a
-    temporary name, made with the first of `schemes` that passes the accuracy gate on job.windows (each
-    try recorded in the report); nothing, and nothing left behind, if none does. Without windows
-    (--no-gate): the first scheme that applies, unchecked, recorded as ungated."""
-    fp32 = source or job.plain
-    assert fp32 is not None
-    report, card, tmp = job.report, job.card, atomic.temp_name(graph.path)
-    if job.windows is None:
-        scheme = next((s for s in schemes if _made(job, graph, fp32, tmp, s)), None)
-        if scheme is None:  # the ladders end with a scheme every graph takes: not reached today
-            job.say(f"{graph.label}: none of {', '.join(schemes)} applies to this model")
-            return
-        set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gated=False))
-        report.schemes[graph.label] = scheme
-        job.passed[graph] = tmp
-        return
-    for scheme in schemes:
-        if not _made(job, graph, fp32, tmp, scheme):
-            continue
-        set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gate_text=report.heldout))
-        gate = replace(validate.gate(job.model, load_cpu(tmp), job.windows, graph.label), scheme=scheme)
-        report.gates.append(gate)
-        if gate.ok:
-            report.schemes[graph.label] = scheme
-            job.passed[graph] = tmp
-            return
-    tmp.unlink(missing_ok=True)
-
-
-def _made(job: _Job, graph: Graph, fp32: Path, tmp: Path, scheme: str) -> bool:
-    """Whether `scheme` made the `graph` variant at `tmp`; where it does not apply, why is said and reported."""
-    try:
-        variants.make(graph.precision, fp32, tmp, job.card.model, scheme, job.ranges_for(scheme))
-    except variants.NotApplicable as e:
-        job.say(f"{graph.label}: {scheme} does not apply ({e})")
-        job.report.not_applied.append((graph.label, scheme, str(e)))
-        return False
-    return True
-
-
-def _rename_into_place(job: _Job) -> None:
+def _rename_into_place(job: Job) -> None:
     """Each graph that passed renamed into place (report.files); an earlier export's file of a graph
     that did not pass this time removed (report.removed)."""
     for g in job.graphs:  # contract graphs first, as _plan lists them
@@ -385,7 +253,7 @@ def _rename_into_place(job: _Job) -> None:
             job.report.removed[g.path] = "an earlier export's; this one did not pass its gate"
 
 
-def _ort_files(job: _Job, level: str) -> None:
+def _ort_files(job: Job, level: str) -> None:
     """model.ort (and model.{precision}.ort) beside each contract graph written, with the operator config."""
     sources = [(g.precision, job.model_dir / contract.onnx_file(g.precision)) for g in job.graphs
                if g.cache == contract.CACHE_CONCAT and (job.model_dir / contract.onnx_file(g.precision)).is_file()]
@@ -394,7 +262,7 @@ def _ort_files(job: _Job, level: str) -> None:
         job.report.files[f"{row.path.name}"] = row.path
 
 
-def _side_files(job: _Job) -> None:
+def _side_files(job: Job) -> None:
     """genai_config.json, and tokenizer_config.json for directories from before it was written."""
     job.report.genai = genai.write(job.model_dir, job.card.model, job.card.eot_id)
     hf_tokenizer = job.model_dir / bpe.HF_CONFIG_FILE

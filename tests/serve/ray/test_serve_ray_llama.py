@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve.ray.test_serve_ray import needs_ray, ray_env
 from tests.support.cli import gptport
 from tests.support.hf_models import build, greedy
+from tests.support.ray_cluster import needs_ray, ray_env
 from tests.support.serving import Served, free_port, stop
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")

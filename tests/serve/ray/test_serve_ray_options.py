@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.serve.ray.test_serve_ray import needs_ray
+from tests.support.ray_cluster import needs_ray
 
 
 def test_ray_option_without_ray_is_one_line(trained_dir: Path, tmp_path: Path) -> None:

@@ -1,0 +1,91 @@
+"""The quantized variants an export writes, each under a temporary name and gated before exporter.py renames it
+into place: the contract graphs' int8/int4/fp16 (the first rung of a precision's ladder that passes), their
+static-cache twins (from the rung the contract twin shipped) and the int8-cache twins (kv_quant.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from gptport import atomic, contract
+from gptport import tokenizer as bpe
+from gptport.export import kv_quant, validate, variants
+from gptport.export.export_job import Graph, Job
+from gptport.export.graph_files import metadata, set_metadata
+from gptport.runtime.onnx_engine import load_cpu
+
+
+def static_variants(job: Job) -> None:
+    """The int8/int4 static-cache graphs of the precisions whose contract graph and fp32 static graph passed,
+    quantized from the latter, starting with the scheme their contract twin shipped, and gated again."""
+    fp32 = job.graph("fp32", contract.CACHE_STATIC)
+    if fp32 not in job.passed:
+        return
+    for g in job.graphs:
+        twin = job.graph(g.precision)
+        if g.cache != contract.CACHE_STATIC or g.precision == "fp32" or twin not in job.passed:
+            continue
+        job.say(f"making the {g.precision} static-cache variant")
+        ladder = variants.LADDER[g.precision]
+        variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=job.passed[fp32])
+
+
+def kv8_graphs(job: Job) -> None:
+    """The int8-cache twin of each static-cache graph that passed (kv_quant.make), scales calibrated once
+    on the fp32 static graph."""
+    fp32 = job.graph("fp32", contract.CACHE_STATIC)
+    if fp32 not in job.passed:
+        return
+    windows = job.windows if job.windows is not None else validate.sampled_windows(job.model)
+    job.say("calibrating the int8 KV cache's scales")
+    amax = kv_quant.calibrate(load_cpu(job.passed[fp32]), windows)
+    for g in job.graphs:
+        twin = job.graph(g.precision, contract.CACHE_STATIC)
+        if g.cache == contract.CACHE_STATIC_KV8 and twin in job.passed:
+            job.say(f"making the {g.precision} static-cache graph's int8 KV cache")
+            made = kv_quant.make(g.label, job.passed[twin], g.path, amax, windows, bpe.token_bytes(job.tok),
+                                 gated=job.windows is not None, rows=job.report.kv_gates)
+            if made is not None:
+                job.passed[g] = made
+
+
+def variant(job: Job, graph: Graph, schemes: Sequence[str], source: Path | None = None) -> None:
+    """The `graph` variant of the fp32 graph at `source` (the plain contract graph by default), under a
+    temporary name, made with the first of `schemes` that passes the accuracy gate on job.windows (each
+    try recorded in the report); nothing, and nothing left behind, if none does. Without windows
+    (--no-gate): the first scheme that applies, unchecked, recorded as ungated."""
+    fp32 = source or job.plain
+    assert fp32 is not None
+    report, card, tmp = job.report, job.card, atomic.temp_name(graph.path)
+    if job.windows is None:
+        scheme = next((s for s in schemes if _made(job, graph, fp32, tmp, s)), None)
+        if scheme is None:  # the ladders end with a scheme every graph takes: not reached today
+            job.say(f"{graph.label}: none of {', '.join(schemes)} applies to this model")
+            return
+        set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gated=False))
+        report.schemes[graph.label] = scheme
+        job.passed[graph] = tmp
+        return
+    for scheme in schemes:
+        if not _made(job, graph, fp32, tmp, scheme):
+            continue
+        set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gate_text=report.heldout))
+        gate = replace(validate.gate(job.model, load_cpu(tmp), job.windows, graph.label), scheme=scheme)
+        report.gates.append(gate)
+        if gate.ok:
+            report.schemes[graph.label] = scheme
+            job.passed[graph] = tmp
+            return
+    tmp.unlink(missing_ok=True)
+
+
+def _made(job: Job, graph: Graph, fp32: Path, tmp: Path, scheme: str) -> bool:
+    """Whether `scheme` made the `graph` variant at `tmp`; where it does not apply, why is said and reported."""
+    try:
+        variants.make(graph.precision, fp32, tmp, job.card.model, scheme, job.ranges_for(scheme))
+    except variants.NotApplicable as e:
+        job.say(f"{graph.label}: {scheme} does not apply ({e})")
+        job.report.not_applied.append((graph.label, scheme, str(e)))
+        return False
+    return True
