@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
-from gptport.export import grid, smooth
+from gptport.export import grid, smooth, w8a8
 
 # Kept in float32 in the fp16 variant: LayerNorm statistics and softmax overflow in float16.
 FP16_KEEP = ["LayerNormalization", "Softmax", "ReduceMean", "Pow", "Sqrt", "Div"]
@@ -109,8 +109,8 @@ def _down_projections(proto: onnx.ModelProto) -> list[str]:
     """The names of the MatMuls that read the MLP's hidden layer: a float weight (K, N) with K > N, the head
     (whose N is the vocabulary) never among them."""
     inits = {i.name: i for i in proto.graph.initializer}
-    return [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits
-            and len(dims := inits[n.input[1]].dims) == 2 and dims[0] > dims[1] and contract.LOGITS not in n.output]
+    return [n.name for n in proto.graph.node if w8a8.weight_matmul(n, inits)
+            and inits[n.input[1]].dims[0] > inits[n.input[1]].dims[1] and contract.LOGITS not in n.output]
 
 
 def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None) -> None:
@@ -125,8 +125,6 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         smooth.smooth(proto, ranges, scheme.smooth)
     head = next((n.name for n in proto.graph.node if contract.LOGITS in n.output), None)  # None: a bare MatMul's
     if scheme.kind == "w8a8":
-        from gptport.export import w8a8
-
         w8a8.rewrite(proto)
         onnx.save_model(proto, str(dst))
         return
