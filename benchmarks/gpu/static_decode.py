@@ -184,7 +184,7 @@ def start_tests() -> subprocess.Popen[str]:
     """pytest -m gpu tests/gpu in the background: its fixtures train and export on the CPU while this run
     exports; it is waited for before anything is timed."""
     log = open(WORK / "gpu-tests.log", "w")  # noqa: SIM115 - the child writes it until finish_tests
-    return subprocess.Popen([sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-p",
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-n", "0", "-p",
                              "no:cacheprovider"], stdout=log, stderr=subprocess.STDOUT, text=True)
 
 

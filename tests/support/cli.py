@@ -10,7 +10,9 @@ import sys
 def gptport(*args: str, stdin: str | None = None, debug: bool = False,
             columns: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run the CLI in a subprocess, as a user would (in a terminal `columns` wide, when given)."""
-    env = {k: v for k, v in os.environ.items() if k != "GPTPORT_DEBUG"}
+    # the test runner's own terminal size is not the user's (pytest-xdist's workers set COLUMNS=80): output
+    # goes to a pipe, as when a user redirects it, unless `columns` says otherwise
+    env = {k: v for k, v in os.environ.items() if k not in ("GPTPORT_DEBUG", "COLUMNS", "LINES")}
     if debug:
         env["GPTPORT_DEBUG"] = "1"
     if columns is not None:
