@@ -15,7 +15,8 @@ of the append graph; 0: one run per iteration), order (arrival, or shortest: the
 first token first), fill_waves (1: where at least as many prompts wait for a first token as rows
 decode, every ready chunk goes in that iteration, prefill_chunk aside) and span_gap (a run's slots at most
 that many other rows apart, a lone row appended by the one-row step; -1: any) and rest_tokens (rests
-after a reused prefix first, in runs of their own of up to that many tokens; 0: off). Each request's time to first
+after a reused prefix first, in runs of their own of up to that many tokens; 0: off) and rest_runs (at most
+that many runs of rests an iteration; 0: any). Each request's time to first
 token is the scheduler's own (Observer.first_token: from submit to its first token's sampling, whether or
 not that token's text can be sent yet), the inter-token latency is the Observer's too; prefill runs and
 decode steps are counted and timed (what a TTFT is made of: the wait for a slot, the runs, the steps).
@@ -48,7 +49,8 @@ from gptport.serve.engine.scheduler import Scheduler
 
 SLOTS = USERS = 16
 OWN, CHAT_NEW, PLAIN_PROMPT, TEMPERATURE = 24, 64, 64, 0.8
-POLICIES = "one run:prefill_chunk=512,rest_tokens=0;rests first:prefill_chunk=512,rest_tokens=96"
+POLICIES = ("one run:prefill_chunk=512,rest_tokens=0;rests first:prefill_chunk=512,rest_tokens=96,rest_runs=0;"
+            "a run of rests an iteration:prefill_chunk=512,rest_tokens=48,rest_runs=1")
 NO_REUSE = "chat no reuse"
 
 
@@ -60,9 +62,10 @@ def parse_policies(text: str) -> dict[str, dict[str, Any]]:
         kw: dict[str, Any] = {}
         for item in filter(None, spec.split(",")):
             key, _, value = item.partition("=")
-            if key not in ("prefill_chunk", "run_tokens", "order", "fill_waves", "span_gap", "rest_tokens"):
-                raise SystemExit(f"--policies: {key!r} is not prefill_chunk, run_tokens, order, fill_waves, span_gap "
-                                 "or rest_tokens")
+            if key not in ("prefill_chunk", "run_tokens", "order", "fill_waves", "span_gap", "rest_tokens",
+                           "rest_runs"):
+                raise SystemExit(f"--policies: {key!r} is not prefill_chunk, run_tokens, order, fill_waves, span_gap, "
+                                 "rest_tokens or rest_runs")
             kw[key] = value if key == "order" else bool(int(value)) if key == "fill_waves" else int(value)
         out[name.strip()] = kw
     return out

@@ -72,33 +72,44 @@ class Prefilling:
             sources = {id(c.twin) for c in self._filling if c.twin is not None}
             ready.sort(key=lambda c: (id(c) not in sources, len(c.prompt_ids) - c.filled))  # stable: admission
         if self.rest_tokens:
-            ready.sort(key=lambda c: c.cached == 0)  # rests after a reused prefix first, each order kept
+            ready.sort(key=lambda c: not self._rest(c))  # rests after a reused prefix first, each order kept
         return ready
+
+    def _rest(self, c: Choice) -> bool:
+        """Whether c is a rest after a reused prefix: something of its prompt was cached, and what is left fits
+        one run of rests (rest_tokens). A longer rest (a long new turn) goes with the fresh prompts."""
+        return 0 < c.cached and len(c.prompt_ids) - c.filled <= self.rest_tokens
 
     def _prefill_runs(self, events: list[tuple[Any, Event]], early: Callable[..., None] | None) -> None:
         """Chunks of up to prefill_chunk tokens in all, in _ready's order, appended in runs of the multi-row
         append graph of up to `run_tokens` tokens each (at least one chunk; 0: one run), the first tokens of
         each run's complete prompts handed over before the next run. With `rest_tokens`, the rests of
-        prompts after a reused prefix go first, in runs of their own of up to rest_tokens tokens (a wave of
-        rests hands its first tokens out a run at a time; fresh prompts keep their one run). A prompt one
+        prompts after a reused prefix (_rest) go first, in runs of their own of up to rest_tokens tokens (a
+        wave of rests hands its first tokens out a run at a time; fresh prompts keep their one run), at
+        most `rest_runs` such runs an iteration (0: any): a wave of rests is spread over several decode
+        steps, so its requests do not all start decoding, and end, on the same step. A prompt one
         token short joins the decode step; prompt logprobs (every position's logits) append alone. After each
         run, the choices that waited to copy what it appended are ready too, and so are choices that arrived
         meanwhile and took a free slot."""
         wave = self.fill_waves and len(self._filling) >= len(self._decoding)  # more wait for a first token
         budget, taken = (WAVE_BUDGET if wave else self.prefill_chunk), set()
         cap = self.run_tokens or budget
+        rest_runs = 0  # runs of rests this iteration: past self.rest_runs (0: no bound), rests wait for the next
         while budget > 0:
             run: list[tuple[Choice, np.ndarray]] = []
             size, took, rests = 0, False, False  # rests: the run holds rests after a reused prefix
             for c in self._ready(taken, events, early):
                 n = min(budget, len(c.prompt_ids) - c.filled)
-                rest = self.rest_tokens > 0 and c.cached > 0
+                rest = self.rest_tokens > 0 and self._rest(c)
+                joins = n == 1 and c.filled + 1 == len(c.prompt_ids) and self._can_join(c)
+                if rest and not joins and 0 < self.rest_runs <= rest_runs:
+                    continue  # this iteration's runs of rests are done: the next iteration's decode step first
                 if run and (rest != rests or size + n > (self.rest_tokens if rest else cap)):
                     break
                 taken.add(id(c))
                 took = True
                 budget -= n
-                if n == 1 and c.filled + 1 == len(c.prompt_ids) and self._can_join(c):
+                if joins:
                     self._joining.append(c)  # its last token is a decode row of this iteration's step
                 elif c.prompt_logprobs:
                     self._append_alone(c, n, events, early)
@@ -109,6 +120,7 @@ class Prefilling:
                     break
             if run:
                 self._append_together(run, events, early)
+                rest_runs += rests
             if not took:
                 break
             with self._cond:  # what arrived meanwhile takes the free slots and can go in the next run

@@ -52,7 +52,7 @@ class Scheduler(Prefilling, Emitting):
                  max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
                  masks: Masks | None = None, drafting: Drafting | None = None, prefix_cache: bool = True,
                  end_ids: Collection[int] | None = None, run_tokens: int = 0, order: str = "arrival",
-                 fill_waves: bool = False, span_gap: int = -1, rest_tokens: int = 96) -> None:
+                 fill_waves: bool = False, span_gap: int = -1, rest_tokens: int = 48, rest_runs: int = 1) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
         self.end_ids = frozenset((tok.eot_id,) if end_ids is None else end_ids)  # specials.end_ids: any ends a choice
         self.prefix_cache = prefix_cache and slots.supports_reuse  # StaticSlots only
@@ -65,6 +65,7 @@ class Scheduler(Prefilling, Emitting):
         self.fill_waves = fill_waves  # prompts outnumber decoding rows: every ready chunk, prefill_chunk aside
         self.span_gap = span_gap  # a run's slots at most this many other rows apart (-1: any; prefill.groups)
         self.rest_tokens = rest_tokens  # rests after a reused prefix first, in runs of this many tokens (0: off)
+        self.rest_runs = rest_runs  # at most this many runs of rests an iteration (0: any; prefill.py)
         self.observer = observer or Observer()
         self._free = list(range(slots.slots))  # a heap: the lowest free slot first keeps steps narrow
         self._waiting: deque[Choice] = deque()

@@ -95,7 +95,7 @@ def test_waves_appended_together_give_each_request_its_tokens(opened: Any, appen
     iterations on a drawn number of slots with a drawn prefill chunk and policy (runs of a drawn size, in
     arrival order or shortest first, a wave filled at once or not, a run's slots any distance apart or
     split where they are more than 0 or 2 rows apart, rests after a reused prefix first in runs of their
-    own or not): every request gets the tokens of the
+    own or not, one such run an iteration or any number): every request gets the tokens of the
     same waves served one slot at a time, and of `generate` alone."""
     vocab, n_ctx = opened.tok.vocab_size, opened.engine.n_ctx
     ids = st.integers(1, vocab - 1)
@@ -104,7 +104,8 @@ def test_waves_appended_together_give_each_request_its_tokens(opened: Any, appen
     chunk = data.draw(st.sampled_from([7, 64, 512]))
     policy = {"run_tokens": data.draw(st.sampled_from([0, 5, 40])), "fill_waves": data.draw(st.booleans()),
               "order": data.draw(st.sampled_from(["arrival", "shortest"])),
-              "span_gap": data.draw(st.sampled_from([-1, 0, 2])), "rest_tokens": data.draw(st.sampled_from([0, 6]))}
+              "span_gap": data.draw(st.sampled_from([-1, 0, 2])), "rest_tokens": data.draw(st.sampled_from([0, 6])),
+              "rest_runs": data.draw(st.sampled_from([0, 1]))}
 
     def prompt() -> list[int]:
         base = data.draw(st.sampled_from(bases))
@@ -281,11 +282,12 @@ def test_rests_far_apart_are_appended_in_groups(opened: Any, appender: Any) -> N
 
 
 def test_rests_go_first_in_runs_of_their_own(opened: Any, appender: Any) -> None:
-    """With rest_tokens 10, two fresh prompts of 12 tokens arrive, then three prompts whose first 40 tokens
-    are kept in the slots (rests of 3, 4 and 5 tokens): the rests are appended first, in runs of their own
-    of up to 10 tokens, and the fresh prompts after them in one run, all in one iteration."""
+    """With rest_tokens 10 and any number of rest runs an iteration, two fresh prompts of 12 tokens arrive,
+    then three prompts whose first 40 tokens are kept in the slots (rests of 3, 4 and 5 tokens): the rests
+    are appended first, in runs of their own of up to 10 tokens, and the fresh prompts after them in one
+    run, all in one iteration."""
     system = list(range(5, 45))
-    run = Run(opened, 8, appender, rest_tokens=10)
+    run = Run(opened, 8, appender, rest_tokens=10, rest_runs=0)
     run.waves([[(0, Choice(system + [50 + i], 2, Sampling(), ignore_eos=True, out=f"w{i}")) for i in range(3)]])
     run.sizes.clear()
     fresh = [Choice(list(range(300 + 20 * i, 312 + 20 * i)), 3, Sampling(), ignore_eos=True, out=f"f{i}")
@@ -298,3 +300,33 @@ def test_rests_go_first_in_runs_of_their_own(opened: Any, appender: Any) -> None
     assert all(c.new_ids for c in fresh + rests)
     run.drain()
     alone_tokens(opened, [*fresh, *rests])
+
+
+def test_one_run_of_rests_an_iteration_spreads_a_wave_over_decode_steps(opened: Any, appender: Any) -> None:
+    """By default (rest_runs 1) an iteration appends one run of rests: three rests of 3, 4 and 5 tokens
+    (rest_tokens 10) and a fresh prompt arrive beside a decoding row; the first iteration appends the rests
+    of 3 and 4 tokens, then the fresh prompt, then steps the decoding row and the two new ones; the rest of 5
+    tokens goes in the next iteration. A rest longer than rest_tokens goes with the fresh prompts. Every
+    request gets the tokens it gets alone."""
+    system = list(range(5, 45))
+    run = Run(opened, 8, appender, rest_tokens=10)
+    assert run.s.rest_runs == 1
+    run.waves([[(0, Choice(system + [50 + i], 2, Sampling(), ignore_eos=True, out=f"w{i}")) for i in range(6)]])
+    busy = Choice(list(range(400, 410)), 30, Sampling(), ignore_eos=True, out="busy")
+    run.s.submit([busy])
+    run.events += run.s.iterate()
+    run.sizes.clear()
+    run.decodes.clear()
+    rests = [Choice(system + list(range(100 + 10 * i, 100 + 10 * i + k)), 3, Sampling(), ignore_eos=True, out=i)
+             for i, k in enumerate([3, 4, 5])]
+    long = Choice(system + list(range(200, 212)), 3, Sampling(), ignore_eos=True, out="long")  # a rest of 12 > 10
+    fresh = Choice(list(range(300, 309)), 3, Sampling(), ignore_eos=True, out="fresh")
+    run.s.submit([*rests, long, fresh])
+    run.events += run.s.iterate()
+    assert [c.cached for c in (*rests, long)] == [40, 40, 40, 40]
+    assert run.sizes == [[3, 4], [12, 9]] and run.decodes == [5]  # busy, the two rests, long, fresh
+    assert [bool(c.new_ids) for c in rests] == [True, True, False]
+    run.events += run.s.iterate()
+    assert run.sizes[2:] == [[5]] and rests[2].new_ids
+    run.drain()
+    alone_tokens(opened, [busy, *rests, long, fresh])
