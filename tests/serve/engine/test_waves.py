@@ -304,10 +304,10 @@ def test_rests_go_first_in_runs_of_their_own(opened: Any, appender: Any) -> None
 
 def test_one_run_of_rests_an_iteration_spreads_a_wave_over_decode_steps(opened: Any, appender: Any) -> None:
     """By default (rest_runs 1) an iteration appends one run of rests: three rests of 3, 4 and 5 tokens
-    (rest_tokens 10) and a fresh prompt arrive beside a decoding row; the first iteration appends the rests
-    of 3 and 4 tokens, then the fresh prompt, then steps the decoding row and the two new ones; the rest of 5
-    tokens goes in the next iteration. A rest longer than rest_tokens goes with the fresh prompts. Every
-    request gets the tokens it gets alone."""
+    (rest_tokens 10), a rest of 12 tokens and a fresh prompt arrive beside a decoding row; the first
+    iteration appends the rests of 3 and 4 tokens in one run, the rest of 12 tokens (longer than rest_tokens)
+    with the fresh prompt in another, then steps the decoding row and the four with first tokens; the rest
+    of 5 tokens goes in the next iteration. Every request gets the tokens it gets alone."""
     system = list(range(5, 45))
     run = Run(opened, 8, appender, rest_tokens=10)
     assert run.s.rest_runs == 1
