@@ -12,7 +12,10 @@ u8 x s8 GEMM (VNNI where the CPU has it) does the product:
     y = float(MatMulInteger(q, W_q, 128)) * (a / 127) * w_scale
 
 At SmolLM2-135M's shape it is 2x the prefill speed of 8-bit MatMulNBits and 1.3x its decode, but too coarse for
-that model's gate (design record 0038): a measured scheme, not on the int8 ladder. No torch here."""
+that model's gate (design record 0038): a measured scheme, not on the int8 ladder. On a CPU without VNNI (AVX2
+only) the u8 x s8 GEMM adds each pair of products in int16 (vpmaddubsw) and saturates with these full-range
+weights: the products are wrong there (20% of the output's range in tests/export/test_quant_schemes.py on an
+AVX2 EPYC), so it is measured on VNNI CPUs only. No torch here."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from gptport import contract
+from gptport import contract, machine
 from gptport.export import variants, w8a8
 
 D, FFN, VOCAB = 64, 192, 96
@@ -73,6 +73,13 @@ def test_the_int8_ladder_tries_the_split_rung_between_block_32_and_block_16() ->
     assert (scheme.block, scheme.fine_block, scheme.fine_down, scheme.smooth) == (32, 16, True, 0.5)
 
 
+# onnxruntime's u8 x s8 GEMM without VNNI (AVX2's vpmaddubsw) adds each pair of products in int16 and
+# saturates with full-range weights: the scheme's numbers are wrong there (w8a8.py), measured on an AVX2 EPYC
+VNNI = any(f in machine.describe().get("isa", []) for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+@pytest.mark.skipif(not VNNI, reason="onnxruntime's u8 x s8 GEMM saturates without VNNI (no avx512_vnni, avx_vnni "
+                    "or amx_int8 here): w8a8 is measured on VNNI CPUs only")
 def test_w8a8_replaces_every_weight_matmul_and_stays_close(tmp_path: Path) -> None:
     src = _graph(tmp_path)
     proto = onnx.load(str(src))

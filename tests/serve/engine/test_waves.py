@@ -196,13 +196,14 @@ def test_a_wave_in_runs_samples_first_tokens_between_runs_shortest_first(opened:
 
 def test_arrivals_of_one_prefix_compute_it_once_in_one_iteration(opened: Any, appender: Any) -> None:
     """Sixteen prompts with one 60-token head arrive at once on empty slots: the first prefills the head, the
-    other fifteen copy it and append only their own tokens, in the same iteration, so every first token
-    comes from the first iteration; the head is computed once."""
+    other fifteen copy it and append only their own tokens, in the same iteration when an iteration takes
+    any number of runs of rests (rest_runs 0), so every first token comes from the first iteration; the
+    head is computed once."""
     rng = np.random.default_rng(3)
     head = rng.integers(1, opened.tok.vocab_size, 60).tolist()
     wave = [Choice(head + rng.integers(1, opened.tok.vocab_size, 4 + i % 5).tolist(), 3, Sampling(), ignore_eos=True,
                    out=i) for i in range(16)]
-    run = Run(opened, 16, appender, order="shortest", span_gap=-1)
+    run = Run(opened, 16, appender, order="shortest", span_gap=-1, rest_runs=0)
     run.s.submit(wave)
     run.events += run.s.iterate()
     assert all(c.new_ids for c in wave)
