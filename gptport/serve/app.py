@@ -108,9 +108,9 @@ class State:
             vocab = opened.engine.config.vocab_size
             self.grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
             drafting, drafts_from = companions.drafting(s, opened)
-            self.scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
-                                       s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab), drafting,
-                                       s.prefix_cache, end_ids(opened.engine.config, opened.tok))
+            scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
+                                  s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab), drafting,
+                                  s.prefix_cache, end_ids(opened.engine.config, opened.tok))
         except Exception as e:  # noqa: BLE001 - whatever stops the load stops the server, with its message
             self.error = str(e) if isinstance(e, GptportError) else f"loading the model failed: {type(e).__name__}: {e}"
             log.debug("load failed", exc_info=True)
@@ -125,17 +125,18 @@ class State:
         graph = f"{opened.precision} {opened.cache} cache" + (" (int8)" if kv_type == "int8" else "")
         threads = engine.session.get_session_options().intra_op_num_threads
         self.metrics.info.labels(s.model_name, graph, opened.provider, str(threads or "auto")).set(1)
-        self.scheduler.start()
+        scheduler.start()
         per_slot = 2 * engine.config.n_layer * engine.config.kv_width * self.n_ctx * engine.kv_dtype.itemsize
         kv = per_slot * s.slots
         self.metrics.kv_bytes.labels(kv_type).set(per_slot)
         s.on_ready(f"{s.url} · model {s.model_name!r} · {graph} on {opened.provider} · {s.slots} slots × "
                    f"n_ctx {self.n_ctx} (KV cache {kv / 2**20:,.0f} MiB{startup.residency(slots)}) · "
                    f"queue {s.max_queue} · "
-                   f"prefix cache {startup.prefix_cache(s, self.scheduler)} · "
+                   f"prefix cache {startup.prefix_cache(s, scheduler)} · "
                    f"{'multi-row append' if slots.supports_append_many else 'one-row appends'} · "
                    f"chat template: {template}{drafts_from}"
                    f"{startup.int8_hint(s, opened)}")
+        self.scheduler = scheduler  # published last: /health answers 200 only once the startup line is out
 
     def ready(self) -> Scheduler:
         if self.scheduler is None:
