@@ -7,11 +7,17 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import torch
+from onnx_ir.passes import common as common_passes
+from onnxscript import optimizer, rewriter
+from onnxscript.rewriter import onnx_fusions
+from onnxscript.rewriter.pattern import RewriteRule
+from onnxscript.rewriter.rules import common as common_rules
 from torch.export import Dim
 
 from gptport import contract
@@ -35,8 +41,19 @@ def _quiet_exporter() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def to_onnx(model: GPT, opset: int) -> onnx.ModelProto:
-    """Export with torch.export's dynamic shapes; batch, sequence and past traced at values >= 2."""
+# The rules of onnxscript's default rewrite set that change gptport's graphs (of every family; the rest never match
+# them). torch.onnx.export(optimize=True) tries the whole set on every node, twice, for the same graph: the time
+# it costs is benchmarks/export/to_onnx.py's (design record 0040).
+RULES = (common_rules.collapse_slice_rule, common_rules.collapse_slice2_rule, common_rules.squeeze_reshape_1d_rule,
+         common_rules.unsqueeze_unsqueeze_rule, common_rules.reshape_reshape_rule, common_rules.cast_cast_rule,
+         common_rules.no_op_cast_rule, common_rules.no_op_expand_rule, common_rules.no_op_transpose_rule,
+         common_rules.transpose_transpose_rule)
+
+
+def to_onnx(model: GPT, opset: int, rules: Sequence[RewriteRule] | None = RULES) -> onnx.ModelProto:
+    """Export with torch.export's dynamic shapes; batch, sequence and past traced at values >= 2; the graph
+    tidied with `rules` (None: by torch.onnx.export's own optimize, onnxscript's default rule set, for
+    benchmarks/export/to_onnx.py to compare)."""
     cfg = model.cfg
     B, T, P = 2, 3, min(4, max(2, cfg.n_ctx - 3))
     ids = torch.randint(0, cfg.vocab_size, (B, T))
@@ -52,12 +69,33 @@ def to_onnx(model: GPT, opset: int) -> onnx.ModelProto:
         program = torch.onnx.export(
             model, (ids, mask, pos, past), dynamic_shapes=shapes, dynamo=True, opset_version=opset,
             input_names=contract.input_names(cfg.n_layer), output_names=contract.output_names(cfg.n_layer),
-            optimize=True, verbose=False)
+            optimize=rules is None, verbose=False)
+        if rules is not None:
+            tidy(program.model, rules)
     proto = program.model_proto
     _name_total_dims(proto)
     if cfg.tie_embeddings:
         untie_folded_head(proto)
     return proto
+
+
+def tidy(model: ir.Model, rules: Sequence[RewriteRule] = RULES) -> None:
+    """What torch.onnx.export's optimize=True does (onnxscript's optimize_ir, then its ONNX fusions), in place,
+    with `rules` for the default rewrite rules."""
+    optimizer.inline(model)
+    for _ in range(2):  # as optimize_ir: fold, rewrite, drop what is unused; twice
+        optimizer.fold_constants(model, onnx_shape_inference=True)
+        rewriter.rewrite(model, rules)
+    ir.passes.Sequential(
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common_passes.LiftSubgraphInitializersToMainGraphPass(),
+        common_passes.DeduplicateInitializersPass(),
+        common_passes.CommonSubexpressionEliminationPass(),
+        common_passes.OutputFixPass(),
+        common_passes.NameFixPass(),
+    )(model)
+    onnx_fusions.fuse(model)
 
 
 def _name_total_dims(proto: onnx.ModelProto) -> None:
