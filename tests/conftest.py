@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,28 @@ from gptport.corpus import CorpusReader, resolve_sources
 
 SYLLABLES = ["ka", "to", "ri", "men", "sol", "ve", "qua", "lin", "dor", "ex", "pu", "ny", "the", "and",
              "ing", "er", "straß", "café", "наш", "日本", "語", "🙂", "ü", "ñ"]
+
+
+TRACE_CACHE = "GPTPORT_TRACE_CACHE"  # gptport/export/trace_cache.py's ENV (not imported here: it loads torch)
+_TRACES = pytest.StashKey[str]()  # the folder this process made, removed at the end
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One cache of torch -> ONNX traces for the session (trace_cache.py): many tests export the same seeded
+    model, and each distinct model is traced once. The xdist workers and the CLI's subprocesses inherit the
+    variable; one set before the run (empty: no cache) is left as it is."""
+    if hasattr(config, "workerinput") or TRACE_CACHE in os.environ:
+        return
+    path = tempfile.mkdtemp(prefix="gptport-traces-")
+    os.environ[TRACE_CACHE] = path
+    config.stash[_TRACES] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(_TRACES, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop(TRACE_CACHE, None)
 
 
 def make_text(n_lines: int, seed: int = 0) -> str:

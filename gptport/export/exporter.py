@@ -22,6 +22,7 @@ from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import write_all
 from gptport.export.tolerance import Tolerance
 from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
+from gptport.runtime import hugepages
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.training.checkpoint import load_model
 
@@ -77,27 +78,28 @@ def export(
     if gate and (len(precisions) > 1 or kv_dtype == "int8"):
         _gate_text(job, heldout, sampled_text)
     try:
-        _check_fp32(job, opset)
-        if optimize:
-            _optimize_fp32(job)
-        static_graphs = any(g.cache == contract.CACHE_STATIC for g in job.graphs)
-        if static_graphs:
-            _static_fp32(job)
-            _append_graph(job)
-        job.float64 = None  # the last parity check is done: free the float64 copy before the variants
-        for g in job.graphs:
-            if g.cache == contract.CACHE_CONCAT and g.precision != "fp32":
-                job.say(f"making the {g.precision} variant")
-                variant_steps.variant(job, g, variants.LADDER.get(g.precision, ("",)))
-        if static_graphs:
-            variant_steps.static_variants(job)
-        if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
-            variant_steps.kv8_graphs(job)
-        _rename_into_place(job)
-        if ort_level is not None:
-            _ort_files(job, ort_level)
-        job.report.removed.update(remove_stale(model_dir, job.sources, set(job.report.files.values())))
-        _side_files(job)
+        with hugepages.checks_only():  # the checks' sessions run a few steps each: not on huge pages
+            _check_fp32(job, opset)
+            if optimize:
+                _optimize_fp32(job)
+            static_graphs = any(g.cache == contract.CACHE_STATIC for g in job.graphs)
+            if static_graphs:
+                _static_fp32(job)
+                _append_graph(job)
+            job.float64 = None  # the last parity check is done: free the float64 copy before the variants
+            for g in job.graphs:
+                if g.cache == contract.CACHE_CONCAT and g.precision != "fp32":
+                    job.say(f"making the {g.precision} variant")
+                    variant_steps.variant(job, g, variants.LADDER.get(g.precision, ("",)))
+            if static_graphs:
+                variant_steps.static_variants(job)
+            if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
+                variant_steps.kv8_graphs(job)
+            _rename_into_place(job)
+            if ort_level is not None:
+                _ort_files(job, ort_level)
+            job.report.removed.update(remove_stale(model_dir, job.sources, set(job.report.files.values())))
+            _side_files(job)
     finally:
         for p in model_dir.glob(".model*.tmp-*"):
             p.unlink(missing_ok=True)

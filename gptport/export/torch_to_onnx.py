@@ -22,6 +22,7 @@ from torch.export import Dim
 
 from gptport import contract
 from gptport.errors import ValidationError
+from gptport.export import trace_cache
 from gptport.training.model import GPT
 
 
@@ -53,7 +54,14 @@ RULES = (common_rules.collapse_slice_rule, common_rules.collapse_slice2_rule, co
 def to_onnx(model: GPT, opset: int, rules: Sequence[RewriteRule] | None = RULES) -> onnx.ModelProto:
     """Export with torch.export's dynamic shapes; batch, sequence and past traced at values >= 2; the graph
     tidied with `rules` (None: by torch.onnx.export's own optimize, onnxscript's default rule set, for
-    benchmarks/export/to_onnx.py to compare)."""
+    benchmarks/export/to_onnx.py to compare). Read from GPTPORT_TRACE_CACHE's folder where it names one and
+    holds this model's trace (trace_cache.py)."""
+    named = "RULES" if rules is RULES else "default" if rules is None else None  # (a set of the caller's: None)
+    return trace_cache.traced(model, opset, named, lambda: _trace(model, opset, rules))
+
+
+def _trace(model: GPT, opset: int, rules: Sequence[RewriteRule] | None) -> onnx.ModelProto:
+    """to_onnx's trace, each time."""
     cfg = model.cfg
     B, T, P = 2, 3, min(4, max(2, cfg.n_ctx - 3))
     ids = torch.randint(0, cfg.vocab_size, (B, T))

@@ -19,9 +19,12 @@ memory known to be available (`fits`). No torch here.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +44,20 @@ class Backed:
     mappings: int = 0
     refused: int = 0
     why: str = ""
+
+
+_CHECKS = contextvars.ContextVar("gptport_hugepages_checks", default=False)
+
+
+@contextlib.contextmanager
+def checks_only() -> Iterator[None]:
+    """Sessions made inside are not backed: export's checks run each session for a few steps and drop it, and
+    collapsing every large mapping again cost more than it saved (SmolLM2's export: ~1.5 s a session)."""
+    token = _CHECKS.set(True)
+    try:
+        yield
+    finally:
+        _CHECKS.reset(token)
 
 
 def enabled() -> bool:
@@ -72,6 +89,8 @@ def back_weights() -> Backed:
     """Mark and collapse the large, mostly resident anonymous mappings into huge pages (see the module)."""
     if not enabled():
         return Backed(why="off (GPTPORT_HUGEPAGES=0, or not Linux)")
+    if _CHECKS.get():
+        return Backed(why="a checking session (hugepages.checks_only)")
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         madvise = libc.madvise

@@ -1,6 +1,7 @@
 """Huge pages under the weights (runtime/hugepages.py): a large resident anonymous mapping is collapsed into
 2 MiB pages, a sparse one is left alone, and GPTPORT_HUGEPAGES=0 turns it off. Linux only; skipped with the
-reason where the kernel offers no transparent huge pages or no MADV_COLLAPSE."""
+reason where the kernel offers no transparent huge pages or no MADV_COLLAPSE. export's checking sessions are not
+backed (hugepages.checks_only)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,16 @@ def test_off_by_environment(region: tuple[mmap.mmap, int], monkeypatch: pytest.M
     assert done.collapsed == 0 and done.mappings == 0 and done.why.startswith("off")
     assert _smaps_field(address, "AnonHugePages") == 0
 
+
+def test_not_inside_exports_checks(region: tuple[mmap.mmap, int]) -> None:
+    """export's checking sessions (hugepages.checks_only) are not backed; after the block, sessions are again."""
+    m, address = region
+    m.write(b"\x01" * SIZE)
+    with hugepages.checks_only():
+        done = hugepages.back_weights()
+    assert done.collapsed == 0 and done.mappings == 0 and "checking" in done.why, done
+    assert _smaps_field(address, "AnonHugePages") == 0
+    assert hugepages.back_weights().mappings >= 1 or not hugepages.enabled()
 
 
 def _rss() -> int:
