@@ -19,7 +19,9 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import re
 import subprocess
+import sys
 from importlib import metadata
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -140,14 +142,31 @@ def validate(doc: Any) -> list[str]:
     return problems
 
 
+def machine_paths() -> dict[str, str]:
+    """This machine's own folders, which a results file must not name (error traces, test logs and messages
+    quote them), and the words that stand for them: the repository, Python's import path, the home folder."""
+    pairs = {str(ROOT): "<repo>", str(Path.home()): "~", sys.prefix: "<python>", sys.base_prefix: "<python>"}
+    pairs |= {p: "<python-path>" for p in sys.path if p.startswith("/") and not p.startswith(str(ROOT))}
+    return {k: v for k, v in pairs.items() if len(k) > 1}
+
+
+def anonymized(text: str, paths: dict[str, str] | None = None) -> str:
+    """`text` with every folder of `paths` (machine_paths()) replaced by its word, longest first, where it is a
+    whole path component."""
+    for folder, word in sorted((paths or machine_paths()).items(), key=lambda kv: -len(kv[0])):
+        text = re.sub(re.escape(folder) + r"(?![\w.-])", lambda _, w=word: w, text)
+    return text
+
+
 def write(doc: dict[str, Any], out_dir: Path = RESULTS) -> Path:
-    """Check `doc` against the layout and write it atomically under its name in `out_dir`."""
+    """Check `doc` against the layout and write it atomically under its name in `out_dir`, this machine's
+    folders replaced by words (anonymized)."""
     problems = validate(doc)
     if problems:
         raise ValueError(f"results of {doc.get('benchmark', '?')}: " + "; ".join(problems))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / file_name(doc)
-    write_text(path, json.dumps(doc, indent=1, default=str, ensure_ascii=False) + "\n")
+    write_text(path, anonymized(json.dumps(doc, indent=1, default=str, ensure_ascii=False)) + "\n")
     print(f"wrote {path}")
     return path
 

@@ -33,7 +33,7 @@ def folder() -> Path | None:
 
 
 @cache
-def _source_digest() -> str:
+def source_digest() -> str:
     """sha256 of gptport's own source files (the model's code and the exporter's among them)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
@@ -56,7 +56,7 @@ def key(model: GPT, opset: int, rules: str) -> str:
     """The hex sha256 naming `model`'s trace at `opset` tidied by the rule set named `rules`."""
     h = hashlib.sha256()
     head = {"class": f"{type(model).__module__}.{type(model).__qualname__}", "config": asdict(model.cfg),
-            "training": model.training, "opset": opset, "source": _source_digest(), "versions": _versions(),
+            "training": model.training, "opset": opset, "source": source_digest(), "versions": _versions(),
             "rules": rules}
     h.update(json.dumps(head, sort_keys=True, default=str).encode())
     for name, tensor in model.state_dict().items():  # (...) each parameter and persistent buffer, in order

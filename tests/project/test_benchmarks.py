@@ -113,6 +113,17 @@ def test_writer_writes_the_layout_atomically(tmp_path: Path) -> None:
     assert got["rows"] == [{"shape": "tiny", "ms": 1.5}]
 
 
+def test_writer_names_no_folder_of_this_machine(tmp_path: Path) -> None:
+    run = Run(probe_mib=8, log=lambda _: None)
+    with run.round(shape="tiny") as rnd:
+        rnd.data["error"] = f'File "{results.ROOT / "gptport" / "cli.py"}", in {Path.home() / "x"}'
+    path = results.write(results.document("decode.span", run, [], {}), tmp_path)
+    text = path.read_text()
+    assert str(results.ROOT) + "/" not in text and str(Path.home()) + "/" not in text
+    assert results.read(path)["rounds"][0]["data"]["error"] == 'File "<repo>/gptport/cli.py", in ~/x'
+    assert results.anonymized("/a/bc /a/b/d /a/b", {"/a/b": "<x>"}) == "/a/bc <x>/d <x>"  # whole components only
+
+
 def test_layout_problems_are_named(tmp_path: Path) -> None:
     assert results.validate([]) == ["not a JSON object"]
     good = {"benchmark": "decode.span", "machine": {"cpu": "x", "vector_class": "avx2", "cores": 2},
