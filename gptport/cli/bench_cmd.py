@@ -61,6 +61,10 @@ def bench(
     draft_precision: Annotated[str | None, typer.Option("--draft-precision", help="The draft's exported variant "
                                                         "(default: each row's precision).")] = None,
     draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
+    bursts: Annotated[int, typer.Option("--bursts", help="--provider cuda with export --cuda's graphs: greedy "
+                                        "decode steps per run (each step's argmax feeds the next on the GPU, "
+                                        "the host reads k tokens at once; latencies are then a burst's mean). "
+                                        "0: one step a run.")] = 0,
 ) -> None:
     """Measure prefill and decode tokens/s, latency percentiles, memory, and the share of the memory
     bandwidth decoding uses."""
@@ -80,12 +84,13 @@ def bench(
         batches=_ints(batch, "--batch"), prompt_lens=_ints(prompt_len, "--prompt-len"),
         gen_len=gen_len, repeat=repeat, warmup=warmup, threads=threads, torch_baseline=torch_baseline,
         kv_caches=[c.strip() for c in kv_cache.split(",") if c.strip()], draft=draft, draft_tokens=draft_tokens,
-        draft_precision=draft_precision, draft_threads=draft_threads,
+        draft_precision=draft_precision, draft_threads=draft_threads, bursts=bursts,
         kv_dtypes=[k.strip() for k in kv_dtype.split(",") if k.strip()])
     if draft_tokens is not None and (draft is None or draft_tokens < 1):
         raise UsageError(f"--draft-tokens {draft_tokens}: needs --draft, and at least 1")
     if draft_precision is not None and draft is None:
         raise UsageError("--draft-precision needs --draft")
+    check_bursts(bursts, plan.providers, draft is not None)
     from gptport.runtime.speculative import check_draft_threads
 
     check_draft_threads(draft_threads, draft)
@@ -126,6 +131,19 @@ def bench(
         err.print(f"wrote {plot}")
 
 
+def check_bursts(bursts: int, providers: list[str], draft: bool) -> None:
+    """Refuse --bursts where no row could burst: a size below 0 or of 1, no cuda provider, a draft model."""
+    from gptport.errors import UsageError
+
+    if bursts < 0 or bursts == 1:
+        raise UsageError(f"--bursts {bursts}: 0 (one step a run) or at least 2 steps a run")
+    if bursts and "cuda" not in providers:
+        raise UsageError(f"--bursts {bursts}: greedy bursts run on --provider cuda (export --cuda's graphs); "
+                         f"--providers {','.join(providers)} has no cuda")
+    if bursts and draft:
+        raise UsageError("--bursts and --draft: speculative rows verify drafts a step at a time; choose one")
+
+
 def _fmt(value: float | None, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -145,8 +163,8 @@ def print_table(result: dict) -> None:
             continue
         table.add_row(
             r["engine"] + ("+draft" if r.get("draft") else ""),
-            r["provider"], r["precision"], r["kv_cache"], str(r["batch"]), str(r["prompt_len"]),
-            f"{_fmt(r['prefill_tok_s'])} ± {_fmt(r['prefill_tok_s_std'])}",
+            r["provider"], r["precision"], r["kv_cache"] + (f" x{r['bursts']}" if r.get("bursts") else ""),
+            str(r["batch"]), str(r["prompt_len"]), f"{_fmt(r['prefill_tok_s'])} ± {_fmt(r['prefill_tok_s_std'])}",
             f"{_fmt(r['decode_tok_s'])} ± {_fmt(r['decode_tok_s_std'])}", _fmt(r["ttft_ms"], ".1f"),
             f"{_fmt(r['latency_ms_p50'], '.2f')}/{_fmt(r['latency_ms_p90'], '.2f')}/{_fmt(r['latency_ms_p99'], '.2f')}",
             _fmt(r["speedup_vs_torch"], ".2f") + ("x" if r["speedup_vs_torch"] else ""),

@@ -91,6 +91,9 @@ def generate(
                                                         "It speeds drafting only; the output is the model's either "
                                                         "way.")] = None,
     draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
+    bursts: Annotated[int, typer.Option("--bursts", help="--provider cuda with export --cuda's graphs, greedy "
+                                        "only: decode steps per run (each step's argmax feeds the next on the "
+                                        "GPU). Its session takes seconds to make: for long outputs. 0: off.")] = 0,
 ) -> None:
     """Generate text: one prefill, then one token per step through the KV cache."""
     from gptport.errors import UsageError
@@ -111,6 +114,10 @@ def generate(
     spin = "step" if draft is not None else "always"
     opened = open_engine(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache,
                          fmt=graph_format, spin=spin, kv_dtype=kv_dtype)
+    if bursts:
+        check_bursts(bursts, opened.engine, opened.provider, sampling.plain, (json_schema, regex, grammar),
+                     (draft, prompt_lookup))
+        opened.engine.bursts = bursts  # type: ignore[attr-defined]  # a DeviceModel (check_bursts)
     ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn,
                          config=opened.engine.config)
     ends = end_ids(opened.engine.config, opened.tok)
@@ -177,6 +184,27 @@ def generate(
         source = f"draft model, {draft_precision or opened.precision}" if draft is not None else "prompt lookup"
         err.print(f"[dim]drafts ({source}): {stats.drafted} drafted, {stats.accepted} accepted "
                   f"({stats.acceptance:.0%}), {stats.tokens_per_step:.2f} tokens per step[/]")
+
+
+def check_bursts(bursts: int, engine: Any, provider: str, greedy: bool, constraints: tuple[Any, ...],
+                 drafts: tuple[Any, ...]) -> None:
+    """Refuse --bursts where generate could not burst: a size of 1 or below 0, an engine other than
+    export --cuda's graphs on CUDA, sampling, a constraint, speculative decoding."""
+    from gptport.errors import UsageError
+    from gptport.runtime.bench import burst_refusal
+
+    if bursts < 0 or bursts == 1:
+        raise UsageError(f"--bursts {bursts}: 0 (off) or at least 2 steps a run")
+    why = burst_refusal(engine, provider)
+    if why:
+        raise UsageError(why)
+    if not greedy:
+        raise UsageError("--bursts: bursts choose each token by argmax on the GPU; sampling options (temperature, "
+                         "top-k, top-p, min-p, penalties) need one step a run")
+    if any(c is not None for c in constraints):
+        raise UsageError("--bursts: a constraint (--json-schema, --regex, --grammar) masks each step on the host")
+    if any(d is not None for d in drafts):
+        raise UsageError("--bursts: speculative decoding (--draft, --prompt-lookup) verifies a step at a time")
 
 
 def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens: int | None,

@@ -50,6 +50,7 @@ class BenchPlan:
     draft_tokens: int | None = None  # drafts per step (None: adaptive)
     draft_precision: str | None = None  # the draft's variant (None: each row's precision)
     draft_threads: int | None = None  # the draft session's threads (None: speculative.DRAFT_THREADS)
+    bursts: int = 0  # greedy decode steps a run on export --cuda's graphs (cuda_engine.DeviceModel.bursts)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Row:
     prompt_len: int
     gen_len: int
     kv_cache: str = "-"  # concat (model.onnx's contract) or static (preallocated, appended in place); torch: -
+    bursts: int = 0  # greedy decode steps a run (0: one a run); latencies are then a burst's mean
     prefill_tok_s: float | None = None
     prefill_tok_s_std: float | None = None
     decode_tok_s: float | None = None
@@ -86,6 +88,15 @@ class Row:
     acceptance: float | None = None  # drafts the target kept
     tokens_per_step: float | None = None  # tokens per target step
     speedup_vs_plain: float | None = None  # decode tok/s over the plain row of the same graph and shape
+
+
+def burst_refusal(model: Any, provider: str) -> str:
+    """Why greedy bursts cannot run on `model` ("" when they can): they unroll export --cuda's one-token
+    graphs, which only --provider cuda steps (cuda_engine.DeviceModel)."""
+    if hasattr(model, "prepare_bursts"):
+        return ""
+    return (f"--bursts: greedy bursts unroll export --cuda's graphs on --provider cuda; {provider} opened "
+            f"{model.path.name if getattr(model, 'path', None) else 'another graph'}")
 
 
 def measure_bandwidth(threads: int = 0, mib: int = 1024, tries: int = 5) -> float:
@@ -304,13 +315,21 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
             say(f"onnx {provider} {precision} {label}: {e}")
             continue
         kv_label = model.cache if kv == "float32" else contract.CACHE_STATIC_KV8
+        if plan.bursts:
+            why = burst_refusal(model, provider)
+            if why:
+                rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=kv_label,
+                                bursts=plan.bursts, error=why))
+                say(f"onnx {provider} {precision} {kv_label}: {why}")
+                continue
+            model.bursts = plan.bursts
         session_s = time.perf_counter() - t0
         assert model.path is not None  # open_graph's models know their file
         wbytes = weight_bytes_per_token(model.path)
         for batch, prompt_len in _shapes(plan, model.n_ctx):
             say(f"onnx {provider} {precision} {kv_label} batch {batch} prompt {prompt_len}")
             row = Row("onnx", provider, precision, batch, prompt_len, plan.gen_len, kv_cache=kv_label,
-                      session_s=session_s, weight_bytes_per_token=wbytes,
+                      bursts=plan.bursts, session_s=session_s, weight_bytes_per_token=wbytes,
                       providers_ran=model.session.get_providers())
             _fill(row, model, model.config.vocab_size, plan, probe if provider == "cpu" else None)
             if row.bandwidth_gb_s:

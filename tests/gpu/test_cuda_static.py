@@ -2,7 +2,8 @@
 replayed give the numbers of the same steps run uncaptured, and the greedy tokens of the CPU provider's
 static-cache graph (every row in fp32; two rows of three in fp16); greedy bursts (8 steps a run, replayed)
 give the tokens of one step a run (every row in fp32, two of three in fp16); the serving slots' bucketed,
-replayed decode steps give their uncaptured logits. Each skips, saying why, where the CUDA provider does not run."""
+replayed decode steps give their uncaptured logits; `bench` and `generate --bursts 8` run. Each skips, saying
+why, where the CUDA provider does not run."""
 
 from __future__ import annotations
 
@@ -91,3 +92,20 @@ def test_serving_slots_replay_each_bucket(cuda_dir: Path) -> None:
         toks = rng.integers(1, 200, len(busy))
         np.testing.assert_allclose(replayed.decode(busy, toks), plain.decode(busy, toks), atol=1e-4)
     assert sorted(replayed.graph_ids) == [1, 2, 4, 8] and min(replayed.graph_ids.values()) > 0
+
+
+def test_the_cli_bursts_on_cuda(cuda_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    from tests.support.cli import gptport
+
+    out = tmp_path / "bench.json"
+    r = gptport("bench", str(cuda_dir), "--providers", "cuda", "--bursts", "8", "--no-torch-baseline", "--gen-len",
+                "40", "--repeat", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["bursts"] == 8 and row["error"] is None and row["decode_tok_s"] > 0
+    runs = [gptport("generate", str(cuda_dir), "To be", "--provider", "cuda", "--json", "--max-new-tokens", "40",
+                    *extra).stdout for extra in ([], ["--bursts", "8"])]
+    texts = [json.loads(out)["token_ids"] for out in runs]
+    assert texts[0] == texts[1]  # fp32: the tokens of one step a run

@@ -127,3 +127,40 @@ def test_bench_times_bursts(cuda_dir: Path) -> None:
     calls = counted(model)
     _, _, steps = time_generation(model, model.config.vocab_size, 2, 16, 20, seed=0)
     assert len(steps) == 19 and calls == [2, 2] and all(s > 0 for s in steps)  # 8 + 8, then 3 one a run
+
+
+def test_bench_run_says_which_rows_cannot_burst(cuda_dir: Path) -> None:
+    from gptport.runtime import bench
+
+    plan = bench.BenchPlan(providers=("cpu",), gen_len=4, repeat=1, warmup=0, torch_baseline=False, bursts=8,
+                           probe_mib=8)
+    rows = bench.run(cuda_dir, plan)["rows"]
+    assert len(rows) == 1 and rows[0]["bursts"] == 8 and rows[0]["decode_tok_s"] is None  # not run, and why:
+    assert "greedy bursts unroll export --cuda's graphs on --provider cuda; cpu opened model.static.onnx" in \
+        rows[0]["error"]
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["bench", "--providers", "cpu", "--bursts", "8", "--no-torch-baseline"], ["--bursts 8", "has no cuda"]),
+    (["bench", "--providers", "cuda", "--bursts", "1"], ["--bursts 1", "at least 2"]),
+    (["generate", "hello", "--bursts", "8"], ["--bursts", "export --cuda's graphs on --provider cuda", "cpu"]),
+    (["generate", "hello", "--bursts", "-2"], ["--bursts -2"]),
+])
+def test_the_cli_refuses_bursts_it_cannot_run(cuda_dir: Path, args: list[str], needles: list[str]) -> None:
+    from tests.support.cli import assert_one_line_error, gptport
+
+    assert_one_line_error(gptport(args[0], str(cuda_dir), *args[1:]), 2, *needles)
+
+
+def test_generate_bursts_only_greedy_unconstrained_rows(cuda_dir: Path) -> None:
+    from gptport.cli.generate_cmd import check_bursts
+    from gptport.errors import UsageError
+
+    model = engine(cuda_dir, "fp32", 0)
+    check_bursts(8, model, "cuda", True, (None, None, None), (None, None))  # a device model, greedy: runs
+    with pytest.raises(UsageError, match="sampling options"):
+        check_bursts(8, model, "cuda", False, (None, None, None), (None, None))
+    with pytest.raises(UsageError, match="a constraint"):
+        check_bursts(8, model, "cuda", True, (None, "[a-z]+", None), (None, None))
+    with pytest.raises(UsageError, match="speculative decoding"):
+        check_bursts(8, model, "cuda", True, (None, None, None), (None, 3))
