@@ -135,29 +135,34 @@ def prepare(
 
 def _tokenize(reader: CorpusReader, tok: BPETokenizer, dtype: np.dtype, out: Path,
               on_progress: Callable[[int], None] | None) -> int:
-    """Encode every document in batches of chunks, writing ids and an EOT after each document."""
+    """Encode every document's chunks, ENCODE_BATCH chunks a call across documents (a corpus of many small
+    files keeps every core busy too), writing ids and an EOT after each document."""
     n = 0
     eot = np.array([tok.eot_id], dtype=dtype)
+    pending: list[str | None] = []  # chunks in order, None where a document ends (its EOT)
+    texts = 0  # the chunks among them
+
     with open(out, "wb") as f:
 
-        def flush(batch: list[str]) -> int:
-            ids = np.fromiter((i for seq in tok.encode_batch(batch) for i in seq), dtype=dtype)
-            ids.tofile(f)
+        def flush() -> int:
+            encoded = iter(tok.encode_batch([c for c in pending if c is not None]))
+            parts = [eot if c is None else np.asarray(next(encoded), dtype=dtype) for c in pending]
+            joined = np.concatenate(parts)
+            joined.tofile(f)
             if on_progress:
                 on_progress(reader.stats.bytes)
-            return len(ids)
+            pending.clear()
+            return len(joined)
 
         for _, chunks in reader.documents():
-            batch: list[str] = []
             for chunk in chunks:
-                batch.append(chunk)
-                if len(batch) == ENCODE_BATCH:
-                    n += flush(batch)
-                    batch = []
-            if batch:
-                n += flush(batch)
-            eot.tofile(f)
-            n += 1
+                pending.append(chunk)
+                texts += 1
+                if texts == ENCODE_BATCH:
+                    n, texts = n + flush(), 0
+            pending.append(None)
+        if pending:
+            n += flush()
         f.flush()
         os.fsync(f.fileno())
     return n

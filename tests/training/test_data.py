@@ -39,6 +39,27 @@ def test_shards_hold_each_document_then_eot(model_dir: Path, tok: bpe.BPETokeniz
     assert shards.meta["documents"] == 2 and not shards.reused
 
 
+def test_batches_cross_documents_in_order(model_dir: Path, tok: bpe.BPETokenizer, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of several documents share an encode_batch call: each document's ids, then its EOT, in order,
+    an empty document included (a lone EOT) and one of several chunks split across calls."""
+    monkeypatch.setattr(data, "ENCODE_BATCH", 3)
+    files = []
+    for i, words in enumerate([40, 0, 900, 5, 60, 0, 7]):
+        files.append(tmp_path / f"d{i}.txt")
+        files[-1].write_text(make_text(words, seed=i) if words else "")
+    corpus = CorpusReader(resolve_sources(files), chunk_bytes=512)
+    expected, counts = [], []
+    for _, chunks in CorpusReader(resolve_sources(files), chunk_bytes=512).documents():
+        pieces = list(chunks)
+        counts.append(len(pieces))
+        expected += [i for c in pieces for i in tok.encode(c)] + [tok.eot_id]
+    assert counts[1] == counts[5] == 0 and counts[2] > 2 * data.ENCODE_BATCH  # empty ones; one over several calls
+    shards = data.prepare(model_dir, corpus, tok, val_fraction=0.1)
+    assert np.concatenate([shards.train, shards.val]).tolist() == expected
+    assert expected.count(tok.eot_id) >= len(files) and shards.meta["documents"] == len(files)
+
+
 def test_cache_is_reused_and_invalidated(model_dir: Path, tok: bpe.BPETokenizer, tmp_path: Path,
                                          corpus_file: Path) -> None:
     a = tmp_path / "a.txt"
