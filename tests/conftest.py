@@ -19,18 +19,27 @@ SYLLABLES = ["ka", "to", "ri", "men", "sol", "ve", "qua", "lin", "dor", "ex", "p
 
 
 TRACE_CACHE = "GPTPORT_TRACE_CACHE"  # gptport/export/trace_cache.py's ENV (not imported here: it loads torch)
+THREADS = "GPTPORT_THREADS"  # gptport/runtime/onnx_engine.py's THREADS_ENV
 _TRACES = pytest.StashKey[str]()  # the folder this process made, removed at the end
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One cache of torch -> ONNX traces for the session (trace_cache.py): many tests export the same seeded
-    model, and each distinct model is traced once. The xdist workers and the CLI's subprocesses inherit the
-    variable; one set before the run (empty: no cache) is left as it is."""
-    if hasattr(config, "workerinput") or TRACE_CACHE in os.environ:
+    """In the controlling process, before the xdist workers start (they and the CLI's subprocesses inherit
+    the environment): one cache of torch -> ONNX traces for the session (trace_cache.py; many tests export
+    the same seeded model, and each distinct model is traced once), and each worker's share of the cores for
+    onnxruntime (GPTPORT_THREADS) and torch (OMP_NUM_THREADS): pools of every core in each worker spin
+    against each other. A variable set before the run is left as it is."""
+    if hasattr(config, "workerinput"):
         return
-    path = tempfile.mkdtemp(prefix="gptport-traces-")
-    os.environ[TRACE_CACHE] = path
-    config.stash[_TRACES] = path
+    if TRACE_CACHE not in os.environ:
+        path = tempfile.mkdtemp(prefix="gptport-traces-")
+        os.environ[TRACE_CACHE] = path
+        config.stash[_TRACES] = path
+    workers = config.getoption("numprocesses", None) or 0
+    if isinstance(workers, int) and workers > 1:
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        os.environ.setdefault(THREADS, share)
+        os.environ.setdefault("OMP_NUM_THREADS", share)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

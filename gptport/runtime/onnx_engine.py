@@ -132,14 +132,31 @@ def check_spin(spin: str) -> None:
         raise UsageError(f"--spin {spin!r} is unknown; choose one of {', '.join(SPIN_MODES)}")
 
 
+THREADS_ENV = "GPTPORT_THREADS"  # the CPU threads of every session made with threads 0 (unset: onnxruntime's choice)
+
+
+def default_threads() -> int:
+    """The intra-op threads a session gets where none were asked for: GPTPORT_THREADS when set (several
+    gptport processes sharing a machine's cores, as a test run's workers do), else 0 (onnxruntime's own
+    choice: every physical core)."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{THREADS_ENV}={text!r}: a positive number of threads, or unset")
+    return int(text)
+
+
 def session_options(threads: int = 0, spin: str = SPIN_ALWAYS) -> ort.SessionOptions:
-    """`spin`, what the thread pool's idle workers do: "always" spin (onnxruntime's default: they go on
-    spinning for a while after a run; fastest when onnxruntime has the cores to itself), "step" spin
-    while a run lasts and stop as it returns (node-to-node hand-offs stay fast, and the cores are free
-    between steps for other threads: the server's), "never" sleep at once."""
+    """`threads` intra-op threads (0: default_threads()). `spin`, what the thread pool's idle workers do:
+    "always" spin (onnxruntime's default: they go on spinning for a while after a run; fastest when
+    onnxruntime has the cores to itself), "step" spin while a run lasts and stop as it returns (node-to-node
+    hand-offs stay fast, and the cores are free between steps for other threads: the server's), "never"
+    sleep at once."""
     check_spin(spin)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    threads = threads or default_threads()
     if threads > 0:
         opts.intra_op_num_threads = threads
     if spin == SPIN_NEVER:

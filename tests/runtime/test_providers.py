@@ -177,3 +177,20 @@ def test_parity_reads_caches_left_on_the_device(trained_dir: Path) -> None:
 
     rows = parity(torch_model, on_device, Tolerance())
     assert rows and all(r.ok for r in rows), rows
+
+
+def test_gptport_threads_sets_the_sessions_threads_where_none_are_asked(monkeypatch: pytest.MonkeyPatch,
+                                                                        trained_dir: Path) -> None:
+    from gptport.runtime.onnx_engine import THREADS_ENV, session_options
+    from tests.support.cli import assert_one_line_error, gptport
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert session_options().intra_op_num_threads == 0  # onnxruntime's own choice
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert session_options().intra_op_num_threads == 3 and session_options(2).intra_op_num_threads == 2
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        with pytest.raises(UsageError, match=f"GPTPORT_THREADS='{bad}': a positive number of threads, or unset"):
+            session_options()
+    assert_one_line_error(gptport("generate", str(trained_dir), "ka", "--max-new-tokens", "2"), 2,
+                          "GPTPORT_THREADS='-1'")
