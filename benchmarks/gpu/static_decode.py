@@ -69,8 +69,8 @@ def with_cuda_libraries(module: str = "benchmarks.gpu.static_decode") -> None:
 
 def prepare(shape: str) -> tuple[Path, dict[str, float]]:
     """WORK/<shape>: a tokenizer, seeded random weights, every graph exported with --cuda (--no-gate); the
-    export is reused where an earlier run of the same gptport source made it (a later call to a warm machine:
-    decode_profile after static_decode)."""
+    export is reused where an earlier run of the same gptport source made it from the same weights file (a
+    later call to a warm machine: decode_profile after static_decode)."""
     d, took = WORK / shape, {}
     t0 = time.perf_counter()
     if not (d / "tokenizer.json").exists():
@@ -81,7 +81,9 @@ def prepare(shape: str) -> tuple[Path, dict[str, float]]:
     t0 = time.perf_counter()
     from gptport.export import trace_cache
 
-    marker, stamp = d / "prepared.json", json.dumps({"source": trace_cache.source_digest()})
+    weights = (d / "model.safetensors").stat()
+    marker, stamp = d / "prepared.json", json.dumps({"source": trace_cache.source_digest(),
+                                                     "weights": [weights.st_size, weights.st_mtime_ns]})
     if marker.exists() and marker.read_text() == stamp:  # a later call on the same warm machine, same code
         took["export_reused"] = 1.0
         return d, took
