@@ -134,9 +134,9 @@ def bench(
 def check_bursts(bursts: int, providers: list[str], draft: bool) -> None:
     """Refuse --bursts where no row could burst: a size below 0 or of 1, no cuda provider, a draft model."""
     from gptport.errors import UsageError
+    from gptport.runtime.bench import check_burst_size
 
-    if bursts < 0 or bursts == 1:
-        raise UsageError(f"--bursts {bursts}: 0 (one step a run) or at least 2 steps a run")
+    check_burst_size(bursts)
     if bursts and "cuda" not in providers:
         raise UsageError(f"--bursts {bursts}: greedy bursts run on --provider cuda (export --cuda's graphs); "
                          f"--providers {','.join(providers)} has no cuda")

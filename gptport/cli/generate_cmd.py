@@ -191,10 +191,9 @@ def check_bursts(bursts: int, engine: Any, provider: str, greedy: bool, constrai
     """Refuse --bursts where generate could not burst: a size of 1 or below 0, an engine other than
     export --cuda's graphs on CUDA, sampling, a constraint, speculative decoding."""
     from gptport.errors import UsageError
-    from gptport.runtime.bench import burst_refusal
+    from gptport.runtime.bench import burst_refusal, check_burst_size
 
-    if bursts < 0 or bursts == 1:
-        raise UsageError(f"--bursts {bursts}: 0 (off) or at least 2 steps a run")
+    check_burst_size(bursts)
     why = burst_refusal(engine, provider)
     if why:
         raise UsageError(why)

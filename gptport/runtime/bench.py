@@ -90,6 +90,12 @@ class Row:
     speedup_vs_plain: float | None = None  # decode tok/s over the plain row of the same graph and shape
 
 
+def check_burst_size(bursts: int) -> None:
+    """--bursts is 0 (one decode step a run) or at least 2 steps a run (a one-line usage error otherwise)."""
+    if bursts < 0 or bursts == 1:
+        raise UsageError(f"--bursts {bursts}: 0 (one step a run) or at least 2 steps a run")
+
+
 def burst_refusal(model: Any, provider: str) -> str:
     """Why greedy bursts cannot run on `model` ("" when they can): they unroll export --cuda's one-token
     graphs, which only --provider cuda steps (cuda_engine.DeviceModel)."""

@@ -107,5 +107,5 @@ def test_the_cli_bursts_on_cuda(cuda_dir: Path, tmp_path: Path) -> None:
     assert row["bursts"] == 8 and row["error"] is None and row["decode_tok_s"] > 0
     runs = [gptport("generate", str(cuda_dir), "To be", "--provider", "cuda", "--json", "--max-new-tokens", "40",
                     *extra).stdout for extra in ([], ["--bursts", "8"])]
-    texts = [json.loads(out)["token_ids"] for out in runs]
+    texts = [json.loads(stdout)["token_ids"] for stdout in runs]
     assert texts[0] == texts[1]  # fp32: the tokens of one step a run
