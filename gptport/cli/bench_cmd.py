@@ -134,7 +134,7 @@ def bench(
 def check_bursts(bursts: int, providers: list[str], draft: bool) -> None:
     """Refuse --bursts where no row could burst: a size below 0 or of 1, no cuda provider, a draft model."""
     from gptport.errors import UsageError
-    from gptport.runtime.bench import check_burst_size
+    from gptport.runtime.burst import check_burst_size
 
     check_burst_size(bursts)
     if bursts and "cuda" not in providers:

@@ -191,7 +191,8 @@ def check_bursts(bursts: int, engine: Any, provider: str, greedy: bool, constrai
     """Refuse --bursts where generate could not burst: a size of 1 or below 0, an engine other than
     export --cuda's graphs on CUDA, sampling, a constraint, speculative decoding."""
     from gptport.errors import UsageError
-    from gptport.runtime.bench import burst_refusal, check_burst_size
+    from gptport.runtime.burst import check_burst_size
+    from gptport.runtime.burst import refusal as burst_refusal
 
     check_burst_size(bursts)
     why = burst_refusal(engine, provider)

@@ -90,21 +90,6 @@ class Row:
     speedup_vs_plain: float | None = None  # decode tok/s over the plain row of the same graph and shape
 
 
-def check_burst_size(bursts: int) -> None:
-    """--bursts is 0 (one decode step a run) or at least 2 steps a run (a one-line usage error otherwise)."""
-    if bursts < 0 or bursts == 1:
-        raise UsageError(f"--bursts {bursts}: 0 (one step a run) or at least 2 steps a run")
-
-
-def burst_refusal(model: Any, provider: str) -> str:
-    """Why greedy bursts cannot run on `model` ("" when they can): they unroll export --cuda's one-token
-    graphs, which only --provider cuda steps (cuda_engine.DeviceModel)."""
-    if hasattr(model, "prepare_bursts"):
-        return ""
-    return (f"--bursts: greedy bursts unroll export --cuda's graphs on --provider cuda; {provider} opened "
-            f"{model.path.name if getattr(model, 'path', None) else 'another graph'}")
-
-
 def measure_bandwidth(threads: int = 0, mib: int = 1024, tries: int = 5) -> float:
     """Memory read bandwidth in bytes/s: `threads` threads each reducing a disjoint part of a buffer
     far larger than the caches (numpy releases the GIL in reductions), with four reductions (float32
@@ -295,6 +280,7 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
     """Measure every configuration of `plan`; a configuration that cannot run is a row with its error.
     `say` gets progress, `warn` what the user must see (a graph written with `export --no-gate`);
     `open_torch` opens the torch baseline, which `plan.torch_baseline` needs."""
+    from gptport.runtime import burst
     from gptport.runtime.loader import open_graph
 
     if plan.torch_baseline and open_torch is None:
@@ -322,7 +308,7 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
             continue
         kv_label = model.cache if kv == "float32" else contract.CACHE_STATIC_KV8
         if plan.bursts:
-            why = burst_refusal(model, provider)
+            why = burst.refusal(model, provider)
             if why:
                 rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=kv_label,
                                 bursts=plan.bursts, error=why))

@@ -28,6 +28,7 @@ import numpy as np
 import onnxruntime as ort
 
 from gptport import contract
+from gptport.errors import UsageError
 
 if TYPE_CHECKING:  # onnx loads when a graph is unrolled, not when the runtime starts
     import onnx
@@ -105,3 +106,18 @@ def session_like(session: ort.InferenceSession, proto: onnx.ModelProto, options:
     given: dict[str, Any] = session.get_provider_options()
     chain = [(name, given.get(name, {})) for name in session.get_providers()]
     return ort.InferenceSession(proto.SerializeToString(), options, providers=chain)
+
+
+def check_burst_size(bursts: int) -> None:
+    """--bursts is 0 (one decode step a run) or at least 2 steps a run (a one-line usage error otherwise)."""
+    if bursts < 0 or bursts == 1:
+        raise UsageError(f"--bursts {bursts}: 0 (one step a run) or at least 2 steps a run")
+
+
+def refusal(model: Any, provider: str) -> str:
+    """Why greedy bursts cannot run on `model` ("" when they can): they unroll export --cuda's one-token
+    graphs, which only --provider cuda steps (cuda_engine.DeviceModel)."""
+    if hasattr(model, "prepare_bursts"):
+        return ""
+    return (f"--bursts: greedy bursts unroll export --cuda's graphs on --provider cuda; {provider} opened "
+            f"{model.path.name if getattr(model, 'path', None) else 'another graph'}")
