@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from gptport.errors import GptportError
 from gptport.page_style import styled
-from gptport.serve import companions, cors, guard, openapi, protocol, startup
+from gptport.serve import body_check, companions, cors, guard, openapi, protocol, startup
 from gptport.serve.access_log import AccessLog
 from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 from gptport.serve.metrics import Metrics
@@ -184,6 +184,7 @@ async def _disconnected(request: Request) -> None:
 def create_app(settings: Settings) -> Starlette:
     """The app; it starts loading the model when the server starts."""
     state = State(settings)
+    checks = body_check.for_server(settings.model_name, settings.slots, settings.max_body)
 
     names = (settings.model_name, *settings.aliases)
 
@@ -252,7 +253,9 @@ def create_app(settings: Settings) -> Starlette:
         body = await _body(request, settings.max_body)
         name = check_model(body)
         state.ready()
+        found = checks.before("completions", body)
         job = protocol.completion_job(body, state.tok, state.n_ctx, settings.slots, state.start)
+        checks.leftover("completions", body, found)
         job.model = name
         return await run(request, job)
 
@@ -261,7 +264,9 @@ def create_app(settings: Settings) -> Starlette:
         body = await _body(request, settings.max_body)
         name = check_model(body)
         state.ready()
+        found = checks.before("chat", body)
         job = protocol.chat_job(body, state.tok, state.n_ctx, settings.slots, state.render)  # template: chat.py
+        checks.leftover("chat", body, found)
         job.model = name
         return await run(request, job)
 
@@ -273,7 +278,9 @@ def create_app(settings: Settings) -> Starlette:
         body = await _body(request, settings.max_body)
         name = check_model(body)
         state.ready()
+        found = checks.before("responses", body)
         job, echo = responses_job(body, state.tok, state.n_ctx, settings.slots, state.render)  # onto the chat path
+        checks.leftover("responses", body, found)
         job.model = name
         return await run(request, job, Reply(job, echo))
 
@@ -283,7 +290,10 @@ def create_app(settings: Settings) -> Starlette:
         body = await _body(request, settings.max_body)
         check_model(body)
         state.ready()
-        return JSONResponse(run_tokenize(body, state.tok, state.n_ctx, state.render, state.start))
+        found = checks.before("tokenize", body)
+        answer = run_tokenize(body, state.tok, state.n_ctx, state.render, state.start)
+        checks.leftover("tokenize", body, found)
+        return JSONResponse(answer)
 
     async def detokenize(request: Request) -> Response:
         from gptport.serve.tokenize import detokenize as run_detokenize
@@ -291,7 +301,10 @@ def create_app(settings: Settings) -> Starlette:
         body = await _body(request, settings.max_body)
         check_model(body)
         state.ready()
-        return JSONResponse(run_detokenize(body, state.tok))
+        found = checks.before("detokenize", body)
+        answer = run_detokenize(body, state.tok)
+        checks.leftover("detokenize", body, found)
+        return JSONResponse(answer)
 
     async def tokenizer_info(request: Request) -> Response:
         from gptport.serve.tokenizer_info import tokenizer_info as info
@@ -328,7 +341,8 @@ def create_app(settings: Settings) -> Starlette:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         return JSONResponse(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                                     None, None).body(), status_code=exc.status_code)
+                                     None, None).body(), status_code=exc.status_code,
+                            headers=exc.headers)  # a 405's Allow (RFC 9110)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -289,7 +289,7 @@ def test_chat(server: Served, client: Any, model: str) -> None:
     assert stream[-1].choices == [] and stream[-1].usage.completion_tokens == r.usage.completion_tokens
     assert_error(*server.post("/v1/chat/completions", {"messages": "ka"}), 400, "messages")
     assert_error(*server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}), 400,
-                 "messages")
+                 "messages[0].content")
 
 
 # ---- UTF-8 --------------------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_burst_of_malformed_requests(server: Served) -> None:
         (b'{"prompt": "ka", "temperature": NaN}', 400, "temperature", c),
         (b'{"prompt": "ka", "repetition_penalty": NaN, "temperature": 1}', 400, "repetition_penalty", c),
         ({"prompt": [1, 10**9]}, 400, "prompt", c), ({"prompt": "ka", "n": 99}, 400, "n", c),
-        ({"prompt": "ka " * 200}, 400, "prompt", c), ({"messages": [{"role": 3}]}, 400, "messages", chat),
+        ({"prompt": "ka " * 200}, 400, "prompt", c), ({"messages": [{"role": 3}]}, 400, "messages[0].role", chat),
         ({"prompt": "ka", "model": "nope"}, 404, "model", c), ({"prompt": "ka", "stream": 1}, 400, "stream", c),
         ({"prompt": "ka", "repetition_penalty": 1e-300, "temperature": 1}, 400, "repetition_penalty", c),
     ]

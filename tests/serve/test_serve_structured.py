@@ -188,12 +188,16 @@ def test_tool_history_reaches_the_template(server: Served, model: str, structure
     status, out = server.post("/v1/chat/completions", {"model": model, "messages": history, "tools": TOOLS,
                                                        "max_tokens": 5})
     assert status == 200, out
-    for bad_call in ({"type": None, "function": {"name": "add"}}, {"type": "custom", "function": {"name": "add"}},
-                     {"id": 7, "function": {"name": "add"}}, {"function": {"arguments": "{}"}}):
+    call = "messages[0].tool_calls[0]"
+    for bad_call, param, words in (
+            ({"type": None, "function": {"name": "add"}}, "messages", "item 0: a tool call"),
+            ({"type": "custom", "function": {"name": "add"}}, "messages", "item 0: a tool call"),
+            ({"id": 7, "function": {"name": "add"}}, f"{call}.id", "expected a string, got number 7"),
+            ({"function": {"arguments": "{}"}}, f"{call}.function.name", "'name' is required")):
         wrong = [{"role": "assistant", "content": None, "tool_calls": [bad_call]}]
         for route, extra in (("/tokenize", {}), ("/v1/chat/completions", {"max_tokens": 2})):
-            err = assert_error(*server.post(route, {"model": model, "messages": wrong, **extra}), 400, "messages")
-            assert "item 0: a tool call" in err["message"], err
+            err = assert_error(*server.post(route, {"model": model, "messages": wrong, **extra}), 400, param)
+            assert words in err["message"], err
 
 
 def test_tokenize_and_detokenize(server: Served, model: str, structured_dir: Path) -> None:
