@@ -34,6 +34,7 @@ from typing import Any
 from gptport.errors import ArtifactError
 from gptport.paths import CHAT_TEMPLATE, CHAT_TEMPLATES_DIR
 from gptport.serve.api_error import ApiError
+from gptport.serve.template_worker import TemplateLimit, TemplateRefused, TemplateWorker
 from gptport.serve.tools import Tools, plain_block
 from gptport.tokenizer import HF_CONFIG_FILE
 
@@ -113,19 +114,25 @@ def renderer(model_dir: Path) -> tuple[Renderer, str]:
 
     env = environment()
     try:
-        templates = {name: env.from_string(text) for name, text in sources.items()}
+        for text in sources.values():
+            env.from_string(text)  # refused at startup, not at the first request
     except TemplateError as e:
         raise ArtifactError(f"{path}: chat_template does not compile ({e})") from e
     tokens = special_tokens(config)
+    worker = TemplateWorker(sources)  # each render in a child bounded in time and memory (template_worker.py)
 
     def render(messages: Messages, tools: Tools | None = None) -> tuple[str, list[str]]:
         given = [{k: v for k, v in m.items() if k != "tool_calls_text"} for m in messages]
-        template = templates["tool_use" if tools is not None and "tool_use" in templates else "default"]
+        name = "tool_use" if tools is not None and "tool_use" in sources else "default"
+        context = {**tokens, "messages": given, "tools": tools.raw if tools is not None else None,
+                   "documents": None, "add_generation_prompt": True}
         try:
-            text = template.render(**tokens, messages=given, tools=tools.raw if tools is not None else None,
-                                   documents=None, add_generation_prompt=True)
-        except TemplateError as e:
+            text = worker.render(name, context)
+        except TemplateRefused as e:
             raise ApiError(400, f"'messages': the chat template refused them ({e})", "messages",
+                           "template_error") from e
+        except TemplateLimit as e:
+            raise ApiError(400, f"'messages': the chat template was stopped: {e}", "messages",
                            "template_error") from e
         return text, []
 

@@ -3,7 +3,9 @@ template renders here as it renders there. A sandbox (ImmutableSandboxedEnvironm
 lstrip_blocks; loop controls ({% break %}, {% continue %}); a `tojson` filter that does not escape HTML and takes
 json.dumps' indent, separators and sort_keys; `raise_exception(message)`; `strftime_now(format)` (the local time,
 as Llama 3.2's template dates its system prompt); `{% generation %}` blocks rendered as their body (they mark
-an assistant's tokens for training); `namespace` without underscore attributes. No torch here.
+an assistant's tokens for training); `namespace` without underscore attributes. Unlike Jinja's default, nothing is
+computed while a template compiles (`{{ 'x' * 1000000000 }}` would be, at the server's startup): a template's cost
+is paid when it renders, where template_worker.py bounds it. No torch here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from jinja2 import TemplateError, nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
@@ -69,9 +72,27 @@ def _check(name: object) -> None:
         raise SecurityError(f"a chat template cannot store {name!r} (an underscore attribute) on a namespace")
 
 
+class Unfolded(CodeGenerator):
+    """Jinja's code generator, folding no expression into a constant at compile time (its optimizer is off too):
+    `{{ 'x'|center(1000000000) }}` or `{{ 'x' * 1000000000 }}` would otherwise be computed by the compiler. Text
+    and literals are still written out as they are; the output is the same."""
+
+    def _output_child_to_const(self, node: nodes.Expr, frame: Frame, finalize: Any) -> str:
+        if not isinstance(node, (nodes.TemplateData, nodes.Const)):
+            raise nodes.Impossible()
+        return str(super()._output_child_to_const(node, frame, finalize))
+
+
+class ChatEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, compiling with Unfolded."""
+
+    code_generator_class = Unfolded
+
+
 def environment() -> ImmutableSandboxedEnvironment:
     """A fresh environment with transformers' extensions, filters and globals."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    env = ChatEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols],
+                          optimized=False)
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, namespace=TemplateNamespace)
     return env
