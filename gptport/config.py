@@ -39,6 +39,13 @@ def swiglu_width(d_model: int) -> int:
     return -(-8 * d_model // 192) * 64
 
 
+# The largest value of each dimension gptport takes: far past any model published (Llama 3.1 405B: 126 layers,
+# d_model 16,384, d_ff 53,248; Gemma 3: a 262,144-token vocabulary), so that a config that comes with a model
+# from elsewhere cannot size an allocation or a loop by an absurd number (a vocabulary of 2**40).
+LARGEST = {"vocab_size": 2**24, "n_ctx": 2**24, "d_model": 2**16, "n_layer": 2**12, "n_head": 2**12,
+           "d_ff": 2**20, "n_kv_head": 2**12, "head_dim": 2**12}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The model's shape. Defaults are GPT-2's choices where GPT-2 made one; the keys after `gelu`
@@ -137,10 +144,11 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Refuse shapes the model cannot have, naming the field."""
-        positive = ("vocab_size", "n_ctx", "d_model", "n_layer", "n_head", "d_ff", "n_kv_head", "head_dim")
-        for name in positive:
+        for name, most in LARGEST.items():
             if getattr(self, name) <= 0:
                 raise UsageError(f"model.{name} must be positive, not {getattr(self, name)}")
+            if getattr(self, name) > most:  # a config from a stranger: refused before anything is sized by it
+                raise UsageError(f"model.{name} must be at most {most:,}, not {getattr(self, name):,}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise UsageError(f"model.{name} must be {' or '.join(repr(a) for a in allowed)}, "

@@ -5,13 +5,14 @@ TYPES is refused naming it. No torch."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from gptport.errors import ArtifactError, InputError
+from gptport.errors import ArtifactError, InputError, first_line
 
 Q = gguf.GGMLQuantizationType
 # The types import-gguf dequantizes: floats, llama.cpp's legacy block types, its k-quants (Q4_K_M and Q5_K_M
@@ -23,6 +24,9 @@ TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q
          Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_S)
 
 
+MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp's tensors have at most four dimensions
+
+
 class _Truncated(Exception):
     """The reader asked for bytes past the end of the file."""
 
@@ -31,15 +35,69 @@ class _Truncated(Exception):
         self.end = end
 
 
+class _Malformed(Exception):
+    """What the file's header says cannot be: the reason, in words."""
+
+
 class _Reader(gguf.GGUFReader):
-    """GGUFReader, refusing to read past the end of the file (its own reader returns a short array there, which
-    fails later as a reshape or an index error that does not say why)."""
+    """GGUFReader, bounded by the file: no read past its end (its own reader returns a short array there, which
+    fails later as a reshape or an index error that does not say why), no array nested in an array (llama.cpp
+    writes none; the reader would recurse as deep as the file says), at most MAX_DIMS dimensions, and each
+    tensor's size computed in Python's integers (numpy's product of uint64 dimensions wraps around: dimensions
+    of 2**32 x 2**32 made an empty tensor), aligned, within the file and apart from every other tensor, all
+    checked before a tensor's data is mapped. Every count the file gives is thus bounded by its size."""
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
         end = int(offset) + np.dtype(dtype).itemsize * int(count)
         if end > len(self.data):
             raise _Truncated(end)
         return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+        if raw_type == gguf.GGUFValueType.ARRAY:
+            item = int(self._get(orig_offs, np.uint32)[0])
+            if item == gguf.GGUFValueType.ARRAY:
+                raise _Malformed(f"an array of arrays at byte {orig_offs:,} (llama.cpp writes none)")
+        return super()._get_field_parts(orig_offs, raw_type)
+
+    def _get_tensor_info_field(self, orig_offs: int) -> Any:
+        name_len = int(self._get(orig_offs, np.uint64)[0])
+        n_dims = int(self._get(orig_offs + 8 + name_len, np.uint32)[0])
+        if n_dims > MAX_DIMS:
+            raise _Malformed(f"the tensor described at byte {orig_offs:,} has {n_dims:,} dimensions (at most "
+                             f"{MAX_DIMS})")
+        return super()._get_tensor_info_field(orig_offs)
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        spans, names = [], set()
+        for field in fields:
+            _len, name_data, _n, dims, raw_dtype, offset = field.parts
+            name = bytes(name_data).decode("utf-8", "backslashreplace")
+            if name in names:
+                raise _Malformed(f"tensor {name} is listed twice")
+            names.add(name)
+            try:
+                qtype = gguf.GGMLQuantizationType(int(raw_dtype[0]))
+                block, size = gguf.GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                raise _Malformed(f"tensor {name} has type {int(raw_dtype[0])}, which is no GGML type") from None
+            elements = math.prod(int(d) for d in dims)  # Python's integers: no wrap-around
+            if elements % block:
+                raise _Malformed(f"tensor {name} has {elements:,} values, no whole number of {qtype.name}'s blocks "
+                                 f"of {block}")
+            begin = start_offs + int(offset[0])
+            end = begin + elements // block * size
+            if int(offset[0]) % self.alignment:
+                raise _Malformed(f"tensor {name}'s data offset {int(offset[0]):,} is not a multiple of the "
+                                 f"alignment {self.alignment}")
+            if end > len(self.data):
+                raise _Truncated(end)
+            spans.append((begin, end, name))
+        spans.sort()
+        for (_b, end, first), (begin, _e, second) in zip(spans, spans[1:], strict=False):
+            if begin < end:
+                raise _Malformed(f"tensors {first} and {second} overlap (at byte {begin:,})")
+        super()._build_tensors(start_offs, fields)
 
 
 class GGUFFile:
@@ -54,8 +112,10 @@ class GGUFFile:
         except _Truncated as e:  # its header, or a tensor the header lists, reaches past the end
             raise ArtifactError(f"{path}: truncated: {path.stat().st_size:,} bytes, but what its header describes "
                                 f"reaches byte {e.end:,}") from None
+        except _Malformed as e:
+            raise ArtifactError(f"{path}: not a valid GGUF file: {e}") from None
         except (ValueError, KeyError, IndexError, OverflowError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"{path}: not a GGUF file gptport can read ({e})") from None
+            raise ArtifactError(f"{path}: not a GGUF file gptport can read ({first_line(e)})") from None
         self.tensors = {t.name: t for t in self.reader.tensors}
 
     @property

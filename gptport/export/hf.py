@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from gptport import atomic
 from gptport import tokenizer as bpe
-from gptport.config import ModelConfig, read_json
-from gptport.errors import ArtifactError, InputError
+from gptport.config import LARGEST, ModelConfig, read_json
+from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.export import hf_files, hf_llama
 from gptport.export.model_read import IMPORTED_FROM
 from gptport.paths import CONFIG, WEIGHTS
@@ -156,10 +156,17 @@ def _model_config(hf: dict[str, Any], vocab_size: int, where: Path) -> ModelConf
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
         if hf.get(flag):
             raise InputError(f"{where}: {flag} is set; gptport's GPT does not have it")
-    return ModelConfig(vocab_size=vocab_size, n_ctx=hf["n_positions"], d_model=hf["n_embd"], n_layer=hf["n_layer"],
-                       n_head=hf["n_head"], d_ff=hf.get("n_inner") or 4 * hf["n_embd"], dropout=0.0, bias=True,
-                       pos_encoding="learned", tie_embeddings=hf.get("tie_word_embeddings", True),
-                       ln_eps=hf.get("layer_norm_epsilon", 1e-5), gelu=GELU_NAMES[act])  # type: ignore[arg-type]
+    shape = {key: hf_llama.number(hf, key, where, positive=True) for key in ("n_positions", "n_embd", "n_layer",
+                                                                                "n_head")}
+    d_ff = hf_llama.number(hf, "n_inner", where, 4 * shape["n_embd"], positive=True)
+    try:
+        return ModelConfig(vocab_size=vocab_size, n_ctx=shape["n_positions"], d_model=shape["n_embd"],
+                           n_layer=shape["n_layer"], n_head=shape["n_head"], d_ff=d_ff, dropout=0.0, bias=True,
+                           pos_encoding="learned", tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+                           ln_eps=hf_llama.number(hf, "layer_norm_epsilon", where, 1e-5, kind=float),
+                           gelu=GELU_NAMES[act])  # type: ignore[arg-type]
+    except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig
+        raise InputError(f"{where}: {e}") from e
 
 
 def _gpt2_weights(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -197,6 +204,8 @@ def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
         tok = bpe.BPETokenizer(backend, text, tokens.eot_id)
         kept = hf_files.kept_files(hf_dir)
     model_vocab = hf.get("vocab_size", 0)
+    if isinstance(model_vocab, int) and model_vocab > LARGEST["vocab_size"]:
+        raise InputError(f"{config_path}: vocab_size must be at most {LARGEST['vocab_size']:,}, not {model_vocab:,}")
     if not isinstance(model_vocab, int) or tok.vocab_size > model_vocab:
         raise InputError(f"{hf_dir}: the tokenizer has {tok.vocab_size} tokens but the model's vocabulary only "
                          f"{model_vocab}: the tokenizer does not fit the model")

@@ -48,15 +48,19 @@ def family(hf: dict[str, Any]) -> str | None:
     return next((k for k, v in FAMILY.items() if isinstance(archs, list) and v in archs), None)
 
 
-def _number(hf: dict[str, Any], key: str, where: Path, default: Any = None, kind: type = int) -> Any:
-    """config.json's `key` (or `default` when absent or null) as an int or a float, refused naming the key."""
+def number(hf: dict[str, Any], key: str, where: Path, default: Any = None, kind: type = int,
+           positive: bool = False) -> Any:
+    """config.json's `key` (or `default` when absent or null) as an int or a float, refused naming the key (and
+    refused when not above 0, where `positive`)."""
     value = hf.get(key)
     if value is None:
         value = default
     if value is None:
         raise InputError(f"{where}: no {key}")
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise InputError(f"{where}: {key} must be {'a number' if kind is float else 'an integer'}, not {value!r}")
+        raise InputError(f"{where}: {key} must be {'a number' if kind is float else 'an integer'}, not {value!r:.40}")
+    if positive and not value > 0:
+        raise InputError(f"{where}: {key} must be positive, not {value}")
     return kind(value)
 
 
@@ -91,14 +95,14 @@ def _rope(hf: dict[str, Any], where: Path) -> dict[str, Any]:
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise InputError(f"{where}: partial_rotary_factor {params['partial_rotary_factor']} (gptport rotates whole "
                          "heads)")
-    out: dict[str, Any] = {"pos_encoding": "rope", "rope_theta": _number(params, "rope_theta", where, kind=float),
+    out: dict[str, Any] = {"pos_encoding": "rope", "rope_theta": number(params, "rope_theta", where, kind=float),
                            "rope_scaling": ROPE_TYPES[kind]}
     if kind in ("linear", "llama3"):
-        out["rope_factor"] = _number(params, "factor", where, kind=float)
+        out["rope_factor"] = number(params, "factor", where, kind=float)
     if kind == "llama3":
-        out["rope_low_freq_factor"] = _number(params, "low_freq_factor", where, kind=float)
-        out["rope_high_freq_factor"] = _number(params, "high_freq_factor", where, kind=float)
-        out["rope_original_n_ctx"] = _number(params, "original_max_position_embeddings", where,
+        out["rope_low_freq_factor"] = number(params, "low_freq_factor", where, kind=float)
+        out["rope_high_freq_factor"] = number(params, "high_freq_factor", where, kind=float)
+        out["rope_original_n_ctx"] = number(params, "original_max_position_embeddings", where,
                                              hf.get("max_position_embeddings"))
     return out
 
@@ -106,31 +110,31 @@ def _rope(hf: dict[str, Any], where: Path) -> dict[str, Any]:
 def _n_ctx(hf: dict[str, Any], arch: str, where: Path) -> int:
     """max_position_embeddings, or the sliding window where one is in effect: within it every layer sees
     its whole context, so gptport's full attention computes the same."""
-    n_ctx = _number(hf, "max_position_embeddings", where)
+    n_ctx = number(hf, "max_position_embeddings", where)
     layer_types = hf.get("layer_types") or []
     odd = [t for t in layer_types if t not in ("full_attention", "sliding_attention")]
     if odd:
         raise InputError(f"{where}: layer type {odd[0]!r} is not one gptport has")
     window = hf.get("sliding_window") if arch == "mistral" or hf.get("use_sliding_window") else None
-    return n_ctx if window is None else min(n_ctx, _number(hf, "sliding_window", where))
+    return n_ctx if window is None else min(n_ctx, number(hf, "sliding_window", where, positive=True))
 
 
 def model_config(hf: dict[str, Any], arch: str, vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
     """The ModelConfig of a Llama-family config.json (`vocab_size`: the tokenizer's, which may be smaller)."""
     _check_keys(hf, arch, where)
     for key in SHAPE:
-        _number(hf, key, where)
-    n_head = _number(hf, "num_attention_heads", where)
-    d_model = _number(hf, "hidden_size", where)
+        number(hf, key, where, positive=True)
+    n_head = number(hf, "num_attention_heads", where)
+    d_model = number(hf, "hidden_size", where)
     default_hd = 128 if arch == "qwen3" else d_model // n_head  # each class's default when head_dim is absent
     attention_bias = bool(hf.get("attention_bias", False))
     values: dict[str, Any] = {
         "vocab_size": vocab_size, "n_ctx": _n_ctx(hf, arch, where), "d_model": d_model,
-        "n_layer": _number(hf, "num_hidden_layers", where), "n_head": n_head,
-        "n_kv_head": _number(hf, "num_key_value_heads", where, n_head),
-        "head_dim": _number(hf, "head_dim", where, default_hd), "d_ff": _number(hf, "intermediate_size", where),
+        "n_layer": number(hf, "num_hidden_layers", where), "n_head": n_head,
+        "n_kv_head": number(hf, "num_key_value_heads", where, n_head),
+        "head_dim": number(hf, "head_dim", where, default_hd), "d_ff": number(hf, "intermediate_size", where),
         "dropout": 0.0, "bias": False, "norm": "rmsnorm", "mlp": "swiglu",
-        "ln_eps": _number(hf, "rms_norm_eps", where, 1e-6, kind=float),
+        "ln_eps": number(hf, "rms_norm_eps", where, 1e-6, kind=float),
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
         "qkv_bias": arch == "qwen2" or attention_bias, "out_bias": attention_bias,
         "mlp_bias": bool(hf.get("mlp_bias", False)), "qk_norm": arch == "qwen3",

@@ -275,10 +275,19 @@ BAD = [
     (lambda c: {**c, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
      "rope type 'yarn' is not one gptport has"),
     (lambda c: {**c, "hidden_act": "gelu"}, "hidden_act 'gelu' is not silu"),
+    # absurd sizes from a stranger's config.json: refused before anything is sized by them
+    (lambda c: {**c, "vocab_size": 2**40}, "vocab_size must be at most 16,777,216, not 1,099,511,627,776"),
+    (lambda c: {**c, "num_attention_heads": 0}, "num_attention_heads must be positive, not 0"),
+    (lambda c: {**c, "num_hidden_layers": 10**9}, "model.n_layer must be at most 4,096, not 1,000,000,000"),
+    (lambda c: {**c, "hidden_size": 64.5}, "hidden_size must be an integer, not 64.5"),
+    (lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")}, "model_type": "mistral",
+                "architectures": ["MistralForCausalLM"], "sliding_window": -4}, "sliding_window must be positive, not -4"),
 ]
 
 
-@pytest.mark.parametrize(("change", "says"), BAD, ids=["unknown-key", "architecture", "rope-type", "activation"])
+@pytest.mark.parametrize(("change", "says"), BAD, ids=["unknown-key", "architecture", "rope-type", "activation",
+                                                       "vocab-2-40", "zero-heads", "layers-1e9", "float-width",
+                                                       "negative-window"])
 def test_bad_input_is_refused_in_one_line_and_nothing_is_written(change: Callable[[dict[str, Any]], dict[str, Any]],
                                                                  says: str, tmp_path: Path,
                                                                  hf_tokenizer_dir: Path) -> None:

@@ -1,0 +1,229 @@
+"""Model files from strangers: hostile GGUF files (counts, dimensions, offsets and lengths past the file, unaligned
+or overlapping tensors, unknown value and tensor types, a tensor or key listed twice, arrays of arrays), hostile
+safetensors files (a header length past the file, offsets overlapping or past the end, a dtype the shape
+contradicts), an index naming shards that are not there, and an ONNX graph whose external data lies outside its
+directory: each refused in one line naming the file and what is wrong, in bounded memory, nothing written. Plus a
+seeded fuzz of the GGUF and safetensors readers (tests/support/file_fuzz.py; benchmarks.stress.fuzz_files runs
+10,000 cases of each)."""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from gptport.errors import ArtifactError, GptportError
+from tests.support import file_fuzz
+from tests.support.cli import assert_one_line_error, gptport
+
+FUZZ_CASES = 300  # each reader, in CI (the benchmark runs 10,000)
+
+
+def written(tmp_path: Path, data: bytes, name: str = "bad.gguf") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def seed_gguf(tmp_path: Path) -> bytes:
+    """Two F32 tensors whose names have the same length (one can be renamed to the other) and two string keys."""
+    path = tmp_path / "seed.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("general.name", "seed")
+    w.add_string("general.nbme", "seed")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b"])
+    w.add_tensor("aa.weight", np.ones((2, 8), np.float32))
+    w.add_tensor("bb.weight", np.ones(8, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path.read_bytes()
+
+
+def tensor_info(data: bytes, name: bytes) -> int:
+    """Where tensor `name`'s n_dims field starts in the header."""
+    return data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+
+
+def with_tensor(data: bytes, name: bytes, dims: list[int] | None = None, qtype: int | None = None,
+                offset: int | None = None) -> bytes:
+    """The file with tensor `name`'s dimensions, type or data offset rewritten (its dimension count kept)."""
+    out = bytearray(data)
+    at = tensor_info(data, name)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    if dims is not None:
+        assert len(dims) == n_dims
+        struct.pack_into(f"<{n_dims}Q", out, at + 4, *dims)
+    after = at + 4 + 8 * n_dims
+    if qtype is not None:
+        struct.pack_into("<I", out, after, qtype)
+    if offset is not None:
+        struct.pack_into("<Q", out, after + 4, offset)
+    return bytes(out)
+
+
+def gguf_cases(seed: bytes) -> dict[str, tuple[bytes, str]]:
+    """Each hostile GGUF file and what its refusal says."""
+    second = struct.unpack_from("<Q", seed, tensor_info(seed, b"bb.weight") + 4 + 8 + 4)[0]
+    name_len = seed.index(b"general.name") - 8
+    value_type = seed.index(b"general.name") + len(b"general.name")
+    array = seed.index(b"tokenizer.ggml.tokens") + len(b"tokenizer.ggml.tokens") + 4  # the array's item type
+    dims_at = tensor_info(seed, b"aa.weight")
+    many_dims = bytearray(seed)
+    struct.pack_into("<I", many_dims, dims_at, 1000)
+    return {
+        "dimensions whose product wraps around": (with_tensor(seed, b"aa.weight", dims=[2**32, 2**32]), "truncated"),
+        "a thousand dimensions": (bytes(many_dims), "has 1,000 dimensions (at most 4)"),
+        "data past the end": (with_tensor(seed, b"bb.weight", offset=2**40), "truncated"),
+        "an unaligned offset": (with_tensor(seed, b"bb.weight", offset=second + 4),
+                                "not a multiple of the alignment 32"),
+        "overlapping tensors": (with_tensor(seed, b"bb.weight", offset=0), "overlap"),
+        "a tensor listed twice": (seed.replace(b"bb.weight", b"aa.weight"), "tensor aa.weight is listed twice"),
+        "a key listed twice": (seed.replace(b"general.nbme", b"general.name"), "Duplicate general.name"),
+        "a string of gigabytes": (seed[:name_len] + struct.pack("<Q", 2**33) + seed[name_len + 8:], "truncated"),
+        "an unknown value type": (seed[:value_type] + struct.pack("<I", 99) + seed[value_type + 4:],
+                                  "(99) is not a valid GGUFValueType"),
+        "an array of arrays": (seed[:array] + struct.pack("<I", 9) + seed[array + 4:], "an array of arrays"),
+        "an unknown tensor type": (with_tensor(seed, b"aa.weight", qtype=200), "has type 200, which is no GGML type"),
+        "a tensor count of 2**40": (seed[:8] + struct.pack("<Q", 2**40) + seed[16:], "truncated"),
+        "a key count of 2**63": (seed[:16] + struct.pack("<Q", 2**63) + seed[24:], "truncated"),
+        "a bad magic": (b"GGUX" + seed[4:], "GGUF magic invalid"),
+        "version 99": (seed[:4] + struct.pack("<I", 99) + seed[8:], "version 99"),
+        "an empty file": (b"", "not a GGUF file gptport can read"),
+    }
+
+
+def test_every_hostile_gguf_is_refused_in_one_line_in_bounded_memory(tmp_path: Path) -> None:
+    """Each case in a fresh interpreter, its peak memory measured: none allocates what its header claims."""
+    seed = seed_gguf(tmp_path)
+    assert file_fuzz.outcome(file_fuzz.read_gguf, written(tmp_path, seed, "seed.gguf")) == ("read", "")
+    for case, (data, says) in gguf_cases(seed).items():
+        path = written(tmp_path, data)
+        status, message = file_fuzz.outcome(file_fuzz.read_gguf, path)
+        assert status == "refused" and says in message, (case, status, message)
+    script = ("import resource, sys\nfrom pathlib import Path\nfrom tests.support.file_fuzz import outcome, read_gguf\n"
+              "print(outcome(read_gguf, Path(sys.argv[1]))[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    path = written(tmp_path, gguf_cases(seed)["dimensions whose product wraps around"][0])
+    run = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+    status, peak_kib = run.stdout.split()
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # this interpreter, with torch and more loaded
+    assert status == "refused" and int(peak_kib) < max(baseline, 512 * 1024), run.stdout
+
+
+def test_import_gguf_refuses_a_hostile_file_and_writes_nothing(tmp_path: Path) -> None:
+    seed = seed_gguf(tmp_path)
+    path = written(tmp_path, gguf_cases(seed)["overlapping tensors"][0])
+    out = tmp_path / "out"
+    assert_one_line_error(gptport("import-gguf", str(path), "--out", str(out)), 1, str(path), "overlap")
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def seed_safetensors(tmp_path: Path) -> Path:
+    path = tmp_path / "hf" / "model.safetensors"
+    path.parent.mkdir()
+    path.write_bytes(file_fuzz.safetensors_bytes())
+    return path
+
+
+def rewritten(data: bytes, change: dict[str, dict[str, object]]) -> bytes:
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    for name, fields in change.items():
+        header[name].update(fields)
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data[8 + n:]
+
+
+def test_every_hostile_safetensors_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = seed_safetensors(tmp_path)
+    seed = path.read_bytes()
+    (n,) = struct.unpack("<Q", seed[:8])
+    cases = {
+        "a header length past the file": (struct.pack("<Q", len(seed)) + seed[8:], "invalid header length"),
+        "a header length of 2**62": (struct.pack("<Q", 2**62) + seed[8:], "header too large"),
+        "overlapping offsets": (rewritten(seed, {"b": {"data_offsets": [0, 24]}}), "invalid offset"),
+        "offsets past the end": (rewritten(seed, {"c": {"data_offsets": [88, 2**40]}}), "invalid"),
+        "a dtype the shape contradicts": (rewritten(seed, {"a": {"dtype": "F64"}}), "invalid"),
+        "a header that is no object": (struct.pack("<Q", 2) + b"[]" + seed[8 + n:], "invalid"),
+        "truncated": (seed[:-3], "not fully covered"),
+    }
+    assert file_fuzz.outcome(file_fuzz.read_safetensors, path) == ("read", "")
+    for case, (data, says) in cases.items():
+        path.write_bytes(data)
+        status, message = file_fuzz.outcome(file_fuzz.read_safetensors, path)
+        assert status == "refused" and says in message, (case, status, message)
+
+
+def test_an_index_naming_missing_or_outside_shards_is_refused(tmp_path: Path) -> None:
+    from gptport.export.hf_files import INDEX, weight_files
+
+    path = seed_safetensors(tmp_path)
+    shard = path.rename(path.parent / "model-00001-of-00001.safetensors")
+    for named, says in (("model-00002-of-00002.safetensors", "names shard model-00002-of-00002.safetensors"),
+                        ("../secret.safetensors", "names shard ../secret.safetensors")):
+        (tmp_path / "secret.safetensors").write_bytes(shard.read_bytes())
+        (path.parent / INDEX).write_text(json.dumps({"weight_map": {"a": shard.name, "b": named}}))
+        with pytest.raises(ArtifactError, match="not in") as e:
+            weight_files(path.parent)
+        assert says in str(e.value) and str(path.parent / INDEX) in str(e.value)
+
+
+def test_an_onnx_graph_whose_external_data_leaves_its_directory_is_refused(tmp_path: Path) -> None:
+    """onnxruntime (1.31) refuses `../` and absolute locations and symlinks that lead out; gptport's loader says so
+    in one line naming the graph."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gptport.runtime.onnx_engine import load
+
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    weight = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, str(model_dir / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
+              size_threshold=0)
+    (tmp_path / "secret.data").write_bytes((model_dir / "model.onnx.data").read_bytes())
+    (model_dir / "link.data").symlink_to(tmp_path / "secret.data")
+    for location in ("../secret.data", str(tmp_path / "secret.data"), "link.data"):
+        proto = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+        for entry in proto.graph.initializer[0].external_data:
+            if entry.key == "location":
+                entry.value = location
+        evil = model_dir / "evil.onnx"
+        onnx.save(proto, str(evil))
+        with pytest.raises(ArtifactError) as e:
+            load(evil)
+        message = str(e.value)
+        assert "\n" not in message and message.startswith(f"{evil}: onnxruntime cannot load it"), message
+        assert "External data path" in message or "external data" in message.lower(), message
+
+
+@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
+def test_the_readers_fuzzed(kind: str, tmp_path: Path) -> None:
+    """Seeded mutations of a valid file: each is read or refused in one line naming the file, never anything else."""
+    if kind == "gguf":
+        seed, mutate, read = file_fuzz.gguf_bytes(), file_fuzz.mutate_gguf, file_fuzz.read_gguf
+        path = tmp_path / "fuzzed.gguf"
+    else:
+        seed, mutate, read = file_fuzz.safetensors_bytes(), file_fuzz.mutate_safetensors, file_fuzz.read_safetensors
+        path = tmp_path / "model.safetensors"
+    seen: dict[str, int] = {}
+    for i in range(FUZZ_CASES):
+        path.write_bytes(mutate(seed, random.Random(i)))
+        status, message = file_fuzz.outcome(read, path)
+        assert status != "crashed", (i, message)
+        seen[status] = seen.get(status, 0) + 1
+    assert seen.get("refused", 0) > FUZZ_CASES // 2, seen  # the mutations do reach the checks
+    assert issubclass(ArtifactError, GptportError)
