@@ -12,7 +12,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from gptport.errors import ArtifactError, InputError, first_line
+from gptport.errors import ArtifactError, InputError
 
 Q = gguf.GGMLQuantizationType
 # The types import-gguf dequantizes: floats, llama.cpp's legacy block types, its k-quants (Q4_K_M and Q5_K_M
@@ -81,6 +81,8 @@ class _Reader(gguf.GGUFReader):
                 block, size = gguf.GGML_QUANT_SIZES[qtype]
             except (ValueError, KeyError):
                 raise _Malformed(f"tensor {name} has type {int(raw_dtype[0])}, which is no GGML type") from None
+            if any(int(d) == 0 for d in dims):
+                raise _Malformed(f"tensor {name} has a dimension of 0 ({[int(d) for d in dims]})")
             elements = math.prod(int(d) for d in dims)  # Python's integers: no wrap-around
             if elements % block:
                 raise _Malformed(f"tensor {name} has {elements:,} values, no whole number of {qtype.name}'s blocks "
@@ -100,6 +102,11 @@ class _Reader(gguf.GGUFReader):
         super()._build_tensors(start_offs, fields)
 
 
+def _escaped(text: str) -> str:
+    """`text` on one line: control characters (a name from the file may hold a newline) as escapes."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 class GGUFFile:
     """The metadata and the tensors of one GGUF file."""
 
@@ -112,10 +119,10 @@ class GGUFFile:
         except _Truncated as e:  # its header, or a tensor the header lists, reaches past the end
             raise ArtifactError(f"{path}: truncated: {path.stat().st_size:,} bytes, but what its header describes "
                                 f"reaches byte {e.end:,}") from None
-        except _Malformed as e:
-            raise ArtifactError(f"{path}: not a valid GGUF file: {e}") from None
+        except _Malformed as e:  # the file's own names are in the message: its control characters escaped
+            raise ArtifactError(f"{path}: not a valid GGUF file: {_escaped(str(e))}") from None
         except (ValueError, KeyError, IndexError, OverflowError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"{path}: not a GGUF file gptport can read ({first_line(e)})") from None
+            raise ArtifactError(f"{path}: not a GGUF file gptport can read ({_escaped(str(e)).strip()})") from None
         self.tensors = {t.name: t for t in self.reader.tensors}
 
     @property
@@ -133,7 +140,7 @@ class GGUFFile:
         try:
             return field.contents()
         except (ValueError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"{self.path}: metadata {key} is unreadable ({e})") from None
+            raise ArtifactError(f"{self.path}: metadata {_escaped(key)} is unreadable ({_escaped(str(e))})") from None
 
     def integer(self, key: str, default: int | None = None) -> int:
         value = self.value(key, default)
@@ -179,8 +186,8 @@ class GGUFFile:
         """Refuse the first tensor of a type import-gguf does not dequantize, naming it and its type."""
         for t in self.reader.tensors:
             if t.tensor_type not in TYPES:
-                raise InputError(f"{self.path}: tensor {t.name} is {t.tensor_type.name}, a type gptport does not "
-                                 f"import (it takes {', '.join(q.name for q in TYPES)})")
+                raise InputError(f"{self.path}: tensor {_escaped(t.name)} is {t.tensor_type.name}, a type gptport "
+                                 f"does not import (it takes {', '.join(q.name for q in TYPES)})")
 
     def dequantize(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Tensor `name` (its rows start:stop) as float32 in numpy's shape, via gguf.quants.dequantize (an F32
@@ -191,5 +198,6 @@ class GGUFFile:
         try:
             out = gguf.quants.dequantize(data, t.tensor_type)
         except (NotImplementedError, ValueError) as e:
-            raise InputError(f"{self.path}: tensor {name} ({t.tensor_type.name}) cannot be dequantized ({e})") from None
+            raise InputError(f"{self.path}: tensor {_escaped(name)} ({t.tensor_type.name}) cannot be dequantized "
+                             f"({_escaped(str(e))})") from None
         return np.ascontiguousarray(out, dtype=np.float32).reshape(-1, *shape[1:]) if len(shape) > 1 else out
