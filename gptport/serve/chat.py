@@ -21,7 +21,9 @@ an assistant's earlier calls are written back in that form after its content, an
 is a "Tool: {content}" block. A Jinja template receives what transformers gives it: the messages with
 their `tool_calls` and `tool_call_id`, `tools` (the request's list), add_generation_prompt true, and the
 special tokens of tokenizer_config.json (bos_token, eos_token, unk_token, pad_token); a template that
-refuses the messages is a 400 naming `messages`. No torch here.
+refuses the messages is a 400 naming `messages`. A template is a stranger's code: it renders in a child process
+bounded in time, memory and output (template_worker.py, design record 0043), and a render past a bound is a 400
+naming `messages` and the bound. No torch here.
 """
 
 from __future__ import annotations
@@ -118,8 +120,10 @@ def renderer(model_dir: Path) -> tuple[Renderer, str]:
             env.from_string(text)  # refused at startup, not at the first request
     except TemplateError as e:
         raise ArtifactError(f"{path}: chat_template does not compile ({e})") from e
+    except RecursionError as e:  # the parser's own recursion: expressions nested a thousand deep
+        raise ArtifactError(f"{path}: chat_template does not compile (it nests too deeply)") from e
     tokens = special_tokens(config)
-    worker = TemplateWorker(sources)  # each render in a child bounded in time and memory (template_worker.py)
+    worker = TemplateWorker(sources)  # the child starts on the first render
 
     def render(messages: Messages, tools: Tools | None = None) -> tuple[str, list[str]]:
         given = [{k: v for k, v in m.items() if k != "tool_calls_text"} for m in messages]
