@@ -18,7 +18,7 @@ import jsonschema_rs
 
 from gptport.serve import fields, responses_fields
 from gptport.serve.api_error import ApiError, bad
-from gptport.serve.field_spec import KINDS, Field, Limits, Reader
+from gptport.serve.field_spec import Field, Limits, Reader
 from gptport.serve.openapi_schemas import REQUESTS, request_body
 
 Kind = jsonschema_rs.ValidationErrorKind
@@ -163,7 +163,7 @@ class BodyCheck:
     past it is the parser's `invalid_token`)."""
 
     def __init__(self, limits: Limits, fields: dict[str, dict[str, Field]],
-                 names: dict[str, Callable[[dict[str, Any]], None]]) -> None:
+                 names: dict[str, Callable[[dict[str, Any]], object]]) -> None:
         self.fields, self.names = fields, names
         self.validators = {route: jsonschema_rs.validator_for(request_body(name, limits))
                            for route, name in ROUTE_OF.items()}
@@ -197,7 +197,7 @@ class BodyCheck:
         if p.top_schema == "additionalProperties" or name not in fields:
             self.names[route](body)  # raises: unknown, or one of OpenAI's fields gptport refuses
         field = fields.get(name)
-        if field is not None and len(p.path) == 1 and field.kind in KINDS and field.kind != "any":
+        if field is not None and len(p.path) == 1 and field.kind != "any":
             try:
                 Reader(body, fields).read(name)
             except ApiError as e:
@@ -208,9 +208,9 @@ class BodyCheck:
 def for_server(model: str, slots: int, max_body: int) -> BodyCheck:
     """The check of every route of a server with `slots` slots and a `max_body`-byte limit; each route's
     unknown and refused fields named as its parser names them."""
-    def names(route: str) -> Callable[[dict[str, Any]], None]:
+    def names(route: str) -> Callable[[dict[str, Any]], object]:
         if route == "responses":
-            return lambda body: None if responses_fields.reader(body) else None
+            return responses_fields.reader  # raises for an unknown or a refused field
         return lambda body: fields.check_names(body, route)
 
     return BodyCheck(Limits(model, slots, None, max_body), fields.ROUTE_FIELDS,
