@@ -36,3 +36,8 @@ def first_line(e: BaseException) -> str:
     """The first line of a library's exception message (its class name when empty), to quote in ours."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def escaped(text: str) -> str:
+    """`text` on one line: its control characters (a name from a stranger's file may hold a newline) as escapes."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

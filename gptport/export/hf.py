@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GELU_NAMES = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "exact"}
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older checkpoints carry
+GPT2_KEYS = {"n_ctx": "n_positions", "d_model": "n_embd", "n_layer": "n_layer", "n_head": "n_head", "d_ff": "n_inner",
+             "ln_eps": "layer_norm_epsilon"}  # ModelConfig's field -> GPT-2's config.json key
 
 
 def mismatches(cfg: ModelConfig) -> list[str]:
@@ -165,8 +167,8 @@ def _model_config(hf: dict[str, Any], vocab_size: int, where: Path) -> ModelConf
                            pos_encoding="learned", tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
                            ln_eps=hf_llama.number(hf, "layer_norm_epsilon", where, 1e-5, kind=float),
                            gelu=GELU_NAMES[act])  # type: ignore[arg-type]
-    except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig
-        raise InputError(f"{where}: {e}") from e
+    except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig with config.json's keys
+        raise hf_llama.refused(e, GPT2_KEYS, where) from e
 
 
 def _gpt2_weights(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -203,10 +205,10 @@ def import_hf(hf_dir: Path, out: Path, force: bool = False) -> ModelConfig:
         tokens = hf_files.specials(hf_dir, backend, hf)
         tok = bpe.BPETokenizer(backend, text, tokens.eot_id)
         kept = hf_files.kept_files(hf_dir)
-    model_vocab = hf.get("vocab_size", 0)
-    if isinstance(model_vocab, int) and model_vocab > LARGEST["vocab_size"]:
+    model_vocab = hf_llama.number(hf, "vocab_size", config_path, positive=True)
+    if model_vocab > LARGEST["vocab_size"]:
         raise InputError(f"{config_path}: vocab_size must be at most {LARGEST['vocab_size']:,}, not {model_vocab:,}")
-    if not isinstance(model_vocab, int) or tok.vocab_size > model_vocab:
+    if tok.vocab_size > model_vocab:
         raise InputError(f"{hf_dir}: the tokenizer has {tok.vocab_size} tokens but the model's vocabulary only "
                          f"{model_vocab}: the tokenizer does not fit the model")
     cfg = (_model_config(hf, tok.vocab_size, config_path) if arch == "gpt2"

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError
 
+from gptport import safetensors_file
 from gptport import tokenizer as bpe
 from gptport.config import read_json
-from gptport.errors import ArtifactError, InputError
+from gptport.errors import ArtifactError, InputError, escaped
 from gptport.paths import CHAT_TEMPLATES_DIR
 
 if TYPE_CHECKING:
@@ -30,43 +31,74 @@ WIDENED = ("BF16", "F16", "F32")  # the float types read (and widened to float32
 
 
 def weight_files(hf_dir: Path) -> list[Path]:
-    """model.safetensors, or each shard the index names once; pickles are refused by name."""
+    """model.safetensors, or each shard the index names once (in the directory: no `../`, no absolute path);
+    pickles are refused by name."""
     if (hf_dir / SINGLE).is_file():
         return [hf_dir / SINGLE]
     if (hf_dir / INDEX).is_file():
-        weight_map = read_json(hf_dir / INDEX).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ArtifactError(f"{hf_dir / INDEX}: no weight_map")
-        shards = sorted({str(v) for v in weight_map.values()})
-        missing = [s for s in shards if not (hf_dir / s).is_file() or Path(s).name != s]
+        shards = sorted(set(weight_map(hf_dir).values()))
+        missing = [s for s in shards if Path(s).name != s or s in (".", "..") or not (hf_dir / s).is_file()]
         if missing:
-            raise ArtifactError(f"{hf_dir / INDEX}: names shard {missing[0]}, which is not in {hf_dir}")
+            raise ArtifactError(f"{hf_dir / INDEX}: names shard {escaped(missing[0])}, which is not in {hf_dir}")
         return [hf_dir / s for s in shards]
     pickled = [p.name for p in hf_dir.glob("*.bin")]
     hint = f" ({', '.join(pickled)} is a pickle, which gptport does not load)" if pickled else ""
     raise InputError(f"{hf_dir}: no model.safetensors{hint}")
 
 
+def weight_map(hf_dir: Path) -> dict[str, str]:
+    """The index's weight_map: tensor name -> shard file name, each a string."""
+    found = read_json(hf_dir / INDEX).get("weight_map")
+    if not isinstance(found, dict) or not found:
+        raise ArtifactError(f"{hf_dir / INDEX}: no weight_map")
+    odd = next((k for k, v in found.items() if not isinstance(v, str)), None)
+    if odd is not None:
+        raise ArtifactError(f"{hf_dir / INDEX}: weight_map's {escaped(odd)} is {escaped(repr(found[odd]))[:40]}, "
+                            "not a file name")
+    return found
+
+
+def check_index(hf_dir: Path, held: dict[str, Path]) -> None:
+    """The index agrees with the shards (`held`: each tensor read -> its shard): every tensor it names is in the
+    shard it names, and no shard holds a tensor it does not name."""
+    if not (hf_dir / INDEX).is_file() or (hf_dir / SINGLE).is_file():
+        return
+    listed = weight_map(hf_dir)
+    for name, shard in listed.items():
+        if name not in held or held[name].name != shard:
+            raise ArtifactError(f"{hf_dir / INDEX}: names tensor {escaped(name)} in {escaped(shard)}, which does not "
+                                "hold it")
+    unlisted = sorted(set(held) - set(listed))
+    if unlisted:
+        raise ArtifactError(f"{held[unlisted[0]]}: holds tensor {escaped(unlisted[0])}, which {INDEX} does not name")
+
+
 def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors, float32; a tensor in two shards, or of a type that is
-    no float (a quantized checkpoint), is refused naming it."""
+    """Every tensor of the directory's safetensors, float32, each file's header checked first
+    (safetensors_file.read_header); a tensor in two shards, one the index misplaces, or of a type that is no
+    float (a quantized checkpoint), is refused naming it."""
     import torch
     from safetensors import safe_open
 
     state: dict[str, torch.Tensor] = {}
-    for path in weight_files(hf_dir):
+    held: dict[str, Path] = {}
+    files = weight_files(hf_dir)
+    for path in files:
+        for name, entry in safetensors_file.read_header(path).items():
+            if entry.dtype not in WIDENED:
+                raise InputError(f"{path}: tensor {escaped(name)} is {entry.dtype}, not a float (a quantized "
+                                 "checkpoint?); gptport imports bf16, fp16 and fp32 weights")
+            if name in held:
+                raise ArtifactError(f"{path}: tensor {escaped(name)} is in another shard too")
+            held[name] = path
+    check_index(hf_dir, held)  # every header read and the index checked before a tensor is
+    for path in files:
         try:
             with safe_open(str(path), "pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is no dict)
-                    kind = f.get_slice(name).get_dtype()
-                    if kind not in WIDENED:
-                        raise InputError(f"{path}: tensor {name} is {kind}, not a float (a quantized checkpoint?); "
-                                         "gptport imports bf16, fp16 and fp32 weights")
-                    if name in state:
-                        raise ArtifactError(f"{path}: tensor {name} is in another shard too")
                     state[name] = f.get_tensor(name).to(torch.float32)
         except (SafetensorError, OSError) as e:
-            raise ArtifactError(f"{path}: unreadable ({e})") from e
+            raise safetensors_file.unreadable(path, e) from e
     return state
 
 

@@ -6,11 +6,12 @@ No torch at import; the weight mapping takes the tensors it is given."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptport.config import ModelConfig
-from gptport.errors import ArtifactError, InputError, UsageError
+from gptport.errors import ArtifactError, InputError, UsageError, escaped
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +39,11 @@ ROPE_KEYS = {"rope_theta", "rope_type", "type", "factor", "low_freq_factor", "hi
              "original_max_position_embeddings", "partial_rotary_factor"}
 ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
 SKIPPED = ("rotary_emb.inv_freq",)  # buffers older checkpoints saved: computed from the config here
+KEYS = {"n_ctx": "max_position_embeddings", "d_model": "hidden_size", "n_layer": "num_hidden_layers",
+        "n_head": "num_attention_heads", "n_kv_head": "num_key_value_heads", "head_dim": "head_dim",
+        "d_ff": "intermediate_size", "ln_eps": "rms_norm_eps", "rope_theta": "rope_theta", "rope_factor": "factor",
+        "rope_low_freq_factor": "low_freq_factor", "rope_high_freq_factor": "high_freq_factor",
+        "rope_original_n_ctx": "original_max_position_embeddings"}  # ModelConfig's field -> config.json's key
 
 
 def family(hf: dict[str, Any]) -> str | None:
@@ -62,6 +68,12 @@ def number(hf: dict[str, Any], key: str, where: Path, default: Any = None, kind:
     if positive and not value > 0:
         raise InputError(f"{where}: {key} must be positive, not {value}")
     return kind(value)
+
+
+def refused(e: UsageError, keys: dict[str, str], where: Path) -> InputError:
+    """ModelConfig's refusal of a config.json's shape, said with the file's own keys (`keys`: ModelConfig's
+    field -> config.json's key): "num_hidden_layers must be at most 4,096", not "model.n_layer ..."."""
+    return InputError(f"{where}: " + re.sub(r"model\.(\w+)", lambda m: keys.get(m[1], m[0]), str(e)))
 
 
 def _check_keys(hf: dict[str, Any], arch: str, where: Path) -> None:
@@ -131,8 +143,9 @@ def model_config(hf: dict[str, Any], arch: str, vocab_size: int, tokens: Special
     values: dict[str, Any] = {
         "vocab_size": vocab_size, "n_ctx": _n_ctx(hf, arch, where), "d_model": d_model,
         "n_layer": number(hf, "num_hidden_layers", where), "n_head": n_head,
-        "n_kv_head": number(hf, "num_key_value_heads", where, n_head),
-        "head_dim": number(hf, "head_dim", where, default_hd), "d_ff": number(hf, "intermediate_size", where),
+        "n_kv_head": number(hf, "num_key_value_heads", where, n_head, positive=True),
+        "head_dim": number(hf, "head_dim", where, default_hd, positive=True),
+        "d_ff": number(hf, "intermediate_size", where),
         "dropout": 0.0, "bias": False, "norm": "rmsnorm", "mlp": "swiglu",
         "ln_eps": number(hf, "rms_norm_eps", where, 1e-6, kind=float),
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
@@ -141,8 +154,8 @@ def model_config(hf: dict[str, Any], arch: str, vocab_size: int, tokens: Special
         "bos_id": tokens.bos_id, "add_bos": tokens.add_bos, "eos_ids": tokens.eos_ids, **_rope(hf, where)}
     try:
         return ModelConfig(**values)
-    except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig
-        raise InputError(f"{where}: {e}") from e
+    except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig with config.json's keys
+        raise refused(e, KEYS, where) from e
 
 
 def gptport_weights(state: dict[str, torch.Tensor], cfg: ModelConfig, where: Path) -> dict[str, torch.Tensor]:
@@ -179,5 +192,5 @@ def gptport_weights(state: dict[str, torch.Tensor], cfg: ModelConfig, where: Pat
             for kind in ["weight", *(["bias"] if cfg.has_mlp_bias else [])]:
                 out[f"{ours}mlp.{mine}.{kind}"] = take(f"{hf}mlp.{theirs}.{kind}")
     if src:
-        raise ArtifactError(f"{where}: tensor {sorted(src)[0]} is not one this config.json's model has")
+        raise ArtifactError(f"{where}: tensor {escaped(sorted(src)[0])} is not one this config.json's model has")
     return out

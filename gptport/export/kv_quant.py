@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gptport import atomic, contract
 from gptport.export.agreement import TOP_K, agrees_top_k, top_k
+from gptport.runtime import external_data
 from gptport.runtime.onnx_engine import OnnxModel, file_metadata, load_cpu
 from gptport.runtime.slots import StaticSlots
 
@@ -86,6 +87,7 @@ def rewrite(src: Path, dst: Path, k_max: np.ndarray, v_max: np.ndarray, kind: st
     """The static graph at `src` with an int8 cache, written to `dst` with `meta` as its metadata: each
     GroupQueryAttention takes its layer's scales and quantizes what it appends; the cache inputs and
     outputs become int8."""
+    external_data.check(src)  # onnx.load reads its external data
     proto = onnx.load(str(src))
     graph = proto.graph
     layer = {name: i for i, name in enumerate(contract.past_names(len(k_max))[::2])}

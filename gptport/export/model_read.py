@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from gptport import provenance
+from gptport import provenance, safetensors_file
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError
@@ -77,17 +77,11 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def read_weights(model_dir: Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """model.safetensors as float32 numpy arrays (its sha256 checked against config.json), checked name by
     name and shape by shape."""
-    from safetensors import SafetensorError, safe_open
-
     path = model_dir / WEIGHTS
     if not path.is_file():
         raise ArtifactError(f"{model_dir}: no {WEIGHTS}; train a model first (`gptport train`)")
     provenance.check_weights(model_dir)
-    try:
-        with safe_open(str(path), framework="np") as f:
-            state = {k: np.asarray(f.get_tensor(k), dtype=np.float32) for k in f.keys()}  # noqa: SIM118
-    except (SafetensorError, OSError, TypeError, ValueError) as e:
-        raise ArtifactError(f"{path}: unreadable ({e})") from e
+    state = {k: np.asarray(v, dtype=np.float32) for k, v in safetensors_file.read_numpy(path).items()}
     want = expected_shapes(cfg)
     missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or unexpected:

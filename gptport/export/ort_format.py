@@ -21,6 +21,7 @@ from gptport import atomic, contract, paths
 from gptport.errors import UsageError, ValidationError
 from gptport.export import validate
 from gptport.export.tolerance import Tolerance, cache_quantities, compare, worst
+from gptport.runtime import external_data
 from gptport.runtime.onnx_engine import OnnxModel, load_cpu
 from gptport.runtime.ort_file import META_LEVEL, META_RUNTIME
 from gptport.training.model import GPT
@@ -53,6 +54,7 @@ def write(source: Path, target: Path, level: str) -> None:
 
     if level not in LEVELS:
         raise UsageError(f"--ort-level {level!r} is unknown; choose from {', '.join(LEVELS)}")
+    external_data.check(source)  # onnx.load reads its external data
     proto = onnx.load(str(source))
     meta = {p.key: p.value for p in proto.metadata_props}
     del proto.metadata_props[:]

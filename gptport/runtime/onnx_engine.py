@@ -20,7 +20,7 @@ import onnxruntime as ort
 from gptport import contract, provenance
 from gptport.config import ModelConfig, model_config_from_dict
 from gptport.errors import ArtifactError, ProviderError, UsageError
-from gptport.runtime import hugepages, openvino, ort_file, providers, static_cache
+from gptport.runtime import external_data, hugepages, openvino, ort_file, providers, static_cache
 from gptport.runtime.engine import Past, StepFn
 
 _ORT = ort.capi.onnxruntime_pybind11_state
@@ -219,6 +219,7 @@ def load(path: Path, provider: str = "cpu", threads: int = 0, fallback: bool = F
     captured and replayed: cuda_slots.py)."""
     if not path.is_file():
         raise ArtifactError(f"{path}: missing; run `gptport export` (with --precision for a variant) first")
+    external_data.check(path)  # before onnxruntime reads a byte of it
     if path.suffix == ".ort":  # before onnxruntime meets a file of another version
         ort_file.check_runtime(path, ort_file.metadata(path))
     order = providers.fallback_order(provider)

@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from gptport import atomic, provenance
+from gptport import atomic, provenance, safetensors_file
 from gptport.config import ModelConfig
 from gptport.errors import ArtifactError, first_line
 from gptport.model_card import ModelCard, check_tokenizer, mark_pending, read_card, write_config
@@ -50,10 +50,11 @@ def load_weights(model_dir: Path, cfg: ModelConfig, device: str | torch.device =
     if not path.is_file():
         raise ArtifactError(f"{model_dir}: no {WEIGHTS}; train a model first (`gptport train`)")
     provenance.check_weights(model_dir)
+    safetensors_file.read_header(path)  # before the library maps it: one line naming what is wrong
     try:
         state = load_file(str(path), device=str(device))
     except (SafetensorError, OSError) as e:
-        raise ArtifactError(f"{path}: unreadable ({e})") from e
+        raise safetensors_file.unreadable(path, e) from e
     check_finite(path, state)
     state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}  # no copy when float32
     with torch.device("meta"):  # no weights of its own: the model takes the file's tensors (assign), not copies
@@ -113,6 +114,8 @@ def save_resume(model_dir: Path, state: dict[str, Any], model: GPT, optimizer: t
 def read_resume_state(model_dir: Path) -> dict[str, Any]:
     """The loop's state in optimizer.safetensors (step, elapsed_s, data_rng, train, param_groups)."""
     path = model_dir / OPTIMIZER
+    if path.is_file():
+        safetensors_file.read_header(path)
     try:
         with safe_open(str(path), "pt") as f:
             text = (f.metadata() or {}).get("state")

@@ -278,10 +278,11 @@ BAD = [
     # absurd sizes from a stranger's config.json: refused before anything is sized by them
     (lambda c: {**c, "vocab_size": 2**40}, "vocab_size must be at most 16,777,216, not 1,099,511,627,776"),
     (lambda c: {**c, "num_attention_heads": 0}, "num_attention_heads must be positive, not 0"),
-    (lambda c: {**c, "num_hidden_layers": 10**9}, "model.n_layer must be at most 4,096, not 1,000,000,000"),
+    (lambda c: {**c, "num_hidden_layers": 10**9}, "num_hidden_layers must be at most 4,096, not 1,000,000,000"),
     (lambda c: {**c, "hidden_size": 64.5}, "hidden_size must be an integer, not 64.5"),
     (lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")}, "model_type": "mistral",
-                "architectures": ["MistralForCausalLM"], "sliding_window": -4}, "sliding_window must be positive, not -4"),
+                "architectures": ["MistralForCausalLM"], "sliding_window": -4},
+     "sliding_window must be positive, not -4"),
 ]
 
 

@@ -1,14 +1,12 @@
 """Model files from strangers: hostile GGUF files (counts, dimensions, offsets and lengths past the file, unaligned
-or overlapping tensors, unknown value and tensor types, a tensor or key listed twice, arrays of arrays), hostile
-safetensors files (a header length past the file, offsets overlapping or past the end, a dtype the shape
-contradicts) and an index naming shards that are not there: each refused in one line naming the file and what is
-wrong, in bounded memory, nothing written. Plus a seeded fuzz of the GGUF and safetensors readers
-(tests/support/file_fuzz.py; benchmarks.stress.fuzz_files runs 10,000 cases of each). ONNX graphs whose external
-data leaves their directory: tests/runtime/test_onnx_external_data.py."""
+or overlapping tensors, unknown value and tensor types, a tensor or key listed twice, arrays of arrays): each
+refused in one line naming the file and what is wrong, in bounded memory, nothing written. Plus a seeded fuzz of
+the GGUF reader (tests/support/file_fuzz.py; benchmarks.stress.fuzz_files runs 10,000 cases). Hostile safetensors
+files: tests/base/test_safetensors_hostile.py; Hugging Face directories: tests/export/test_hf_hostile.py; ONNX
+graphs whose external data leaves their directory: tests/runtime/test_onnx_external_hostile.py."""
 
 from __future__ import annotations
 
-import json
 import random
 import struct
 import subprocess
@@ -17,9 +15,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-import pytest
 
-from gptport.errors import ArtifactError, GptportError
 from tests.support import file_fuzz
 from tests.support.cli import assert_one_line_error, gptport
 
@@ -129,70 +125,13 @@ def test_import_gguf_refuses_a_hostile_file_and_writes_nothing(tmp_path: Path) -
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def seed_safetensors(tmp_path: Path) -> Path:
-    path = tmp_path / "hf" / "model.safetensors"
-    path.parent.mkdir()
-    path.write_bytes(file_fuzz.safetensors_bytes())
-    return path
-
-
-def rewritten(data: bytes, change: dict[str, dict[str, object]]) -> bytes:
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    for name, fields in change.items():
-        header[name].update(fields)
-    text = json.dumps(header).encode()
-    return struct.pack("<Q", len(text)) + text + data[8 + n:]
-
-
-def test_every_hostile_safetensors_is_refused_in_one_line(tmp_path: Path) -> None:
-    path = seed_safetensors(tmp_path)
-    seed = path.read_bytes()
-    (n,) = struct.unpack("<Q", seed[:8])
-    cases = {
-        "a header length past the file": (struct.pack("<Q", len(seed)) + seed[8:], "invalid header length"),
-        "a header length of 2**62": (struct.pack("<Q", 2**62) + seed[8:], "header too large"),
-        "overlapping offsets": (rewritten(seed, {"b": {"data_offsets": [0, 24]}}), "invalid offset"),
-        "offsets past the end": (rewritten(seed, {"c": {"data_offsets": [88, 2**40]}}), "invalid"),
-        "a dtype the shape contradicts": (rewritten(seed, {"a": {"dtype": "F64"}}), "invalid"),
-        "a header that is no object": (struct.pack("<Q", 2) + b"[]" + seed[8 + n:], "invalid"),
-        "truncated": (seed[:-3], "not fully covered"),
-    }
-    assert file_fuzz.outcome(file_fuzz.read_safetensors, path) == ("read", "")
-    for case, (data, says) in cases.items():
-        path.write_bytes(data)
-        status, message = file_fuzz.outcome(file_fuzz.read_safetensors, path)
-        assert status == "refused" and says in message, (case, status, message)
-
-
-def test_an_index_naming_missing_or_outside_shards_is_refused(tmp_path: Path) -> None:
-    from gptport.export.hf_files import INDEX, weight_files
-
-    path = seed_safetensors(tmp_path)
-    shard = path.rename(path.parent / "model-00001-of-00001.safetensors")
-    for named, says in (("model-00002-of-00002.safetensors", "names shard model-00002-of-00002.safetensors"),
-                        ("../secret.safetensors", "names shard ../secret.safetensors")):
-        (tmp_path / "secret.safetensors").write_bytes(shard.read_bytes())
-        (path.parent / INDEX).write_text(json.dumps({"weight_map": {"a": shard.name, "b": named}}))
-        with pytest.raises(ArtifactError, match="not in") as e:
-            weight_files(path.parent)
-        assert says in str(e.value) and str(path.parent / INDEX) in str(e.value)
-
-
-@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
-def test_the_readers_fuzzed(kind: str, tmp_path: Path) -> None:
+def test_the_gguf_reader_fuzzed(tmp_path: Path) -> None:
     """Seeded mutations of a valid file: each is read or refused in one line naming the file, never anything else."""
-    if kind == "gguf":
-        seed, mutate, read = file_fuzz.gguf_bytes(), file_fuzz.mutate_gguf, file_fuzz.read_gguf
-        path = tmp_path / "fuzzed.gguf"
-    else:
-        seed, mutate, read = file_fuzz.safetensors_bytes(), file_fuzz.mutate_safetensors, file_fuzz.read_safetensors
-        path = tmp_path / "model.safetensors"
+    seed, path = file_fuzz.gguf_bytes(), tmp_path / "fuzzed.gguf"
     seen: dict[str, int] = {}
     for i in range(FUZZ_CASES):
-        path.write_bytes(mutate(seed, random.Random(i)))
-        status, message = file_fuzz.outcome(read, path)
+        path.write_bytes(file_fuzz.mutate_gguf(seed, random.Random(i)))
+        status, message = file_fuzz.outcome(file_fuzz.read_gguf, path)
         assert status != "crashed", (i, message)
         seen[status] = seen.get(status, 0) + 1
     assert seen.get("refused", 0) > FUZZ_CASES // 2, seen  # the mutations do reach the checks
-    assert issubclass(ArtifactError, GptportError)
