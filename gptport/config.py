@@ -39,9 +39,7 @@ def swiglu_width(d_model: int) -> int:
     return -(-8 * d_model // 192) * 64
 
 
-# The largest value of each dimension gptport takes: far past any model published (Llama 3.1 405B: 126 layers,
-# d_model 16,384, d_ff 53,248; Gemma 3: a 262,144-token vocabulary), so that a config that comes with a model
-# from elsewhere cannot size an allocation or a loop by an absurd number (a vocabulary of 2**40).
+# each dimension's most: far past any published model, so a stranger's config sizes nothing absurd (design 0045)
 LARGEST = {"vocab_size": 2**24, "n_ctx": 2**24, "d_model": 2**16, "n_layer": 2**12, "n_head": 2**12,
            "d_ff": 2**20, "n_kv_head": 2**12, "head_dim": 2**12}
 

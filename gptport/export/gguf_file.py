@@ -12,7 +12,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from gptport.errors import ArtifactError, InputError
+from gptport.errors import ArtifactError, InputError, escaped
 
 Q = gguf.GGMLQuantizationType
 # The types import-gguf dequantizes: floats, llama.cpp's legacy block types, its k-quants (Q4_K_M and Q5_K_M
@@ -102,11 +102,6 @@ class _Reader(gguf.GGUFReader):
         super()._build_tensors(start_offs, fields)
 
 
-def _escaped(text: str) -> str:
-    """`text` on one line: control characters (a name from the file may hold a newline) as escapes."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
 class GGUFFile:
     """The metadata and the tensors of one GGUF file."""
 
@@ -120,9 +115,9 @@ class GGUFFile:
             raise ArtifactError(f"{path}: truncated: {path.stat().st_size:,} bytes, but what its header describes "
                                 f"reaches byte {e.end:,}") from None
         except _Malformed as e:  # the file's own names are in the message: its control characters escaped
-            raise ArtifactError(f"{path}: not a valid GGUF file: {_escaped(str(e))}") from None
+            raise ArtifactError(f"{path}: not a valid GGUF file: {escaped(str(e))}") from None
         except (ValueError, KeyError, IndexError, OverflowError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"{path}: not a GGUF file gptport can read ({_escaped(str(e)).strip()})") from None
+            raise ArtifactError(f"{path}: not a GGUF file gptport can read ({escaped(str(e)).strip()})") from None
         self.tensors = {t.name: t for t in self.reader.tensors}
 
     @property
@@ -140,7 +135,7 @@ class GGUFFile:
         try:
             return field.contents()
         except (ValueError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"{self.path}: metadata {_escaped(key)} is unreadable ({_escaped(str(e))})") from None
+            raise ArtifactError(f"{self.path}: metadata {escaped(key)} is unreadable ({escaped(str(e))})") from None
 
     def integer(self, key: str, default: int | None = None) -> int:
         value = self.value(key, default)
@@ -186,7 +181,7 @@ class GGUFFile:
         """Refuse the first tensor of a type import-gguf does not dequantize, naming it and its type."""
         for t in self.reader.tensors:
             if t.tensor_type not in TYPES:
-                raise InputError(f"{self.path}: tensor {_escaped(t.name)} is {t.tensor_type.name}, a type gptport "
+                raise InputError(f"{self.path}: tensor {escaped(t.name)} is {t.tensor_type.name}, a type gptport "
                                  f"does not import (it takes {', '.join(q.name for q in TYPES)})")
 
     def dequantize(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -198,6 +193,6 @@ class GGUFFile:
         try:
             out = gguf.quants.dequantize(data, t.tensor_type)
         except (NotImplementedError, ValueError) as e:
-            raise InputError(f"{self.path}: tensor {_escaped(name)} ({t.tensor_type.name}) cannot be dequantized "
-                             f"({_escaped(str(e))})") from None
+            raise InputError(f"{self.path}: tensor {escaped(name)} ({t.tensor_type.name}) cannot be dequantized "
+                             f"({escaped(str(e))})") from None
         return np.ascontiguousarray(out, dtype=np.float32).reshape(-1, *shape[1:]) if len(shape) > 1 else out

@@ -1,7 +1,7 @@
 """Model files from strangers: hostile GGUF files (counts, dimensions, offsets and lengths past the file, unaligned
 or overlapping tensors, unknown value and tensor types, a tensor or key listed twice, arrays of arrays): each
 refused in one line naming the file and what is wrong, in bounded memory, nothing written. Plus a seeded fuzz of
-the GGUF reader (tests/support/file_fuzz.py; benchmarks.stress.fuzz_files runs 10,000 cases). Hostile safetensors
+the GGUF reader (tests/support/gguf_fuzz.py; benchmarks.stress.fuzz_gguf runs 10,000 cases). Hostile safetensors
 files: tests/base/test_safetensors_hostile.py; Hugging Face directories: tests/export/test_hf_hostile.py; ONNX
 graphs whose external data leaves their directory: tests/runtime/test_onnx_external_hostile.py."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from tests.support import file_fuzz
+from tests.support import gguf_fuzz
 from tests.support.cli import assert_one_line_error, gptport
 
 FUZZ_CASES = 300  # each reader, in CI (the benchmark runs 10,000)
@@ -100,14 +100,14 @@ def gguf_cases(seed: bytes) -> dict[str, tuple[bytes, str]]:
 def test_every_hostile_gguf_is_refused_in_one_line_in_bounded_memory(tmp_path: Path) -> None:
     """Each case refused naming what is wrong; three of them in a fresh interpreter whose peak memory is measured."""
     seed = seed_gguf(tmp_path)
-    assert file_fuzz.outcome(file_fuzz.read_gguf, written(tmp_path, seed, "seed.gguf")) == ("read", "")
+    assert gguf_fuzz.outcome(gguf_fuzz.read_gguf, written(tmp_path, seed, "seed.gguf")) == ("read", "")
     for case, (data, says) in gguf_cases(seed).items():
         path = written(tmp_path, data)
-        status, message = file_fuzz.outcome(file_fuzz.read_gguf, path)
+        status, message = gguf_fuzz.outcome(gguf_fuzz.read_gguf, path)
         assert status == "refused" and says in message, (case, status, message)
     # in a fresh interpreter, its peak RSS read from /proc (VmHWM: ru_maxrss would start from this process's own,
     # which the child inherits across fork); the interpreter with numpy, gguf and safetensors takes ~30 MiB of it
-    script = ("import sys\nfrom pathlib import Path\nfrom tests.support.file_fuzz import outcome, read_gguf\n"
+    script = ("import sys\nfrom pathlib import Path\nfrom tests.support.gguf_fuzz import outcome, read_gguf\n"
               "status = outcome(read_gguf, Path(sys.argv[1]))[0]\n"
               "print(status, next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')))")
     for case in ("dimensions whose product wraps around", "a string of gigabytes", "a tensor count of 2**40"):
@@ -127,11 +127,11 @@ def test_import_gguf_refuses_a_hostile_file_and_writes_nothing(tmp_path: Path) -
 
 def test_the_gguf_reader_fuzzed(tmp_path: Path) -> None:
     """Seeded mutations of a valid file: each is read or refused in one line naming the file, never anything else."""
-    seed, path = file_fuzz.gguf_bytes(), tmp_path / "fuzzed.gguf"
+    seed, path = gguf_fuzz.gguf_bytes(), tmp_path / "fuzzed.gguf"
     seen: dict[str, int] = {}
     for i in range(FUZZ_CASES):
-        path.write_bytes(file_fuzz.mutate_gguf(seed, random.Random(i)))
-        status, message = file_fuzz.outcome(file_fuzz.read_gguf, path)
+        path.write_bytes(gguf_fuzz.mutate_gguf(seed, random.Random(i)))
+        status, message = gguf_fuzz.outcome(gguf_fuzz.read_gguf, path)
         assert status != "crashed", (i, message)
         seen[status] = seen.get(status, 0) + 1
     assert seen.get("refused", 0) > FUZZ_CASES // 2, seen  # the mutations do reach the checks

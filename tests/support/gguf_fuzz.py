@@ -1,20 +1,17 @@
-"""Hostile model files made from valid ones, for the readers' fuzz tests and benchmarks.stress.fuzz_files: a small
-GGUF file and a small safetensors file written with their own packages, then mutated by seeded rules (bytes
-flipped, the file cut short, an integer of the header overwritten with an extreme, a length of gigabytes, the
-safetensors header's JSON rewritten). `outcome` reads one with gptport's reader and classes what happened: read,
-refused in one line naming the file (a GptportError), or anything else (a traceback a user would see)."""
+"""Hostile GGUF files made from a valid one, for the reader's fuzz test and benchmarks.stress.fuzz_gguf: a small GGUF
+file written with the `gguf` package, then mutated by seeded rules (bytes flipped, the file cut short, an integer
+of the header overwritten with an extreme, a length of gigabytes). `outcome` reads one as import-gguf reads it and
+classes what happened: read, refused in one line naming the file (a GptportError), or anything else (a traceback
+a user would see). The safetensors readers' fuzz is tests/support/safetensors_fuzz.py."""
 
 from __future__ import annotations
 
-import json
 import random
-import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import gguf
 import numpy as np
-from safetensors.numpy import save_file
 
 from gptport.errors import GptportError
 
@@ -42,17 +39,6 @@ def gguf_bytes() -> bytes:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        return path.read_bytes()
-
-
-def safetensors_bytes() -> bytes:
-    """A small valid safetensors file of three float tensors (import-hf takes floats only)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "seed.safetensors"
-        save_file({"a": np.ones((4, 4), np.float32), "b": np.arange(6, dtype=np.float32),
-                   "c": np.zeros((2, 3), np.float16)}, str(path))
         return path.read_bytes()
 
 
@@ -87,35 +73,6 @@ def mutate_gguf(seed: bytes, rnd: random.Random) -> bytes:
     return bytes(data)
 
 
-def mutate_safetensors(seed: bytes, rnd: random.Random) -> bytes:
-    """One seeded mutation of a safetensors file: its header length, its JSON (offsets, shapes, dtypes), its bytes,
-    its end."""
-    (n,) = struct.unpack("<Q", seed[:8])
-    header, body = json.loads(seed[8:8 + n]), seed[8 + n:]
-    rule = rnd.randrange(5)
-    if rule == 0:
-        return struct.pack("<Q", rnd.choice(EXTREMES + (n + 1, n - 1, len(seed)))) + seed[8:]
-    if rule == 1:
-        data = bytearray(seed)
-        _flip(data, rnd)
-        return bytes(data)
-    if rule == 2:
-        return seed[:rnd.randrange(len(seed))]
-    names = [k for k in header if k != "__metadata__"]
-    entry = header[rnd.choice(names)]
-    field = rnd.choice(("data_offsets", "shape", "dtype"))
-    if field == "data_offsets":
-        entry["data_offsets"][rnd.randrange(2)] = rnd.choice((0, 1, 7, len(body), len(body) + 1, 2**40, -1, 2**64))
-    elif field == "shape":
-        entry["shape"] = rnd.choice(([], [0], [2**40, 2**40], [-1, 4], [4, 5], ["4"], [4.5]))
-    else:
-        entry["dtype"] = rnd.choice(("F64", "I8", "BF16", "Q9", "", 7))
-    text = json.dumps(header).encode()
-    if rule == 4:
-        text = text.replace(b"{", b"[", 1)
-    return struct.pack("<Q", len(text)) + text + body
-
-
 def outcome(read: Callable[[Path], object], path: Path) -> tuple[str, str]:
     """("read", "") / ("refused", the message) / ("crashed", the exception): a refusal must be one line naming
     the file (else it counts as crashed)."""
@@ -142,10 +99,3 @@ def read_gguf(path: Path) -> None:
     f.check_types()
     for name in f.tensors:
         f.dequantize(name)
-
-
-def read_safetensors(path: Path) -> None:
-    """import-hf's reading of a directory whose weights are `path` (it must be named model.safetensors)."""
-    from gptport.export.hf_files import read_weights
-
-    read_weights(path.parent)

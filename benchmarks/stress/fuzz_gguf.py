@@ -1,10 +1,10 @@
-"""The model-file readers fuzzed: seeded mutations of a small valid GGUF file and of a small valid safetensors file
-(tests/support/file_fuzz.py: bytes flipped, the file cut short, header integers set to extremes, lengths of
-gigabytes, the safetensors header's offsets, shapes and dtypes rewritten), each read as import-gguf and import-hf
-read them. Every case must be read or refused in one line naming the file; anything else is a crash, counted with
-its first example. The peak RSS of the whole run and the slowest case go into the results file.
+"""The GGUF reader fuzzed: seeded mutations of a small valid GGUF file (tests/support/gguf_fuzz.py: bytes flipped,
+the file cut short, header integers set to extremes, lengths of gigabytes), each read as import-gguf reads it
+(header, every metadata value, the tensor types, every tensor dequantized). Every case must be read or refused in
+one line naming the file; anything else is a crash, counted with its first example. The peak RSS of the run and
+the slowest case go into the results file. (The safetensors readers': benchmarks.stress.fuzz_safetensors.)
 
-    python -m benchmarks.stress.fuzz_files [--cases 10000] [--seed 0]
+    python -m benchmarks.stress.fuzz_gguf [--cases 10000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -18,13 +18,9 @@ from typing import Any
 
 from benchmarks.harness import cli, results
 from benchmarks.harness.run import Run
-from tests.support import file_fuzz
+from tests.support import gguf_fuzz
 
-READERS = {
-    "gguf": (file_fuzz.gguf_bytes, file_fuzz.mutate_gguf, file_fuzz.read_gguf, "fuzzed.gguf"),
-    "safetensors": (file_fuzz.safetensors_bytes, file_fuzz.mutate_safetensors, file_fuzz.read_safetensors,
-                    "model.safetensors"),
-}
+READERS = {"gguf": (gguf_fuzz.gguf_bytes, gguf_fuzz.mutate_gguf, gguf_fuzz.read_gguf, "fuzzed.gguf")}
 
 
 def fuzz(kind: str, cases: int, seed: int) -> dict[str, Any]:
@@ -38,7 +34,7 @@ def fuzz(kind: str, cases: int, seed: int) -> dict[str, Any]:
         for i in range(seed, seed + cases):
             path.write_bytes(mutate(original, random.Random(i)))
             t0 = time.perf_counter()
-            status, message = file_fuzz.outcome(read, path)
+            status, message = gguf_fuzz.outcome(read, path)
             slowest = max(slowest, (time.perf_counter() - t0, i))
             counts[status] += 1
             if status == "crashed" and first_crash is None:
