@@ -6,11 +6,12 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 
 from gptport.cli.common import DRAFT_THREADS_HELP, KvDtype, ModelDir, err, open_engine
+from gptport.runtime.accept import FinishReason
 
 EXAMPLES = """Examples:
 
@@ -117,7 +118,9 @@ def generate(
     if bursts:
         check_bursts(bursts, opened.engine, opened.provider, sampling.plain, (json_schema, regex, grammar),
                      (draft, prompt_lookup))
-        opened.engine.bursts = bursts  # type: ignore[attr-defined]  # a DeviceModel (check_bursts)
+        from gptport.runtime.engine import Bursting
+
+        cast(Bursting, opened.engine).bursts = bursts  # Capability.BURST (check_bursts)
     ids = encode_prompts(opened.tok, texts, opened.engine.n_ctx, truncate=not no_truncate, warn=warn,
                          config=opened.engine.config)
     ends = end_ids(opened.engine.config, opened.tok)
@@ -157,7 +160,7 @@ def generate(
         tail = stream.finish()
         if as_json:
             print(json.dumps({"prompt": texts[i], "text": stream.text, "token_ids": res.new_ids,
-                              "prompt_tokens": len(res.prompt_ids), "finish_reason": res.finish_reason,
+                              "prompt_tokens": len(res.prompt_ids), "finish_reason": res.finish_reason.value,
                               "prefill_ms": round(res.prefill_ms, 3), "decode_tok_s": round(res.decode_tok_s, 2),
                               "engine": opened.engine_name, "provider": opened.provider,
                               "precision": opened.precision, "kv_cache": opened.cache, "kv_dtype": kv_dtype,
@@ -168,10 +171,10 @@ def generate(
         else:
             err.print(f"[bold]── prompt {i + 1}:[/] {texts[i]!r}")
             sys.stdout.write(stream.text + "\n")
-        if res.finish_reason == "length" and spec is not None:
+        if res.finish_reason is FinishReason.LENGTH and spec is not None:
             err.print(f"prompt {i + 1}: --max-new-tokens {max_new_tokens} ended the output before the constraint "
                       "was complete")
-        if res.finish_reason == "context":
+        if res.finish_reason is FinishReason.CONTEXT:
             err.print(f"prompt {i + 1}: stopped at the model's context of {opened.engine.n_ctx} tokens "
                       "(--context-overflow slide goes on)")
     sys.stdout.flush()

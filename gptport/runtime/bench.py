@@ -17,14 +17,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from gptport import __version__, contract
 from gptport.errors import GptportError, UsageError
 from gptport.machine import describe
-from gptport.runtime.engine import Engine, positions
+from gptport.runtime.accept import Accepting
+from gptport.runtime.engine import Bursting, Engine, bursting, positions
 
 if TYPE_CHECKING:
     from gptport.runtime.loader import Opened
@@ -170,11 +171,13 @@ def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen
     """One greedy run on random ids: (prefill seconds, time to first token, per-step decode seconds). An
     engine asked for greedy bursts (cuda_engine.DeviceModel.bursts) runs them while k tokens are left,
     their session made before the clock starts; a burst's time is spread evenly over its k tokens, so
-    the per-token latencies are a burst's mean, not what a streaming client sees token by token."""
-    prepare = getattr(engine, "prepare_bursts", None)
-    if prepare is not None:
-        prepare()
-    k = getattr(engine, "bursts", 0)
+    the per-token latencies are a burst's mean, not what a streaming client sees token by token. Each row
+    takes its tokens through accept.Accepting (no end ids: every run is gen_len tokens), off the clock."""
+    burster = bursting(engine)
+    if burster is not None:
+        burster.prepare_bursts()
+    k = burster.bursts if burster is not None else 0
+    takers = [Accepting(gen_len, frozenset()) for _ in range(batch)]
     step = engine.step(last_only=True)
     ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_len), dtype=np.int64)
     mask = np.ones_like(ids)
@@ -185,12 +188,14 @@ def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen
     t_prefill = time.perf_counter() - t0
     nxt = logits[:, -1].argmax(-1).astype(np.int64)[:, None]  # (B, 1)
     ttft = time.perf_counter() - t0
+    _take(takers, nxt)
     steps: list[float] = []
     while len(steps) < gen_len - 1:
-        if k and mask.shape[1] + k <= engine.n_ctx and gen_len - 1 - len(steps) >= k:  # k steps in one run
-            t = time.perf_counter()
-            got = engine.burst(past, nxt[:, 0])  # type: ignore[attr-defined]  # (B, k)
+        if burster is not None and mask.shape[1] + k <= engine.n_ctx and gen_len - 1 - len(steps) >= k:
+            t = time.perf_counter()  # k steps in one run
+            got = burster.burst(past, nxt[:, 0])  # (B, k)
             steps += [(time.perf_counter() - t) / k] * k
+            _take(takers, got)
             nxt = got[:, -1:]  # (B, 1)
             mask, pos = np.ones((batch, mask.shape[1] + k), dtype=np.int64), pos[:, -1:] + k
             continue
@@ -200,7 +205,15 @@ def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen
         logits, past = step(nxt, mask, pos, past)
         nxt = logits[:, -1].argmax(-1).astype(np.int64)[:, None]
         steps.append(time.perf_counter() - t)
+        _take(takers, nxt)
     return t_prefill, ttft, steps
+
+
+def _take(takers: list[Accepting], tokens: np.ndarray) -> None:
+    """Each row's tokens (B, n) taken in order by its Accepting."""
+    for taker, row in zip(takers, tokens.tolist(), strict=True):
+        for tok in row:
+            taker.accept(tok)
 
 
 def _fill(row: Row, engine: Engine, vocab: int, plan: BenchPlan,
@@ -314,7 +327,7 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
                                 bursts=plan.bursts, error=why))
                 say(f"onnx {provider} {precision} {kv_label}: {why}")
                 continue
-            model.bursts = plan.bursts
+            cast(Bursting, model).bursts = plan.bursts  # Capability.BURST (burst.refusal)
         session_s = time.perf_counter() - t0
         assert model.path is not None  # open_graph's models know their file
         wbytes = weight_bytes_per_token(model.path)

@@ -29,6 +29,8 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.errors import UsageError
+from gptport.runtime.engine import Capability, Engine
+from gptport.runtime.onnx_engine import OnnxModel
 
 if TYPE_CHECKING:  # onnx loads when a graph is unrolled, not when the runtime starts
     import onnx
@@ -114,10 +116,11 @@ def check_burst_size(bursts: int) -> None:
         raise UsageError(f"--bursts {bursts}: 0 (one step a run) or at least 2 steps a run")
 
 
-def refusal(model: Any, provider: str) -> str:
+def refusal(model: Engine, provider: str) -> str:
     """Why greedy bursts cannot run on `model` ("" when they can): they unroll export --cuda's one-token
     graphs, which only --provider cuda steps (cuda_engine.DeviceModel)."""
-    if hasattr(model, "prepare_bursts"):
+    if Capability.BURST in model.capabilities:
         return ""
+    path = model.path if isinstance(model, OnnxModel) else None
     return (f"--bursts: greedy bursts unroll export --cuda's graphs on --provider cuda; {provider} opened "
-            f"{model.path.name if getattr(model, 'path', None) else 'another graph'}")
+            f"{path.name if path is not None else 'another graph'}")

@@ -24,7 +24,7 @@ from gptport.config import ModelConfig
 from gptport.errors import ArtifactError
 from gptport.runtime import burst, cuda_memory
 from gptport.runtime.cuda_slots import DeviceSlots
-from gptport.runtime.engine import Past, StepFn
+from gptport.runtime.engine import Capability, Past, StepFn
 from gptport.runtime.onnx_engine import OnnxModel, session_options
 
 GPU_CACHES = (contract.CACHE_STATIC, contract.CACHE_DECODE)
@@ -85,6 +85,11 @@ class DeviceModel(OnnxModel):
     @property
     def device(self) -> str:
         return cuda_memory.CUDA if self.on_gpu else cuda_memory.HOST
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """The static-cache graph's, its slots on the device, and greedy bursts."""
+        return super().capabilities | {Capability.DEVICE_SLOTS, Capability.BURST}
 
     def device_slots(self, n: int, config: ModelConfig | None = None) -> DeviceSlots:
         """n device slots over this engine's graphs (what serve's scheduler steps), of `config`'s n_ctx

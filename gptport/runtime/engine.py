@@ -2,26 +2,44 @@
 of a model, and the array helpers they share. A step function takes input_ids (B, T), attention_mask
 (B, P+T) and position_ids (B, T) as int64 numpy arrays and the KV cache (a list, [k0, v0, k1, v1, ...],
 each (B, H, P, hd), in whatever form the engine keeps it), and returns the logits (B, T, V) as numpy and
-the present cache. Engines: onnx_engine.OnnxModel (onnxruntime) and torch_engine.TorchEngine. No torch.
+the present cache. Engines: onnx_engine.OnnxModel (onnxruntime), cuda_engine.DeviceModel and
+torch_engine.TorchEngine. Each declares what it can do beyond stepping (`capabilities`); a feature that needs
+one asks with `require`, whose refusal names what the engine lacks. No torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from enum import Enum
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from gptport.config import ModelConfig
+from gptport.errors import UsageError
 
 Past = list[Any]
 StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Past], tuple[np.ndarray, Past]]
 FLOAT32 = np.dtype(np.float32)
 
 
+class Capability(Enum):
+    """What an engine can do beyond stepping, each the words a refusal uses for it."""
+
+    STATIC_SLOTS = "a preallocated cache written in place (the static-cache graph)"
+    APPEND_ROWS = "the multi-row append graph beside it (the fp32 static-cache graph, float32 cache, on the CPU)"
+    DEVICE_SLOTS = "slots kept on the device (export --cuda's graphs)"
+    BURST = "greedy bursts (export --cuda's graphs on --provider cuda)"
+    DRAFT = "drafts rolled back in place (the static-cache graph)"
+    CONSTRAIN = "a mask on each step's logits on the host"
+
+
 class Engine(Protocol):
     """What the loop needs of a model: its context length, its config (vocabulary, special tokens), a step
-    function and an empty cache."""
+    function, an empty cache, and what else it can do."""
+
+    @property
+    def capabilities(self) -> frozenset[Capability]: ...
 
     @property
     def n_ctx(self) -> int: ...
@@ -32,6 +50,32 @@ class Engine(Protocol):
     def step(self, last_only: bool = False) -> StepFn: ...
 
     def empty_past(self, batch: int) -> Past: ...
+
+
+class Bursting(Engine, Protocol):
+    """An engine with Capability.BURST: `bursts` greedy decode steps a run (0: one a run), once
+    prepare_bursts() made their session (cuda_engine.DeviceModel)."""
+
+    bursts: int
+
+    def prepare_bursts(self) -> None: ...
+
+    def burst(self, past: Past, tokens: np.ndarray) -> np.ndarray: ...
+
+
+def bursting(engine: Engine) -> Bursting | None:
+    """The engine as a Bursting one when it declares Capability.BURST and bursts are on, else None."""
+    if Capability.BURST not in engine.capabilities:
+        return None
+    bursty = cast(Bursting, engine)
+    return bursty if bursty.bursts else None
+
+
+def require(engine: Engine, capability: Capability, feature: str, hint: str = "") -> None:
+    """Refuse `feature` (a UsageError naming it and what the engine lacks, then `hint`) unless the engine
+    declares `capability`."""
+    if capability not in engine.capabilities:
+        raise UsageError(f"{feature} needs {capability.value}" + (f": {hint}" if hint else ""))
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from gptport.runtime.engine import Engine, left_pad, positions
+from gptport.runtime.accept import Accepting, FinishReason
+from gptport.runtime.engine import Capability, Engine, bursting, left_pad, positions, require
 from gptport.runtime.sampling import Sampling, choose
 from gptport.specials import as_ends
 
@@ -28,7 +29,7 @@ class RowResult:
 
     prompt_ids: list[int]
     new_ids: list[int] = field(default_factory=list)
-    finish_reason: str = "length"  # eot | stop | grammar (the constraint is complete) | length | context
+    finish_reason: FinishReason = FinishReason.LENGTH
     prefill_ms: float = 0.0
     decode_s: float = 0.0
 
@@ -57,15 +58,18 @@ def generate(
     on; `stop` ends every unfinished row with reason "context".
     A row with a matcher (runtime/constraint.py) samples only what its grammar allows and ends with
     reason "grammar" when the grammar is complete; its next mask is computed while the step runs.
+    Each chosen token goes through accept.Accepting, which gives the finish reasons.
     """
     step, n_ctx = engine.step(last_only=True), engine.n_ctx
     rows = [RowResult(list(p)) for p in prompts]
     rngs = [np.random.default_rng(sampling.seed) for _ in prompts]
-    # the frequency and presence penalties' counts of each row's generated tokens, kept as they come
-    counts: list[Counter[int] | None] = [Counter() if sampling.penalized else None for _ in prompts]
     active = [True] * len(rows)
-    constrained = Constrained(matchers, engine.config.vocab_size) if matchers and any(matchers) else None
+    constrained = None
+    if matchers and any(matchers):
+        require(engine, Capability.CONSTRAIN, "a constraint")
+        constrained = Constrained(matchers, engine.config.vocab_size)
     ends = as_ends(eot_id)
+    takers = [_taker(row, i, ends, max_new_tokens, sampling, on_token, matchers) for i, row in enumerate(rows)]
 
     t0 = time.perf_counter()
     ids, mask = left_pad([r.prompt_ids for r in rows])  # (B, P)
@@ -74,24 +78,26 @@ def generate(
     prefill_ms = (time.perf_counter() - t0) * 1e3
     # greedy rows on an engine asked to decode several steps a run on its own (cuda_engine.DeviceModel.burst):
     # each burst's tokens are taken one per iteration, as if chosen from their logits
-    k = getattr(engine, "bursts", 0) if sampling.plain and constrained is None else 0
-    if k:
-        engine.prepare_bursts()  # type: ignore[attr-defined]  # once per engine
+    burster = bursting(engine) if sampling.plain and constrained is None else None
+    k = burster.bursts if burster is not None else 0
+    if burster is not None:
+        burster.prepare_bursts()  # once per engine
     pending: list[np.ndarray] = []  # the current burst's columns not taken yet, (B,) each
     t_decode = time.perf_counter()
     for taken in range(max_new_tokens):
         if constrained is not None:
             constrained.mask(logits, active)
-        nxt = _choose_all(rows, active, logits, sampling, rngs, counts, ends, max_new_tokens, on_token,
+        nxt = _choose_all(rows, takers, active, logits, sampling, rngs, ends,
                           pending.pop(0) if pending else None)  # (B,)
         if constrained is not None:
-            constrained.consume(rows, active, nxt, ends)
+            constrained.start_next(active)
         if not any(active):
             break
         if pending:  # in the cache already: the burst's next token is taken without a step
             continue
         if k and mask.shape[1] + k <= n_ctx and max_new_tokens - taken - 1 >= k:  # room, and k tokens to take
-            pending = list(engine.burst(past, nxt).T)  # type: ignore[attr-defined]
+            assert burster is not None
+            pending = list(burster.burst(past, nxt).T)
             mask = np.concatenate([mask, np.ones((len(rows), k), dtype=np.int64)], axis=1)  # (B, P+k)
             pos = pos[:, -1:] + k
             continue
@@ -102,7 +108,7 @@ def generate(
         elif overflow == "stop":
             for i, row in enumerate(rows):
                 if active[i]:
-                    active[i], row.finish_reason = False, "context"
+                    active[i], row.finish_reason = False, FinishReason.CONTEXT
             break
         else:  # slide: a fresh cache from each row's most recent n_ctx // 2 tokens
             ids, mask = left_pad([(r.prompt_ids + r.new_ids)[-(n_ctx // 2):] for r in rows])
@@ -114,37 +120,37 @@ def generate(
     return rows
 
 
-def _choose_all(rows: list[RowResult], active: list[bool], logits: np.ndarray, sampling: Sampling,
-                rngs: list[np.random.Generator], counts: list[Counter[int] | None], ends: frozenset[int],
-                max_new_tokens: int, on_token: Callable[[int, int], bool] | None,
+def _taker(row: RowResult, i: int, ends: frozenset[int], max_new_tokens: int, sampling: Sampling,
+           on_token: Callable[[int, int], bool] | None, matchers: Sequence[Matcher | None] | None) -> Accepting:
+    """Row i's acceptance: its new ids, its penalties' counts, `on_token` as its stop watcher, its matcher."""
+    stop = (lambda tok: on_token(i, tok)) if on_token is not None else None
+    return Accepting(max_new_tokens, ends, row.new_ids, Counter() if sampling.penalized else None, stop,
+                     matchers[i] if matchers else None)
+
+
+def _choose_all(rows: list[RowResult], takers: list[Accepting], active: list[bool], logits: np.ndarray,
+                sampling: Sampling, rngs: list[np.random.Generator], ends: frozenset[int],
                 chosen: np.ndarray | None = None) -> np.ndarray:
-    """Each active row's next token from `logits` (B, 1, V), or `chosen` (B,) when a burst chose them, its
-    counts updated; rows that end (on a token of `ends`, ...) are marked inactive with their reason.
-    Finished rows get an end token, which the next step computes and nobody reads."""
+    """Each active row's next token from `logits` (B, 1, V), or `chosen` (B,) when a burst chose them, taken
+    by its Accepting; rows that end are marked inactive with their reason. Finished rows get an end token,
+    which the next step computes and nobody reads."""
     nxt = np.full(len(rows), min(ends, default=0), dtype=np.int64)  # (B,)
     for i, row in enumerate(rows):
         if not active[i]:
             continue
+        taker = takers[i]
         tok = (int(chosen[i]) if chosen is not None
-               else choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids), counts[i]))
+               else choose(logits[i, -1], sampling, rngs[i], chain(row.prompt_ids, row.new_ids), taker.counts))
         nxt[i] = tok
-        if tok in ends:
-            active[i], row.finish_reason = False, "eot"
-            continue
-        row.new_ids.append(tok)
-        seen = counts[i]
-        if seen is not None:
-            seen[tok] += 1
-        if on_token is not None and on_token(i, tok):
-            active[i], row.finish_reason = False, "stop"
-        elif len(row.new_ids) == max_new_tokens:
-            active[i] = False
+        reason = taker.accept(tok)
+        if reason is not None:
+            active[i], row.finish_reason = False, reason
     return nxt
 
 
 class Constrained:
-    """The rows' matchers: masks applied before a choice, the choice consumed after it, and the next
-    masks started in the background (while the engine's step runs)."""
+    """The rows' matchers' masks: applied before a choice (each row's Accepting advances its matcher), the
+    next ones started in the background while the engine's step runs."""
 
     def __init__(self, matchers: Sequence[Matcher | None], vocab_size: int) -> None:
         from gptport.runtime.constraint import Masks
@@ -164,12 +170,6 @@ class Constrained:
             self.masks.apply(last, rows, ms)  # type: ignore[arg-type]
             logits[:, -1] = last
 
-    def consume(self, rows: list[RowResult], active: list[bool], nxt: np.ndarray, ends: frozenset[int]) -> None:
-        for i, m in enumerate(self.matchers):
-            if m is None or int(nxt[i]) in ends or not rows[i].new_ids or rows[i].new_ids[-1] != nxt[i]:
-                continue
-            if not m.consume(int(nxt[i])):
-                raise RuntimeError(f"the constraint refused token {int(nxt[i])}: {m.error}")
-            if m.finished and active[i]:
-                active[i], rows[i].finish_reason = False, "grammar"
+    def start_next(self, active: list[bool]) -> None:
+        """Start the next masks of the rows still going (their matchers took this step's tokens)."""
         self.pending = self.masks.start([m for i, m in enumerate(self.matchers) if m is not None and active[i]])

@@ -9,15 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from gptport import contract, provenance, specials
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.paths import CONFIG
 from gptport.runtime import cuda_engine, onnx_engine
-from gptport.runtime.engine import Engine
+from gptport.runtime.engine import Capability, Engine
 
 CACHE_AUTO = "auto"
 CACHES = (CACHE_AUTO, contract.CACHE_STATIC, contract.CACHE_CONCAT)
@@ -122,12 +120,10 @@ def open_appender(model_dir: Path, engine: onnx_engine.OnnxModel, threads: int =
                   spin: str = onnx_engine.SPIN_ALWAYS) -> onnx_engine.OnnxModel | None:
     """The multi-row append graph beside `engine` (model.append.onnx, its session for
     slots.open_slots(..., appender=...)), opened and checked as open_graph opens any graph: None when
-    `engine` is not the fp32 static-cache graph with a float32 cache on the CPU (the append graph's twin),
+    `engine` lacks Capability.APPEND_ROWS (the fp32 static-cache graph with a float32 cache on the CPU: the twin),
     or the directory has no append graph (an export from before it was written)."""
-    twin = (engine.cache == contract.CACHE_STATIC and engine.precision == "fp32" and engine.provider == "cpu"
-            and engine.kv_dtype == np.dtype(np.float32))
     path = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
-    if not twin or not path.is_file():
+    if Capability.APPEND_ROWS not in engine.capabilities or not path.is_file():
         return None
     model = onnx_engine.load(path, "cpu", threads=threads, spin=spin)
     provenance.check(model_dir, path, model.meta)

@@ -21,7 +21,7 @@ from gptport import contract, provenance
 from gptport.config import ModelConfig, model_config_from_dict
 from gptport.errors import ArtifactError, ProviderError, UsageError
 from gptport.runtime import external_data, hugepages, openvino, ort_file, providers, static_cache
-from gptport.runtime.engine import Past, StepFn
+from gptport.runtime.engine import Capability, Past, StepFn
 
 _ORT = ort.capi.onnxruntime_pybind11_state
 # what InferenceSession raises on a file it cannot load (damaged bytes: a bad protobuf, a graph without
@@ -66,6 +66,17 @@ class OnnxModel:
     @property
     def on_gpu(self) -> bool:
         return self.provider in ("cuda", "tensorrt")
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """Every session masks logits on the host; the static-cache graph holds slots in place and rolls
+        drafts back, and its fp32 float32-cache graph on the CPU takes the multi-row append graph beside it."""
+        if self.cache != contract.CACHE_STATIC:
+            return frozenset({Capability.CONSTRAIN})
+        static = {Capability.CONSTRAIN, Capability.STATIC_SLOTS, Capability.DRAFT}
+        if self.precision == "fp32" and self.provider == "cpu" and self.kv_dtype == np.dtype(np.float32):
+            static.add(Capability.APPEND_ROWS)
+        return frozenset(static)
 
     def empty_past(self, batch: int) -> Past:
         """A zero-length cache (B, Hkv, 0, hd) per key and value, where the step function wants it; for

@@ -29,7 +29,7 @@ from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.runtime import append, hugepages
-from gptport.runtime.engine import FLOAT32
+from gptport.runtime.engine import FLOAT32, Capability
 from gptport.runtime.static_cache import DecodeStep
 
 
@@ -316,10 +316,10 @@ def open_slots(engine: Any, slots: int, appender: Any = None, n_ctx: int | None 
     if n_ctx is not None and not 2 <= n_ctx <= engine.config.n_ctx:
         raise UsageError(f"--n-ctx {n_ctx}: give 2 to the model's n_ctx, {engine.config.n_ctx}")
     config = engine.config if n_ctx is None else dataclasses.replace(engine.config, n_ctx=n_ctx)
-    device_slots = getattr(engine, "device_slots", None)
-    if device_slots is not None:
-        return device_slots(slots, config)  # type: ignore[no-any-return]
-    if getattr(engine, "cache", None) == contract.CACHE_STATIC:  # held from the start where it fits (serve's)
+    caps = engine.capabilities
+    if Capability.DEVICE_SLOTS in caps:
+        return engine.device_slots(slots, config)  # type: ignore[no-any-return]  # cuda_engine.DeviceModel
+    if Capability.STATIC_SLOTS in caps:  # held from the start where it fits (serve's)
         return StaticSlots(engine.session, config, slots, engine.kv_dtype, appender, hold=True)
     from gptport.runtime.concat_slots import ConcatSlots  # a subclass of SlotEngine, above
 

@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gptport.runtime.accept import Accepting, FinishReason
+from gptport.runtime.engine import Capability, require
 from gptport.runtime.generate import Overflow, RowResult
 from gptport.runtime.sampling import Sampling, draw, penalized, probs
 from gptport.runtime.slots import StaticSlots
@@ -82,13 +84,10 @@ class Drafter(Protocol):
 
 
 def static_model(engine: Any, what: str) -> Any:
-    """The engine as an onnxruntime model with the static-cache graph, or a UsageError naming `what`."""
-    from gptport import contract
-    from gptport.errors import UsageError
-
-    if getattr(engine, "cache", None) != contract.CACHE_STATIC:
-        raise UsageError(f"{what} needs the static-cache graph (onnx engine, CPU provider, --kv-cache auto or "
-                         "static; `gptport export` writes it): only it rolls a rejected draft back in place")
+    """The engine, which must declare Capability.DRAFT (the static-cache graph), or a UsageError naming
+    `what`."""
+    require(engine, Capability.DRAFT, what, "onnx engine, CPU provider, --kv-cache auto or static; `gptport export` "
+            "writes it")
     return engine
 
 
@@ -260,10 +259,11 @@ def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_n
     slots, n_ctx = StaticSlots(model.session, model.config, 1, model.kv_dtype), model.n_ctx
     stats = stats if stats is not None else SpecStats()
     rng = np.random.default_rng(sampling.seed)
-    counts: Counter[int] | None = Counter() if sampling.penalized else None  # the generated tokens' counts
     row = RowResult(list(prompt))
     seq = list(prompt)
-    ends = as_ends(eot_id)
+    stop = (lambda tok: on_token(0, tok)) if on_token is not None else None
+    taker = Accepting(max_new_tokens, as_ends(eot_id), row.new_ids, Counter() if sampling.penalized else None, stop)
+    counts = taker.counts  # the generated tokens' counts (the penalties'), which the drafts and verify read
     t0 = time.perf_counter()
     if len(seq) > 1:  # the cache holds every token but the last, whose logits come with the drafts'
         slots.append(0, np.asarray(seq[:-1], dtype=np.int64))
@@ -274,7 +274,7 @@ def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_n
         length = slots.length(0)
         if length >= n_ctx:  # full, and seq[-1] pending
             if overflow == "stop":
-                row.finish_reason = "context"
+                row.finish_reason = FinishReason.CONTEXT
                 break
             window = seq[-(n_ctx // 2):]
             slots.free(0)
@@ -297,28 +297,20 @@ def speculate(target: Any, drafter: Drafter | None, prompt: Sequence[int], max_n
         stats.tokens += len(accepted) + 1
         if k is None and drafts:
             k_now = min(k_now + 2, K_MAX) if len(accepted) == want else max(1, k_now - 1)
-        if _emit(row, seq, counts, [*accepted, own], ends, max_new_tokens, on_token):
+        if _take(row, seq, taker, [*accepted, own]):
             break
     row.decode_s = time.perf_counter() - t_decode
     return row
 
 
-def _emit(row: RowResult, seq: list[int], counts: Counter[int] | None, tokens: Sequence[int], ends: frozenset[int],
-          max_new_tokens: int, on_token: Callable[[int, int], bool] | None) -> bool:
-    """Append tokens to the output (and to the counts, where kept) as generate() would, one by one; True
-    when the sequence ended."""
+def _take(row: RowResult, seq: list[int], taker: Accepting, tokens: Sequence[int]) -> bool:
+    """Take tokens one by one as generate() does (accept.Accepting), each also onto `seq`; True when the
+    sequence ended (its reason on the row)."""
     for tok in tokens:
-        if tok in ends:
-            row.finish_reason = "eot"
-            return True
-        row.new_ids.append(tok)
-        seq.append(tok)
-        if counts is not None:
-            counts[tok] += 1
-        if on_token is not None and on_token(0, tok):
-            row.finish_reason = "stop"
-            return True
-        if len(row.new_ids) >= max_new_tokens:
-            row.finish_reason = "length"
+        reason = taker.accept(tok)
+        if reason is not FinishReason.END:
+            seq.append(tok)
+        if reason is not None:
+            row.finish_reason = reason
             return True
     return False

@@ -10,7 +10,7 @@ import torch
 
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
-from gptport.runtime.engine import Past, StepFn
+from gptport.runtime.engine import Capability, Past, StepFn
 from gptport.runtime.loader import Opened, load_tokenizer
 from gptport.training.checkpoint import load_model
 from gptport.training.model import GPT
@@ -48,6 +48,11 @@ class TorchEngine:
     @property
     def config(self) -> ModelConfig:
         return self.model.cfg
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """Its logits come to the host each step; its cache is concatenated."""
+        return frozenset({Capability.CONSTRAIN})
 
     def step(self, last_only: bool = False) -> StepFn:
         return torch_step(self.model, last_only)

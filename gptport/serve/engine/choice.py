@@ -4,12 +4,13 @@ scheduler's state of it. No torch here."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from gptport.runtime.accept import Accepting
 from gptport.runtime.constraint import Matcher
 from gptport.runtime.detok import TextStream
 from gptport.runtime.sampling import Sampling
@@ -46,11 +47,28 @@ class Choice:
     rng: np.random.Generator | None = None  # its own generator, seeded by sampling.seed (from start)
     counts: Counter[int] | None = None  # its generated tokens' counts, where frequency/presence penalties are on
     text_stream: TextStream | None = None  # its tokens detokenized, stop strings held back (from start)
+    taker: Accepting | None = None  # how each token is taken (accept.py; from start)
+    fresh: str = ""  # text the stream let out since the last piece sent
     prompt_lp: list[TokenLogprob] = field(default_factory=list)
 
-    def start(self, tok: BPETokenizer) -> None:
+    def start(self, tok: BPETokenizer, ends: Collection[int]) -> None:
         """Begin generating, once the choice holds a slot: a fresh generator from its seed, fresh counts
-        where the frequency or presence penalty is on, and a text stream over its stop strings."""
+        where the frequency or presence penalty is on, a text stream over its stop strings, and its
+        Accepting (the end token counted in the usage; no end ids with ignore_eos)."""
         self.rng = np.random.default_rng(self.sampling.seed)
         self.counts = Counter() if self.sampling.penalized else None
         self.text_stream = TextStream(tok, self.stops)
+        self.taker = Accepting(self.max_tokens, frozenset() if self.ignore_eos else frozenset(ends), self.new_ids,
+                               self.counts, self._watch, self.matcher, keep_end=True)
+
+    def _watch(self, token: int) -> bool:
+        """The stop watcher: the token through the text stream; True once a stop string completed."""
+        stream = self.text_stream
+        assert stream is not None  # from start
+        self.fresh += stream.push(token)
+        return stream.stopped
+
+    def take_text(self) -> str:
+        """The text let out since the last call."""
+        text, self.fresh = self.fresh, ""
+        return text

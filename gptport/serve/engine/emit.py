@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from gptport.runtime.accept import ConstraintRefused, FinishReason
 from gptport.runtime.sampling import choose_rows, logprob_entries
 from gptport.serve.engine.choice import Choice
 from gptport.serve.engine.events import Event, Failure, Finish, Piece
@@ -34,29 +35,25 @@ class Emitting:
             if c.new_ids:
                 self.observer.next_token(now - c.t_last)
             c.t_last = now
-            c.new_ids.append(tok)
-            if c.counts is not None:
-                c.counts[tok] += 1
             lp = logprob_entries(row_logits[None], [tok], c.logprobs)[0:1] if c.logprobs is not None else None
-            eot = tok in self.end_ids and not c.ignore_eos
-            text = "" if eot else c.text_stream.push(tok)  # type: ignore[union-attr]
-            reason = None
-            if c.matcher is not None and not eot and not c.matcher.consume(tok):
-                events.append((c.out, Failure(f"the constraint refused token {tok}: {c.matcher.error}")))
+            assert c.taker is not None and c.text_stream is not None  # started at admission
+            try:
+                reason = c.taker.accept(tok)
+            except ConstraintRefused as e:
+                events.append((c.out, Failure(str(e))))
                 self._release(c)
                 continue
-            if eot or c.text_stream.stopped or (c.matcher is not None and c.matcher.finished):  # type: ignore[union-attr]
-                reason = "stop"
-            elif len(c.new_ids) >= c.max_tokens or self.engine.length(c.slot) >= self.engine.n_ctx:
-                reason = "length"
+            if reason is None and self.engine.length(c.slot) >= self.engine.n_ctx:
+                reason = FinishReason.CONTEXT
+            text = c.take_text()
             if reason is not None:  # what the stream held back (nothing after a stop string)
-                text += c.text_stream.finish()  # type: ignore[union-attr]
+                text += c.text_stream.finish()
             if text or lp:
                 events.append((c.out, Piece(text, lp)))
             if reason is None:
                 still.append(c)
                 continue
-            events.append((c.out, Finish(reason, len(c.prompt_ids), len(c.new_ids), c.cached)))
+            events.append((c.out, Finish(reason.openai, len(c.prompt_ids), len(c.new_ids), c.cached)))
             self._release(c)
         if raw or t_mask - t0 > 1e-4:
             self.observer.phase("mask", t_mask - t0)

@@ -25,7 +25,7 @@ class PromptLogprobs:
 
 @dataclass
 class Finish:
-    reason: str  # stop | length
+    reason: str  # stop | length: accept.FinishReason.openai, the words every API's writer starts from
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt positions reused from a kept or copied cache (not prefilled)

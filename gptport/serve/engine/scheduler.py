@@ -212,7 +212,7 @@ class Scheduler(Prefilling, Emitting):
                 raise
             self.observer.admitted(now - c.t_submit)  # once, when it holds a slot (not per failed try)
             self._holding[c.slot] = c
-            c.start(self.tok)
+            c.start(self.tok, self.end_ids)
             self._filling.append(c)
 
     def _admit(self, c: Choice) -> None:
