@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gptport.runtime.slots import SlotEngine
 
 
-def row(c: Choice, key: int, source: bool = False) -> Row:
+def as_row(c: Choice, key: int, source: bool = False) -> Row:
     """The plan's view of filling choice c (plan.Row)."""
     return Row(key, c.slot, len(c.prompt_ids), c.filled, c.cached, c.prompt_logprobs, source, c.twin is not None)
 
@@ -75,7 +75,7 @@ class Prefilling:
                     continue
             ready.append(c)
         sources = {id(c.twin) for c in self._filling if c.twin is not None}
-        return [ready[r.key] for r in order_ready([row(c, i, id(c) in sources) for i, c in enumerate(ready)],
+        return [ready[r.key] for r in order_ready([as_row(c, i, id(c) in sources) for i, c in enumerate(ready)],
                                                   self.settings)]
 
     def _prefill_runs(self, budget: int, cap: int, events: list[tuple[Any, Event]],
@@ -93,7 +93,7 @@ class Prefilling:
         rest_runs = 0  # runs of rests this iteration: past settings.rest_runs (0: no bound), rests wait
         while budget > 0:
             ready = self._ready(taken, events, early)
-            plan = plan_run([row(c, i) for i, c in enumerate(ready)], budget, cap, rest_runs, self.settings,
+            plan = plan_run([as_row(c, i) for i, c in enumerate(ready)], budget, cap, rest_runs, self.settings,
                             self.engine.supports_join)
             budget = plan.budget
             run: list[tuple[Choice, np.ndarray]] = []
@@ -135,7 +135,7 @@ class Prefilling:
                     continue
             if budget <= 0:
                 continue  # later choices may still copy what earlier ones hold
-            chunk = plan_slot(row(c, 0), budget, self.engine.supports_join)
+            chunk = plan_slot(as_row(c, 0), budget, self.engine.supports_join)
             budget -= chunk.tokens
             if chunk.fill is Fill.JOIN:
                 self._joining.append(c)  # its last token is a decode row of this iteration's step
@@ -199,7 +199,7 @@ class Prefilling:
         the budget left and the choices done (their first tokens sampled)."""
         filling = self._filling  # admission order
         runs = [[filling[k] for k in keys]
-                for keys in plan_whole([row(c, i) for i, c in enumerate(filling)], budget)]
+                for keys in plan_whole([as_row(c, i) for i, c in enumerate(filling)], budget)]
         batched: set[int] = set()
         done: list[tuple[Choice, np.ndarray]] = []
         for run in runs:
