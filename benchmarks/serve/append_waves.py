@@ -28,7 +28,7 @@ from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
 from gptport.serve.engine.choice import Choice
 from gptport.serve.engine.events import Finish
-from gptport.serve.engine.scheduler import Scheduler
+from gptport.serve.engine.scheduler import Scheduler, SchedulerSettings
 
 SLOTS, USERS, PREFILL_CHUNK, TEMPERATURE = 16, 16, 512, 0.8
 ENGINES = ("one_row", "together", "no_reuse")
@@ -39,8 +39,8 @@ def load(opened: Any, appender: Any, shape: str, engine: str, requests: int, res
     """`requests` requests, USERS in flight: median and p99 TTFT, median TPOT (ms), output tok/s."""
     slots = StaticSlots(opened.engine.session, opened.engine.config, SLOTS,
                         appender=appender if engine == "together" else None)
-    s = Scheduler(slots, opened.tok, lambda events: None, max_queue=4 * SLOTS, prefill_chunk=PREFILL_CHUNK,
-                  prefix_cache=engine != "no_reuse")
+    knobs = SchedulerSettings(max_queue=4 * SLOTS, prefill_chunk=PREFILL_CHUNK, prefix_cache=engine != "no_reuse")
+    s = Scheduler(slots, opened.tok, lambda events: None, knobs)
     rng = np.random.default_rng(seed)
     vocab = opened.engine.config.vocab_size
     system = np.random.default_rng(0).integers(1, vocab, SHARED_PREFIX[shape]).tolist()

@@ -32,7 +32,7 @@ from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots, open_slots
 from gptport.serve.engine.choice import Choice
 from gptport.serve.engine.events import Finish
-from gptport.serve.engine.scheduler import Scheduler
+from gptport.serve.engine.scheduler import Scheduler, SchedulerSettings
 
 SLOTS, PROMPT, PREFILL_CHUNK, TEMPERATURE = 16, 64, 512, 0.8
 
@@ -42,7 +42,8 @@ class Load:
 
     def __init__(self, opened: Any, slots: StaticSlots, max_tokens: int, seed: int) -> None:
         # iterate() returns each iteration's events; deliver is only the scheduler thread's (not started here)
-        self.s = Scheduler(slots, opened.tok, lambda events: None, max_queue=4 * SLOTS, prefill_chunk=PREFILL_CHUNK)
+        self.s = Scheduler(slots, opened.tok, lambda events: None,
+                           SchedulerSettings(max_queue=4 * SLOTS, prefill_chunk=PREFILL_CHUNK))
         self.vocab, self.max_tokens = slots.vocab_size, max_tokens
         self.rng = np.random.default_rng(seed)
         self.sent = 0

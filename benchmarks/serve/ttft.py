@@ -10,7 +10,7 @@ replaced at once), 16 slots, temperature 0.8, ignore_eos. Two loads:
   load, no shared prefix).
 
 A policy is how an iteration's prompt chunks are appended: `--policies` lists them as
-name:key=value,... with the Scheduler's prefill_chunk (tokens per iteration), run_tokens (tokens per run
+name:key=value,... with SchedulerSettings' prefill_chunk (tokens per iteration), run_tokens (tokens per run
 of the append graph; 0: one run per iteration), order (arrival, or shortest: the fewest tokens to a
 first token first), fill_waves (1: where at least as many prompts wait for a first token as rows
 decode, every ready chunk goes in that iteration, prefill_chunk aside) and span_gap (a run's slots at most
@@ -45,7 +45,7 @@ from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
 from gptport.serve.engine.choice import Choice
 from gptport.serve.engine.events import Finish, Observer
-from gptport.serve.engine.scheduler import Scheduler
+from gptport.serve.engine.scheduler import Order, Scheduler, SchedulerSettings
 
 SLOTS = USERS = 16
 OWN, CHAT_NEW, PLAIN_PROMPT, TEMPERATURE = 24, 64, 64, 0.8
@@ -55,7 +55,7 @@ NO_REUSE = "chat no reuse"
 
 
 def parse_policies(text: str) -> dict[str, dict[str, Any]]:
-    """'name:key=value,...;name:...' -> {name: Scheduler keyword arguments}."""
+    """'name:key=value,...;name:...' -> {name: SchedulerSettings keyword arguments}."""
     out: dict[str, dict[str, Any]] = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, _, spec = part.partition(":")
@@ -66,7 +66,9 @@ def parse_policies(text: str) -> dict[str, dict[str, Any]]:
                            "rest_runs"):
                 raise SystemExit(f"--policies: {key!r} is not prefill_chunk, run_tokens, order, fill_waves, span_gap, "
                                  "rest_tokens or rest_runs")
-            kw[key] = value if key == "order" else bool(int(value)) if key == "fill_waves" else int(value)
+            if key == "order" and value not in {o.value for o in Order}:
+                raise SystemExit(f"--policies: order {value!r}: expected one of {', '.join(o.value for o in Order)}")
+            kw[key] = Order(value) if key == "order" else bool(int(value)) if key == "fill_waves" else int(value)
         out[name.strip()] = kw
     return out
 
@@ -139,7 +141,8 @@ def load(opened: Any, appender: Any, shape: str, kind: str, kw: dict[str, Any], 
         for _ in done:
             arrived.release()
 
-    s = Scheduler(slots, opened.tok, finished, max_queue=4 * SLOTS, prefix_cache=reuse, observer=seen, **kw)
+    s = Scheduler(slots, opened.tok, finished, SchedulerSettings(max_queue=4 * SLOTS, prefix_cache=reuse, **kw),
+                  observer=seen)
 
     def send() -> None:
         nonlocal sent

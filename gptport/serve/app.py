@@ -32,7 +32,7 @@ from gptport.errors import GptportError
 from gptport.page_style import styled
 from gptport.serve import body_check, companions, cors, guard, openapi, protocol, startup
 from gptport.serve.access_log import AccessLog
-from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.scheduler import Choice, Finish, Scheduler, SchedulerSettings
 from gptport.serve.metrics import Metrics
 from gptport.serve.protocol import ApiError, Job
 from gptport.serve.responses import Collector, stream_chunks
@@ -108,9 +108,10 @@ class State:
             vocab = opened.engine.config.vocab_size
             self.grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
             drafting, drafts_from = companions.drafting(s, opened)
+            knobs = SchedulerSettings(max_queue=s.max_queue, prefill_chunk=s.prefill_chunk, prefix_cache=s.prefix_cache)
             scheduler = Scheduler(slots, opened.tok, lambda events: loop.call_soon_threadsafe(_dispatch, events),
-                                  s.max_queue, s.prefill_chunk, self.metrics, Masks(vocab), drafting,
-                                  s.prefix_cache, end_ids(opened.engine.config, opened.tok))
+                                  knobs, observer=self.metrics, masks=Masks(vocab), drafting=drafting,
+                                  end_ids=end_ids(opened.engine.config, opened.tok))
         except Exception as e:  # noqa: BLE001 - whatever stops the load stops the server, with its message
             self.error = str(e) if isinstance(e, GptportError) else f"loading the model failed: {type(e).__name__}: {e}"
             log.debug("load failed", exc_info=True)

@@ -25,9 +25,10 @@ from gptport.runtime.loader import open_appender, open_model
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
-from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.scheduler import Choice, Finish
 from tests.support.cli import gptport
 from tests.support.hf_models import HfModel, build, greedy
+from tests.support.scheduling import Run
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 torch = pytest.importorskip("torch")
@@ -110,30 +111,20 @@ def test_waves_appended_together_give_transformers_tokens(exported: tuple[HfMode
         return inner(slots, chunks, **kw)
 
     engine.append_many = counted  # type: ignore[method-assign]
-    events: list[tuple[Any, Any]] = []
-    scheduler = Scheduler(engine, opened.tok, events.extend, prefill_chunk=64)
+    run = Run(engine, opened.tok, prefill_chunk=64)
     system = list(range(5, 25))
-
-    def wave(choices: list[Choice]) -> None:
-        scheduler.submit(choices)
-        for _ in range(500):
-            events.extend(scheduler.iterate())
-            if not (scheduler.waiting or scheduler.busy):
-                return
-        raise AssertionError("the scheduler did not finish its wave")
-
     first = [Choice(system + [40 + i, 41 + 2 * i], 5, Sampling(), ignore_eos=True, out=f"a{i}") for i in range(6)]
-    wave(first)
+    run.serve(first, 500)
     turn = first[1].prompt_ids + first[1].new_ids + [7, 8]
     second = [Choice(turn, 5, Sampling(), ignore_eos=True, out="turn")]
     second += [Choice(system + [60 + i, 61, 62 + i], 5, Sampling(), ignore_eos=True, out=f"b{i}") for i in range(3)]
     second += [Choice([200 + i, 201, 202, 203], 5, Sampling(), ignore_eos=True, out=f"f{i}") for i in range(2)]
-    wave(second)
+    run.serve(second, 500)
     assert max(rows_per_run) >= 4, rows_per_run  # several rows per run of the append graph
     assert any(c.cached for c in second)  # rests after a kept prefix
     for c in first + second:
         assert c.new_ids == continuation(hf.model, c.prompt_ids, 5), c.out
-        assert any(isinstance(e, Finish) for o, e in events if o == c.out)
+        assert any(isinstance(e, Finish) for e in run.of(c.out))
 
 
 def rewired(path: Path, dst: Path, wrong: str) -> Path:

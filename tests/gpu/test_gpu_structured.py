@@ -18,7 +18,8 @@ from gptport.runtime.providers import probe
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import open_slots
 from gptport.serve.engine.events import Failure
-from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.scheduler import Choice, Finish
+from tests.support.scheduling import Run
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -36,20 +37,14 @@ def decode_all(model_dir: Path, provider: str) -> tuple[list[list[int]], list[st
     opened: Any = open_model(model_dir, provider, cache="concat")
     vocab = opened.engine.config.vocab_size
     grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
-    events: list[tuple[Any, Any]] = []
-    sched = Scheduler(open_slots(opened.engine, 4), opened.tok, events.extend, masks=Masks(vocab))
+    run = Run(open_slots(opened.engine, 4), opened.tok, masks=Masks(vocab))
     choices = []
     for i, (prompt, spec) in enumerate(JOBS):
         matcher = grammars.matcher(grammars.compile(spec), json=spec.json_like) if spec else None
         ids = opened.tok.encode(prompt)
         choices.append(Choice(ids, 96, Sampling(), matcher=matcher, out=i))
-    sched.submit(choices)
-    for _ in range(2000):
-        if not (sched.waiting or sched.busy):
-            break
-        events += sched.iterate()
-    else:
-        raise AssertionError(f"the scheduler on {provider} did not finish its work")
+    run.serve(choices, 2000)
+    events = run.events
     failed = [(o, e.message) for o, e in events if isinstance(e, Failure)]
     assert not failed, f"choices failed on {provider}: {failed}"
     reasons = {o: e.reason for o, e in events if isinstance(e, Finish)}

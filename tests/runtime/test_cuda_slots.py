@@ -21,7 +21,8 @@ from gptport.runtime.generate import generate
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
-from gptport.serve.engine.scheduler import Choice, Failure, Scheduler
+from gptport.serve.engine.scheduler import Choice, Failure
+from tests.support.scheduling import Run
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]]
 
@@ -157,15 +158,10 @@ def test_device_slots_give_static_slots_logits(cuda_dir: Path, precision: str) -
 
 def greedy_replies(slots: Any, tok: Any, prompts: list[list[int]]) -> list[list[int]]:
     """The greedy tokens of `prompts` served together by one scheduler over `slots`."""
-    events: list[tuple[Any, Any]] = []
-    sched = Scheduler(slots, tok, events.extend)
+    run = Run(slots, tok)
     choices = [Choice(p, 24, Sampling(), out=i) for i, p in enumerate(prompts)]
-    sched.submit(choices)
-    for _ in range(500):
-        if not (sched.waiting or sched.busy):
-            break
-        events += sched.iterate()
-    assert not [e for _, e in events if isinstance(e, Failure)]
+    run.serve(choices, 500)
+    assert not [e for _, e in run.events if isinstance(e, Failure)]
     return [c.new_ids for c in choices]
 
 

@@ -5,18 +5,31 @@ No torch here."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gptport.runtime.accept import ConstraintRefused, FinishReason
 from gptport.runtime.sampling import choose_rows, logprob_entries
 from gptport.serve.engine.choice import Choice
-from gptport.serve.engine.events import Event, Failure, Finish, Piece
+from gptport.serve.engine.events import Event, Failure, Finish, Observer, Piece
+
+if TYPE_CHECKING:
+    from gptport.runtime.constraint import Masks
+    from gptport.runtime.slots import SlotEngine
 
 
 class Emitting:
-    """Scheduler's sampling and emitting methods (a mixin: the state they use is Scheduler's)."""
+    """Scheduler's sampling and emitting methods. A mixin: the Scheduler state they read is declared here
+    (tests/serve/engine/test_interface.py holds every `self.` read to it)."""
+
+    engine: SlotEngine
+    observer: Observer
+    end_ids: frozenset[int]  # any ends a choice (unless it ignores them)
+    masks: Masks | None
+    _masking: Any  # the Future of the masks started before the model ran, or None
+    _release: Callable[[Choice], None]  # Scheduler's: c's slot free again
 
     def _sample(self, rows: list[Choice], logits: np.ndarray, events: list[tuple[Any, Event]], now: float,
                 picks: list[int] | None = None) -> list[Choice]:

@@ -12,6 +12,8 @@ With a drafter (drafting.py), a choice decoding alone takes speculative steps: s
 With prefix caching (a StaticSlots engine), a freed slot keeps its cache: an arriving prompt takes the
 free slot that holds the longest part of it and prefills only the rest, and the other choices of an
 `n` > 1 request copy the first one's prefilled rows.
+Its knobs are one SchedulerSettings (settings.py); what each iteration does is decided by plan.py's pure
+functions from plain rows and done here and in prefill.py and emit.py.
 The asyncio side never calls the model; it submits choices and reads their events. No torch here.
 """
 
@@ -34,11 +36,14 @@ from gptport.serve.engine.choice import Choice
 from gptport.serve.engine.drafting import Drafting
 from gptport.serve.engine.emit import Emitting
 from gptport.serve.engine.events import Event, Failure, Finish, Observer, Piece, PromptLogprobs
-from gptport.serve.engine.prefill import ORDERS, Prefilling
+from gptport.serve.engine.plan import plan_decode
+from gptport.serve.engine.prefill import Prefilling
+from gptport.serve.engine.settings import Order, SchedulerSettings
 from gptport.tokenizer import BPETokenizer
 
 # callers import the engine's types from here too
-__all__ = ["Choice", "Event", "Failure", "Finish", "Observer", "Piece", "PromptLogprobs", "Scheduler"]
+__all__ = ["Choice", "Event", "Failure", "Finish", "Observer", "Order", "Piece", "PromptLogprobs", "Scheduler",
+           "SchedulerSettings"]
 
 log = logging.getLogger("gptport.serve")
 
@@ -49,23 +54,15 @@ class Scheduler(Prefilling, Emitting):
     model's, specials.end_ids; None: the tokenizer's end-of-text) unless it ignores them."""
 
     def __init__(self, slots: SlotEngine, tok: BPETokenizer, deliver: Callable[[list[tuple[Any, Event]]], None],
-                 max_queue: int = 64, prefill_chunk: int = 512, observer: Observer | None = None,
-                 masks: Masks | None = None, drafting: Drafting | None = None, prefix_cache: bool = True,
-                 end_ids: Collection[int] | None = None, run_tokens: int = 0, order: str = "arrival",
-                 fill_waves: bool = False, span_gap: int = -1, rest_tokens: int = 48, rest_runs: int = 1) -> None:
+                 settings: SchedulerSettings | None = None, *, observer: Observer | None = None,
+                 masks: Masks | None = None, drafting: Drafting | None = None,
+                 end_ids: Collection[int] | None = None) -> None:
         self.engine, self.tok, self.deliver = slots, tok, deliver
+        self.settings = settings or SchedulerSettings()  # the knobs (settings.py); plan.py decides with them
         self.end_ids = frozenset((tok.eot_id,) if end_ids is None else end_ids)  # specials.end_ids: any ends a choice
-        self.prefix_cache = prefix_cache and slots.supports_reuse  # StaticSlots only
+        self.prefix_cache = self.settings.prefix_cache and slots.supports_reuse  # StaticSlots only
         self.drafting = drafting  # speculative steps while one row decodes alone (a StaticSlots engine)
         self.masks = masks  # None: constrained choices are refused at submit
-        self.max_queue, self.prefill_chunk = max_queue, max(1, prefill_chunk)
-        if order not in ORDERS:
-            raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
-        self.run_tokens, self.order = run_tokens, order  # how an iteration's chunks form runs (prefill.py)
-        self.fill_waves = fill_waves  # prompts outnumber decoding rows: every ready chunk, prefill_chunk aside
-        self.span_gap = span_gap  # a run's slots at most this many other rows apart (-1: any; prefill.groups)
-        self.rest_tokens = rest_tokens  # rests after a reused prefix first, in runs of this many tokens (0: off)
-        self.rest_runs = rest_runs  # at most this many runs of rests an iteration (0: any; prefill.py)
         self.observer = observer or Observer()
         self._free = list(range(slots.slots))  # a heap: the lowest free slot first keeps steps narrow
         self._waiting: deque[Choice] = deque()
@@ -95,7 +92,7 @@ class Scheduler(Prefilling, Emitting):
             raise ValueError("this scheduler has no mask computer: it cannot run constrained choices")
         now = time.perf_counter()
         with self._cond:
-            if self._stop or len(self._waiting) + len(choices) - len(self._free) > self.max_queue:
+            if self._stop or len(self._waiting) + len(choices) - len(self._free) > self.settings.max_queue:
                 return False
             for c in choices:
                 c.t_submit = now
@@ -120,7 +117,7 @@ class Scheduler(Prefilling, Emitting):
     @property
     def full(self) -> bool:
         """Whether one more choice would be refused now (submit's test, for a refusal before any parsing)."""
-        return len(self._waiting) + 1 - len(self._free) > self.max_queue
+        return len(self._waiting) + 1 - len(self._free) > self.settings.max_queue
 
     @property
     def busy(self) -> int:
@@ -229,8 +226,9 @@ class Scheduler(Prefilling, Emitting):
         tokens."""
         rows, joining = self._decoding, self._joining
         self._joining = []
-        if (self.drafting is not None and len(rows) == 1 and not joining and not self._filling
-                and not self._waiting and self.drafting.eligible(rows[0])):
+        eligible = self.drafting is not None and len(rows) == 1 and self.drafting.eligible(rows[0])
+        if plan_decode(len(rows), len(joining), len(self._filling), len(self._waiting), self.drafting is not None,
+                       eligible):
             self._speculate(rows[0], events)
             return
         t0 = time.perf_counter()

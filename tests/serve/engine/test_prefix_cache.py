@@ -15,7 +15,8 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
-from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.scheduler import Choice, Finish
+from tests.support import scheduling
 
 
 @pytest.fixture(scope="module")
@@ -23,25 +24,11 @@ def opened(trained_dir: Path) -> Any:
     return open_model(trained_dir, cache="static")
 
 
-class Run:
-    """A scheduler stepped by hand, so that arrival orders are exact."""
+class Run(scheduling.Run):
+    """The shared harness over StaticSlots (prefix caching on unless prefix_cache=False)."""
 
-    def __init__(self, opened: Any, slots: int, prefix_cache: bool = True) -> None:
-        self.events: list[tuple[Any, Any]] = []
-        engine = StaticSlots(opened.engine.session, opened.engine.config, slots)
-        self.s = Scheduler(engine, opened.tok, self.events.extend, prefix_cache=prefix_cache)
-
-    def waves(self, waves: list[list[tuple[int, Choice]]]) -> None:
-        """Each wave's choices arrive at their iterations; a wave starts when the one before has finished."""
-        for wave in waves:
-            for it in range(max(a for a, _ in wave) + 1):
-                self.s.submit([c for a, c in wave if a == it])
-                self.events += self.s.iterate()
-            for _ in range(3000):
-                if not (self.s.waiting or self.s.busy):
-                    break
-                self.events += self.s.iterate()
-            assert not (self.s.waiting or self.s.busy), "the scheduler did not finish its work"
+    def __init__(self, opened: Any, slots: int, **kw: Any) -> None:
+        super().__init__(StaticSlots(opened.engine.session, opened.engine.config, slots), opened.tok, **kw)
 
 
 def copies(waves: list[list[tuple[int, Choice]]]) -> list[list[tuple[int, Choice]]]:
@@ -105,9 +92,8 @@ def test_reuse_reports_cached_tokens_and_prefills_the_rest(opened: Any) -> None:
         def __getattr__(self, name: str) -> Any:
             return lambda *a: None
 
-    events: list[Any] = []
-    s = Scheduler(StaticSlots(opened.engine.session, opened.engine.config, 4), opened.tok, events.extend,
-                  observer=Count())  # type: ignore[arg-type]
+    run = Run(opened, 4, observer=Count())
+    s, events = run.s, run.events
     head = opened.tok.encode("to be or not to be that is the question")
     a, b = Choice([7, 8, 9], 3, out="a"), Choice(head, 4, out="b")
     s.submit([a, b])

@@ -15,7 +15,7 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
 from gptport.serve.engine.scheduler import Choice
-from tests.serve.engine.test_slots import Run
+from tests.support.scheduling import Opened as Run
 
 
 @pytest.fixture(scope="module", params=["static", "concat"])

@@ -17,7 +17,8 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots, open_slots
-from gptport.serve.engine.scheduler import Choice, Failure, Finish, Scheduler
+from gptport.serve.engine.scheduler import Choice, Failure, Finish, Scheduler, SchedulerSettings
+from tests.support.scheduling import Opened as Run
 
 CACHES = ["static", "concat"]
 
@@ -60,7 +61,7 @@ def test_slots_declare_what_they_do(opened: Any) -> None:
                  lambda: slots.truncate(0, 0), lambda: slots.prefill_many(0, [ids])):
         with pytest.raises(NotImplementedError, match="ConcatSlots"):
             call()
-    scheduler = Scheduler(slots, opened.tok, lambda events: None, prefix_cache=True)
+    scheduler = Scheduler(slots, opened.tok, lambda events: None, SchedulerSettings(prefix_cache=True))
     assert not scheduler.prefix_cache  # asked for, but the concat cache keeps nothing
 
 
@@ -131,27 +132,6 @@ def test_slot_refuses_past_n_ctx(opened: Any) -> None:
     slots = open_slots(opened.engine, 1)
     with pytest.raises(ValueError, match="n_ctx"):
         slots.append(0, np.ones(opened.engine.n_ctx + 1, dtype=np.int64))
-
-
-class Run:
-    """A scheduler stepped by hand (no thread), so that arrival orders are exact."""
-
-    def __init__(self, opened: Any, slots: int, **kw: Any) -> None:
-        self.events: list[tuple[Any, Any]] = []
-        self.s = Scheduler(open_slots(opened.engine, slots), opened.tok, self.events.extend, **kw)
-
-    def until_idle(self, limit: int = 2000) -> None:
-        for _ in range(limit):
-            if not (self.s.waiting or self.s.busy):
-                return
-            self.step()
-        raise AssertionError("the scheduler did not finish its work")
-
-    def step(self) -> None:
-        self.events += self.s.iterate()
-
-    def of(self, out: Any) -> list[Any]:
-        return [e for o, e in self.events if o == out]
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])

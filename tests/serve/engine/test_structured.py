@@ -19,9 +19,9 @@ from gptport.runtime import constraint
 from gptport.runtime.constraint import Grammars, Masks, Spec
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
-from gptport.runtime.slots import open_slots
 from gptport.serve.engine import emit as emit_module
-from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.scheduler import Choice, Finish
+from tests.support.scheduling import Opened
 
 PROMPTS = ["ka to ri", "so ne ma lu", "the answer is", "ri"]
 
@@ -36,25 +36,17 @@ def grammars(opened: Any) -> Grammars:
     return Grammars(opened.tok.json, opened.engine.config.vocab_size, opened.tok.eot_id)
 
 
-class Run:
-    """A scheduler with masks, stepped by hand."""
+class Run(Opened):
+    """The shared harness with masks; a choice's Finish is its only one."""
 
     def __init__(self, opened: Any, slots: int) -> None:
-        self.events: list[tuple[Any, Any]] = []
-        self.s = Scheduler(open_slots(opened.engine, slots), opened.tok, self.events.extend,
-                           masks=Masks(opened.engine.config.vocab_size))
+        super().__init__(opened, slots, masks=Masks(opened.engine.config.vocab_size))
 
     def until_idle(self, limit: int = 5000) -> None:
-        for _ in range(limit):
-            if not (self.s.waiting or self.s.busy):
-                return
-            self.events += self.s.iterate()
-        raise AssertionError("the scheduler did not finish its work")
+        super().until_idle(limit)
 
     def finish(self, out: Any) -> Finish:
-        done = [e for o, e in self.events if o == out and isinstance(e, Finish)]
-        assert len(done) == 1, [e for o, e in self.events if o == out][-3:]
-        return done[0]
+        return self.only_finish(out)
 
 
 def text_of(opened: Any, c: Choice) -> str:

@@ -17,8 +17,9 @@ from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_appender, open_model
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
-from gptport.serve.engine.prefill import groups
-from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
+from gptport.serve.engine.plan import groups
+from gptport.serve.engine.scheduler import Choice, Order
+from tests.support import scheduling
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +34,14 @@ def appender(trained_dir: Path, opened: Any) -> ort.InferenceSession:
     return model.session
 
 
-class Run:
-    """A scheduler stepped by hand over StaticSlots, with or without the multi-row append graph; `steps`
-    records how many slots each append_many step took, `sizes` its chunks' sizes, `decodes` the rows of
-    each decode step."""
+class Run(scheduling.Run):
+    """The shared harness over StaticSlots, with or without the multi-row append graph; `steps` records how
+    many slots each append_many step took, `sizes` its chunks' sizes, `decodes` the rows of each decode
+    step."""
 
     def __init__(self, opened: Any, slots: int, appender: Any = None, **kw: Any) -> None:
-        self.events: list[tuple[Any, Any]] = []
+        if isinstance(kw.get("order"), str):  # a drawn policy names its order (the draws kept as they were)
+            kw["order"] = Order(kw["order"])
         self.steps: list[int] = []
         self.sizes: list[list[int]] = []
         self.decodes: list[int] = []
@@ -60,26 +62,7 @@ class Run:
             return inner_decode(rows, tokens)
 
         engine.decode = decode  # type: ignore[method-assign]
-        self.s = Scheduler(engine, opened.tok, self.events.extend, **kw)
-
-    def waves(self, waves: list[list[tuple[int, Choice]]]) -> None:
-        """Each wave's choices arrive at their iterations; a wave starts when the one before has finished."""
-        for wave in waves:
-            for it in range(max(a for a, _ in wave) + 1):
-                self.s.submit([c for a, c in wave if a == it])
-                self.events += self.s.iterate()
-            self.drain()
-
-    def drain(self) -> None:
-        """Iterate until every submitted choice has finished."""
-        for _ in range(3000):
-            if not (self.s.waiting or self.s.busy):
-                break
-            self.events += self.s.iterate()
-        assert not (self.s.waiting or self.s.busy), "the scheduler did not finish its work"
-
-    def finish(self, out: Any) -> Finish:
-        return next(e for o, e in reversed(self.events) if o == out and isinstance(e, Finish))
+        super().__init__(engine, opened.tok, **kw)
 
 
 def copies(waves: list[list[tuple[int, Choice]]]) -> list[list[tuple[int, Choice]]]:
@@ -171,7 +154,7 @@ def test_a_wave_in_runs_samples_first_tokens_between_runs_shortest_first(opened:
     12 tokens, shortest first, they are appended in runs of the shortest rests first, each run's first
     tokens sampled (and handed to `early`) before the next run starts, all in one iteration."""
     system = list(range(5, 45))
-    run = Run(opened, 8, appender, run_tokens=12, order="shortest", span_gap=-1, rest_tokens=0)
+    run = Run(opened, 8, appender, run_tokens=12, order=Order.SHORTEST, span_gap=-1, rest_tokens=0)
     run.waves([[(0, Choice(system + [50 + i], 2, Sampling(), ignore_eos=True, out=f"w{i}")) for i in range(8)]])
     run.sizes.clear()
     rests = [9, 2, 7, 4, 4, 9, 3, 5]
@@ -190,7 +173,7 @@ def test_a_wave_in_runs_samples_first_tokens_between_runs_shortest_first(opened:
     assert run.sizes == [[2, 3, 4], [4, 5], [7], [9], [9]]
     assert started == [[], [1, 3, 6], [1, 3, 4, 6, 7], [1, 2, 3, 4, 6, 7], [0, 1, 2, 3, 4, 6, 7]]
     assert all(c.new_ids for c in wave)  # every first token in the first iteration
-    run.drain()
+    run.until_idle(3000)
     alone_tokens(opened, wave)
 
 
@@ -203,13 +186,13 @@ def test_arrivals_of_one_prefix_compute_it_once_in_one_iteration(opened: Any, ap
     head = rng.integers(1, opened.tok.vocab_size, 60).tolist()
     wave = [Choice(head + rng.integers(1, opened.tok.vocab_size, 4 + i % 5).tolist(), 3, Sampling(), ignore_eos=True,
                    out=i) for i in range(16)]
-    run = Run(opened, 16, appender, order="shortest", span_gap=-1, rest_runs=0)
+    run = Run(opened, 16, appender, order=Order.SHORTEST, span_gap=-1, rest_runs=0)
     run.s.submit(wave)
     run.events += run.s.iterate()
     assert all(c.new_ids for c in wave)
     assert [c.cached for c in wave] == [0] + [60] * 15
     assert sum(map(sum, run.sizes)) == 60 + sum(len(c.prompt_ids) - 60 for c in wave)
-    run.drain()
+    run.until_idle(3000)
     alone_tokens(opened, wave)
 
 
@@ -228,14 +211,14 @@ def test_a_wave_takes_every_chunk_a_few_arrivals_the_budget(opened: Any, appende
     run.events += run.s.iterate()
     run.events += run.s.iterate()
     assert run.sizes == [[20, 10], [10]]
-    run.drain()
+    run.until_idle(3000)
     alone_tokens(opened, [*wave, *late])
 
 
 def test_a_prompt_arriving_between_runs_goes_in_the_next_run(opened: Any, appender: Any) -> None:
     """A prompt submitted while an iteration's first run is appended takes a free slot before the next run
     and, shortest first, gets its first token in that same iteration, ahead of the longer prompts."""
-    run = Run(opened, 4, appender, run_tokens=10, order="shortest", fill_waves=True, span_gap=-1)
+    run = Run(opened, 4, appender, run_tokens=10, order=Order.SHORTEST, fill_waves=True, span_gap=-1)
     wave = [Choice(list(range(10 + i, 20 + i + 2 * i)), 3, Sampling(), ignore_eos=True, out=i) for i in range(3)]
     late = Choice([70, 71, 72], 3, Sampling(), ignore_eos=True, out="late")
     inner = run.s.engine.append_many
@@ -249,12 +232,12 @@ def test_a_prompt_arriving_between_runs_goes_in_the_next_run(opened: Any, append
     run.s.submit(wave)
     run.events += run.s.iterate()
     assert run.sizes == [[10], [3], [12], [14]] and late.new_ids
-    run.drain()
+    run.until_idle(3000)
     alone_tokens(opened, [*wave, late])
 
 
 def test_groups_split_where_slots_are_far_apart() -> None:
-    """prefill.groups: slots more than `gap` rows apart go to different groups, each group in request order,
+    """plan.groups: slots more than `gap` rows apart go to different groups, each group in request order,
     the groups in the order of their first request; a negative gap keeps one group."""
     assert groups([7, 0, 1, 12, 9], 1) == [[0, 4], [1, 2], [3]]
     assert groups([7, 0, 1, 12, 9], 0) == [[0], [1, 2], [3], [4]]
@@ -278,7 +261,7 @@ def test_rests_far_apart_are_appended_in_groups(opened: Any, appender: Any) -> N
     run.s.submit(wave)
     run.events += run.s.iterate()
     assert [c.slot for c in wave] == [0, 1, 7] and run.steps == [2] and all(c.new_ids for c in wave)
-    run.drain()
+    run.until_idle(3000)
     alone_tokens(opened, [*first, *wave])
 
 
@@ -299,7 +282,7 @@ def test_rests_go_first_in_runs_of_their_own(opened: Any, appender: Any) -> None
     run.events += run.s.iterate()
     assert [c.cached for c in rests] == [40, 40, 40] and run.sizes == [[3, 4], [5], [12, 12]]
     assert all(c.new_ids for c in fresh + rests)
-    run.drain()
+    run.until_idle(3000)
     alone_tokens(opened, [*fresh, *rests])
 
 
@@ -311,7 +294,7 @@ def test_one_run_of_rests_an_iteration_spreads_a_wave_over_decode_steps(opened: 
     of 5 tokens goes in the next iteration. Every request gets the tokens it gets alone."""
     system = list(range(5, 45))
     run = Run(opened, 8, appender, rest_tokens=10)
-    assert run.s.rest_runs == 1
+    assert run.s.settings.rest_runs == 1
     run.waves([[(0, Choice(system + [50 + i], 2, Sampling(), ignore_eos=True, out=f"w{i}")) for i in range(6)]])
     busy = Choice(list(range(400, 410)), 30, Sampling(), ignore_eos=True, out="busy")
     run.s.submit([busy])
@@ -329,5 +312,5 @@ def test_one_run_of_rests_an_iteration_spreads_a_wave_over_decode_steps(opened: 
     assert [bool(c.new_ids) for c in rests] == [True, True, False]
     run.events += run.s.iterate()
     assert run.sizes[2:] == [[5]] and rests[2].new_ids
-    run.drain()
+    run.until_idle(3000)
     alone_tokens(opened, [busy, *rests, long, fresh])
