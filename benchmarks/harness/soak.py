@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from benchmarks.harness.soak_mix import CHAT, Kind, Outcome, Server, default_mix, send
 from gptport.errors import InputError, UsageError
-from gptport.load.soak_mix import CHAT, Kind, Outcome, Server, default_mix, send
 
 MAX_EXAMPLES = 20  # unexpected outcomes kept in the results, per run
 

@@ -1,4 +1,4 @@
-"""The soak's request mix (`gptport.load.soak`): kinds of request, each with the statuses it may get, and
+"""The soak's request mix (`benchmarks.harness.soak`): kinds of request, each with the statuses it may get, and
 one request sent and checked. No torch; aiohttp.
 
 A good request expects 200 and a well-formed answer (a stream ends in one [DONE] with every choice

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from gptport.serve.engine.drafting import Drafting
 
 if TYPE_CHECKING:
-    from gptport.serve.app import Settings
+    from gptport.serve.settings import Settings
 
 
 def appender(s: Settings, engine: Any) -> Any:

@@ -16,10 +16,10 @@ from typing import Any
 
 import jsonschema_rs
 
-from gptport.serve import fields, responses_fields
-from gptport.serve.api_error import ApiError, bad
-from gptport.serve.field_spec import Field, Limits, Reader
-from gptport.serve.openapi_schemas import REQUESTS, request_body
+from gptport.serve.api import fields, responses_fields
+from gptport.serve.api.api_error import ApiError, bad
+from gptport.serve.api.field_spec import Field, Limits, Reader
+from gptport.serve.api.openapi_schemas import REQUESTS, request_body
 
 Kind = jsonschema_rs.ValidationErrorKind
 # what a value is (its type, the keys its object needs): refused here, before a parser sees it. A key too many

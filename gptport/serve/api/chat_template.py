@@ -35,9 +35,9 @@ from typing import Any
 
 from gptport.errors import ArtifactError
 from gptport.paths import CHAT_TEMPLATE, CHAT_TEMPLATES_DIR
-from gptport.serve.api_error import ApiError
-from gptport.serve.template_worker import TemplateLimit, TemplateRefused, TemplateWorker
-from gptport.serve.tools import Tools, plain_block
+from gptport.serve.api.api_error import ApiError
+from gptport.serve.api.template_worker import TemplateLimit, TemplateRefused, TemplateWorker
+from gptport.serve.api.tools import Tools, plain_block
 from gptport.tokenizer import HF_CONFIG_FILE
 
 Messages = list[dict[str, Any]]
@@ -112,7 +112,7 @@ def renderer(model_dir: Path) -> tuple[Renderer, str]:
         return plain, "plain"
     from jinja2 import TemplateError
 
-    from gptport.serve.chat_env import environment
+    from gptport.serve.api.chat_env import environment
 
     env = environment()
     try:

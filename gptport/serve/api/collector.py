@@ -9,9 +9,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from gptport.serve.api.protocol import ApiError, Job, chat_logprobs, completion_logprobs, envelope, usage
+from gptport.serve.api.tool_stream import ReplyStream, whole_message
 from gptport.serve.engine.events import Failure, Finish, Piece, PromptLogprobs, TokenLogprob
-from gptport.serve.protocol import ApiError, Job, chat_logprobs, completion_logprobs, envelope, usage
-from gptport.serve.tool_stream import ReplyStream, whole_message
 from gptport.tokenizer import BPETokenizer
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
 
-from gptport.serve.api_error import bad
+from gptport.serve.api.api_error import bad
 
 Schema = dict[str, Any]
 ROUTES = ("completions", "chat", "tokenize", "detokenize", "responses")
@@ -41,7 +41,7 @@ class Field:
     kind: str  # a key of KINDS
     routes: tuple[str, ...]
     about: str = ""  # the description
-    examples: tuple[Any, ...] = ()  # each one accepted (tests/serve/test_openapi.py sends them)
+    examples: tuple[Any, ...] = ()  # each one accepted (tests/serve/http/test_openapi.py sends them)
     default: Any = None  # the value an absent (or null) field takes
     lo: float | None = None  # the least value (an integer or number)
     hi: float | None = None  # the greatest

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gptport.serve import responses_fields, shapes
-from gptport.serve.api_error import ApiError, bad
-from gptport.serve.field_spec import ROUTES, Field, Limits, Reader
+from gptport.serve.api import responses_fields, shapes
+from gptport.serve.api.api_error import ApiError, bad
+from gptport.serve.api.field_spec import ROUTES, Field, Limits, Reader
 
 BOTH = ("completions", "chat")
 COMPLETIONS, CHAT_ONLY, TOKENIZE_ONLY = ("completions",), ("chat",), ("tokenize",)

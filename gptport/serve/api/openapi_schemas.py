@@ -5,14 +5,14 @@ and read by the parser too), and the bodies the routes answer. No torch here.
 
 from __future__ import annotations
 
-from gptport.serve import responses_schemas
-from gptport.serve.api_error import ApiError
-from gptport.serve.field_spec import Limits, Schema, nullable, schema_of
-from gptport.serve.fields import ROUTE_FIELDS
-from gptport.serve.shapes import NUMBER, STRING, obj
+from gptport.serve.api import responses_schemas
+from gptport.serve.api.api_error import ApiError
+from gptport.serve.api.field_spec import Limits, Schema, nullable, schema_of
+from gptport.serve.api.fields import ROUTE_FIELDS
+from gptport.serve.api.shapes import NUMBER, STRING, obj
 
 __all__ = ["CODES_400", "REQUESTS", "Limits", "Schema", "components", "error_schema", "ref", "request_body"]
-# the `code` of a 400 (tests/serve/test_openapi.py checks this list against the codes the source raises)
+# the `code` of a 400 (tests/serve/http/test_openapi.py checks this list against the codes the source raises)
 CODES_400 = ["context_length_exceeded", "invalid_constraint", "invalid_json", "invalid_token", "invalid_type",
              "invalid_value", "missing", "template_error", "too_many_choices", "unrecognized_argument", "unsupported"]
 # each request body's schema and the route whose fields it lists (fields.ROUTE_FIELDS)

@@ -9,25 +9,26 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gptport.runtime.constraint import Spec
 from gptport.runtime.sampling import Sampling
-from gptport.serve import fields as request_fields
-from gptport.serve.api_error import ApiError, bad
+from gptport.serve.api import fields as request_fields
+from gptport.serve.api.api_error import ApiError, bad
+from gptport.serve.api.field_spec import Reader
+from gptport.serve.api.fields import MIN_TEMPERATURE
+from gptport.serve.api.shapes import MAX_STOP_BYTES, MAX_STOPS
+from gptport.serve.api.structured import output_spec
+from gptport.serve.api.tools import Tools, call_text, parse_tools, reply_spec
 from gptport.serve.engine.events import TokenLogprob
-from gptport.serve.field_spec import Reader
-from gptport.serve.fields import MIN_TEMPERATURE
-from gptport.serve.shapes import MAX_STOP_BYTES, MAX_STOPS
-from gptport.serve.structured import output_spec
-from gptport.serve.tools import Tools, call_text, parse_tools, reply_spec
 from gptport.tokenizer import BPETokenizer
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
-    """A checked request: its prompts as token ids and how to continue each, `n` times."""
+    """A checked request: its prompts as token ids and how to continue each, `n` times; built whole by its
+    parser (a change is a `dataclasses.replace`), then only read."""
 
     chat: bool
     prompts: list[list[int]]
@@ -138,12 +139,11 @@ def _common(f: Reader, tok: BPETokenizer, chat: bool, prompts: list[list[int]], 
     stream = f.read("stream")
     include_usage = bool((f.read("stream_options") or {}).get("include_usage")) and stream
     max_name = "max_completion_tokens" if chat and f.body.get("max_completion_tokens") is not None else "max_tokens"
-    job = Job(chat, prompts, texts, f.read(max_name), sampling, n, _stops(f), stream, include_usage,
-              ignore_eos=f.read("ignore_eos"), id=("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12),
-              created=int(time.time()))
-    job.logit_bias = request_fields.logit_bias(f.body.get("logit_bias"), tok.vocab_size)
-    job.spec = output_spec(f.body)
-    return job
+    most, stops, ignore_eos = f.read(max_name), _stops(f), f.read("ignore_eos")
+    logit_bias = request_fields.logit_bias(f.body.get("logit_bias"), tok.vocab_size)
+    return Job(chat, prompts, texts, most, sampling, n, stops, stream, include_usage, ignore_eos=ignore_eos,
+               logit_bias=logit_bias, spec=output_spec(f.body),
+               id=("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), created=int(time.time()))
 
 
 def _constrained(job: Job) -> Job:
@@ -160,8 +160,7 @@ def completion_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, start: 
     request_fields.check_fields(f.body, chat=False)
     prompts, texts = _prompts(f.body.get("prompt"), tok, start)
     job = _common(f, tok, False, prompts, texts, n_ctx, slots)
-    job.logprobs = f.read("logprobs")
-    job.echo = f.read("echo")
+    job = replace(job, logprobs=f.read("logprobs"), echo=f.read("echo"))
     f.read("suffix")
     return _constrained(job)
 
@@ -178,13 +177,12 @@ def chat_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, render: Any) 
     text, stops = render(plain, tools if tools is not None and tools.active else None)
     ids = tok.encode(text) or [tok.eot_id]
     job = _common(f, tok, True, [ids], [text], n_ctx, slots)
-    job.stops += [s for s in stops if s not in job.stops]
+    job = replace(job, stops=[*job.stops, *(s for s in stops if s not in job.stops)])
     top = f.read("top_logprobs")
     if f.read("logprobs"):
-        job.logprobs = top
+        job = replace(job, logprobs=top)
     if tools is not None and tools.active:
-        job.tools = tools
-        job.spec = reply_spec(tools, job.spec)
+        job = replace(job, tools=tools, spec=reply_spec(tools, job.spec))
     return _constrained(job)
 
 

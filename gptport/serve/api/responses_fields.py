@@ -1,17 +1,17 @@
 """The request fields of POST /v1/responses (OpenAI's Responses API, served stateless), defined once as
 fields.py defines the other routes' (`Field`, field_spec.py): fields.py adds this table to its own, so
-that the parser (responses_input.py) and GET /openapi.json read the same definitions. The JSON schemas
+that the parser (responses/to_chat.py) and GET /openapi.json read the same definitions. The JSON schemas
 of the compound values (input items, function tools, tool_choice, text.format) are here too: their keys
-are the ones responses_input.py takes. No torch here.
+are the ones responses/to_chat.py takes. No torch here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gptport.serve.api_error import ApiError, bad
-from gptport.serve.field_spec import Field, Limits, Reader, nullable
-from gptport.serve.shapes import BOOLEAN, FUNCTION_NAME, STRING, obj
+from gptport.serve.api.api_error import ApiError, bad
+from gptport.serve.api.field_spec import Field, Limits, Reader, nullable
+from gptport.serve.api.shapes import BOOLEAN, FUNCTION_NAME, STRING, obj
 
 ROUTE = "responses"
 R = (ROUTE,)

@@ -1,12 +1,12 @@
-"""The JSON schemas GET /openapi.json gives POST /v1/responses' answers: the response object (responses_output.py
+"""The JSON schemas GET /openapi.json gives POST /v1/responses' answers: the response object (responses/from_chat.py
 writes it), its output items and usage, and the server-sent events of a stream (`event: TYPE` and `data:` a
 JSON event of that type). The request's schema is made from its fields (responses_fields.py). No torch here.
 """
 
 from __future__ import annotations
 
-from gptport.serve.field_spec import Schema, nullable
-from gptport.serve.shapes import BOOLEAN, NUMBER, STRING, obj
+from gptport.serve.api.field_spec import Schema, nullable
+from gptport.serve.api.shapes import BOOLEAN, NUMBER, STRING, obj
 
 INDEX = {"type": "integer", "minimum": 0}
 COUNT = {"type": "integer", "minimum": 0}

@@ -6,7 +6,7 @@ says and what the parser checks are written once. No torch here.
 
 from __future__ import annotations
 
-from gptport.serve.field_spec import Limits, Schema, nullable
+from gptport.serve.api.field_spec import Limits, Schema, nullable
 
 MAX_STOPS = 256  # stop sequences per request (vLLM and llama-server take any number; this bounds the work)
 MAX_STOP_BYTES = 16 * 1024  # their UTF-8 bytes together

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gptport.runtime.constraint import Spec
-from gptport.serve import shapes
-from gptport.serve.api_error import bad
+from gptport.serve.api import shapes
+from gptport.serve.api.api_error import bad
 
 TOP_LEVEL = {"json_schema": "json_schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}
 # structured_outputs' keys (shapes.py) and the kind of constraint each is: json holds a JSON schema

@@ -7,7 +7,7 @@ MAX_OUTPUT characters, or twice the request's own size where that is more, the r
 parent waits for at most TIMEOUT_S. A render past a bound is a TemplateLimit naming it, and the child is replaced
 (killed and reaped; the next render starts a new one).
 
-    python -m gptport.serve.template_worker      the child: JSON lines on stdin, JSON lines on stdout
+    python -m gptport.serve.api.template_worker      the child: JSON lines on stdin, JSON lines on stdout
 
 The child reads {"sources": {name: text}, "max_memory", "max_output", "timeout"} once (answering {"ready": true}
 or {"error", "message"}), then {"name", "context"} per render, and answers {"text"} or
@@ -84,7 +84,7 @@ def main() -> None:
 
     from jinja2 import TemplateError
 
-    from gptport.serve.chat_env import environment
+    from gptport.serve.api.chat_env import environment
 
     env = environment()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -151,7 +151,7 @@ class TemplateWorker:
         if self._child and self._child[0].poll() is None:
             return self._child[0]
         _stop(self._child)
-        proc = subprocess.Popen([sys.executable, "-m", "gptport.serve.template_worker"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "gptport.serve.api.template_worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 start_new_session=True)  # a Ctrl-C meant for the server does not reach it
         self._child.append(proc)

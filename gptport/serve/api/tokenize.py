@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gptport.serve.api_error import bad
-from gptport.serve.fields import ROUTE_FIELDS, check_names, reader
-from gptport.serve.protocol import message_dict
-from gptport.serve.tools import parse_tools
+from gptport.serve.api.api_error import bad
+from gptport.serve.api.fields import ROUTE_FIELDS, check_names, reader
+from gptport.serve.api.protocol import message_dict
+from gptport.serve.api.tools import parse_tools
 from gptport.tokenizer import BPETokenizer
 
 TOKENIZE, DETOKENIZE = set(ROUTE_FIELDS["tokenize"]), set(ROUTE_FIELDS["detokenize"])  # each field: fields.py

@@ -1,7 +1,7 @@
 """GET /tokenizer_info, as vLLM serves it: the model directory's tokenizer_config.json (its plain JSON
 values) with the keys clients read always present: `tokenizer_class`, `bos_token`, `eos_token` and
 `pad_token` (null where the directory names none; eos defaults to the end-of-text token),
-`chat_template` (the one chat.py renders, from chat_template.jinja or tokenizer_config.json; null: gptport's
+`chat_template` (the one chat_template.py renders, from chat_template.jinja or tokenizer_config.json; null: gptport's
 plain template) and `model_max_length` (the served context, n_ctx).
 No torch here.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gptport.errors import ArtifactError
-from gptport.serve.chat import template_sources
+from gptport.serve.api.chat_template import template_sources
 from gptport.tokenizer import EOT, HF_CONFIG_FILE
 
 KEYS = ("tokenizer_class", "bos_token", "eos_token", "pad_token", "chat_template", "model_max_length")

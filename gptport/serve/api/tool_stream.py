@@ -22,8 +22,8 @@ import re
 import secrets
 from typing import Any
 
-from gptport.serve.shapes import FUNCTION_NAME
-from gptport.serve.tools import CLOSE, OPEN, Tools
+from gptport.serve.api.shapes import FUNCTION_NAME
+from gptport.serve.api.tools import CLOSE, OPEN, Tools
 
 # up to the name's closing quote (a function's name: shapes.FUNCTION_NAME without its anchors)
 NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"(' + FUNCTION_NAME.strip("^$") + ')"')

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptport.runtime.constraint import JSON_OPTIONS, Spec
-from gptport.serve import shapes
-from gptport.serve.api_error import bad
+from gptport.serve.api import shapes
+from gptport.serve.api.api_error import bad
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME = re.compile(shapes.FUNCTION_NAME)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptport.errors import UsageError
-from gptport.serve.api_error import ApiError
+from gptport.serve.api.api_error import ApiError
 
 HEAD_BYTES = 64 * 1024  # a request line and its headers (h11's default is 16 KiB, nginx's 32 KiB)
 SPARE = 64  # connections past max_connections that are still accepted, to be answered 503 by uvicorn

@@ -10,8 +10,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 
+from gptport.serve.api.protocol import ApiError
 from gptport.serve.metrics import Metrics
-from gptport.serve.protocol import ApiError
 
 GENERATING = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 COUNTED = frozenset(("/", "/health", "/metrics", "/v1/models", *GENERATING, "/tokenize", "/detokenize",

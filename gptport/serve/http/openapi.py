@@ -1,7 +1,7 @@
 """GET /openapi.json: an OpenAPI 3.1 document of the server as it runs. Its paths are the app's own
 routes (each must have an entry in OPERATIONS), its request schemas made from the definitions the parser
 reads each field by (fields.py, through openapi_schemas.py), its limits this server's (slots,
-vocabulary, body limit, model name). tests/serve/test_openapi.py and tests/serve/test_fuzz.py check it
+vocabulary, body limit, model name). tests/serve/http/test_openapi.py and tests/serve/test_fuzz.py check it
 against the implementation. No torch here.
 """
 
@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gptport import __version__
-from gptport.serve import responses_schemas
-from gptport.serve.openapi_schemas import (
+from gptport.serve.api import responses_schemas
+from gptport.serve.api.openapi_schemas import (
     CODES_400,
     REQUESTS,
     Limits,

@@ -16,9 +16,10 @@ from gptport.paths import CONFIG
 from gptport.runtime import loader
 from gptport.runtime.onnx_engine import check_spin
 from gptport.runtime.providers import TRT_MAX_BATCH
-from gptport.serve import access_log, cors
-from gptport.serve.app import Settings, create_app
-from gptport.serve.connections import Limits, fit_open_files
+from gptport.serve.http import access_log, cors
+from gptport.serve.http.app import create_app
+from gptport.serve.http.connections import Limits, fit_open_files
+from gptport.serve.settings import Settings
 
 
 def check(settings: Settings, limits: Limits | None = None) -> None:
@@ -76,7 +77,7 @@ def check_drafting(settings: Settings) -> None:
 def run(settings: Settings, host: str, port: int, say: Callable[[str], None], shutdown_timeout: float = 30.0,
         limits: Limits | None = None) -> int:
     """Serve until SIGTERM/SIGINT; the exit code (1 when the model could not be loaded). With
-    settings.access_log, one line per request on stderr (serve/access_log.py: uvicorn's own stays off)."""
+    settings.access_log, one line per request on stderr (serve/http/access_log.py: uvicorn's own stays off)."""
     import uvicorn
 
     limits = limits or Limits()

@@ -19,7 +19,7 @@ from gptport.runtime import constraint
 from gptport.runtime.constraint import Grammars, Masks, Spec
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
-from gptport.runtime.slots import open_slots
+from gptport.runtime.slot_layout import open_slots
 from gptport.serve.engine import emit as emit_module
 from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gptport.serve.protocol import Job
+from gptport.serve.api.protocol import Job
 
 EMPTY_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}
 

@@ -13,10 +13,10 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from gptport.serve import protocol, responses_fields
-from gptport.serve.api_error import ApiError, bad
-from gptport.serve.protocol import Job
-from gptport.serve.shapes import FUNCTION_NAME
+from gptport.serve.api import protocol, responses_fields
+from gptport.serve.api.api_error import ApiError, bad
+from gptport.serve.api.protocol import Job
+from gptport.serve.api.shapes import FUNCTION_NAME
 from gptport.tokenizer import BPETokenizer
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -65,7 +65,7 @@ def responses_job(body: Any, tok: BPETokenizer, n_ctx: int, slots: int, render: 
     except ApiError as e:
         raise renamed(e) from e
     if job.spec is not None and job.spec.origin.startswith("'response_format"):
-        job.spec = replace(job.spec, origin="'text.format.schema'")
+        job = replace(job, spec=replace(job.spec, origin="'text.format.schema'"))
     echo = {"instructions": instructions, "max_output_tokens": most, "temperature": temperature, "top_p": top_p,
             "tools": tools, "tool_choice": f.body.get("tool_choice") or "auto",
             "parallel_tool_calls": True if parallel is None else parallel,

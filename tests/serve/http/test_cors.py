@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from gptport.errors import UsageError
-from gptport.serve.cors import parse_origins
+from gptport.serve.http.cors import parse_origins
 from tests.support.chromium import CHROMIUM_ARGS, chromium_path
 from tests.support.cli import assert_one_line_error, gptport
 from tests.support.serving import Served, assert_error, serve

@@ -1,4 +1,4 @@
-"""The request path below HTTP — the body check against the route's schema (serve/body_check.py), then the route's
+"""The request path below HTTP — the body check against the route's schema (serve/api/body_check.py), then the route's
 parser (the Responses translator, the chat and completions parsers, /tokenize, /detokenize) — fed valid bodies with
 one value anywhere in them, however deep, replaced by JSON of another shape (hypothesis, seeded and bounded). Each
 body is either taken or refused with OpenAI's 400 naming a path that is in the body; no other exception escapes.
@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gptport import tokenizer as bpe
-from gptport.serve import body_check, fields, protocol
-from gptport.serve.api_error import ApiError
-from gptport.serve.chat import plain
-from gptport.serve.responses_input import responses_job
-from gptport.serve.tokenize import detokenize, tokenize
+from gptport.serve.api import body_check, fields, protocol
+from gptport.serve.api.api_error import ApiError
+from gptport.serve.api.chat_template import plain
+from gptport.serve.api.responses.to_chat import responses_job
+from gptport.serve.api.tokenize import detokenize, tokenize
 
 N_CTX, SLOTS = 1024, 2
 CHECKS = body_check.for_server("m", SLOTS, 1 << 20)

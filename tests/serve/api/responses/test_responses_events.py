@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from gptport import tokenizer as bpe
-from gptport.serve.app import Settings, create_app
-from gptport.serve.chat import plain
+from gptport.serve.api.chat_template import plain
+from gptport.serve.api.collector import Collector, stream_chunks
+from gptport.serve.api.responses.from_chat import Reply
+from gptport.serve.api.responses.to_chat import responses_job
 from gptport.serve.engine.events import Failure, Piece
-from gptport.serve.responses import Collector, stream_chunks
-from gptport.serve.responses_input import responses_job
-from gptport.serve.responses_output import Reply
+from gptport.serve.http.app import create_app
+from gptport.serve.settings import Settings
 from tests.support.openapi_check import Conformance
 
 TOOLS = [{"type": "function", "name": "add", "parameters": {"type": "object"}}]
@@ -34,7 +36,7 @@ def document() -> Conformance:
 
 def reply(tok: bpe.BPETokenizer, **body: Any) -> Reply:
     job, echo = responses_job({"input": "hi", **body}, tok, 1024, 2, plain)
-    job.model = "m"
+    job = replace(job, model="m")  # as the route names it (Jobs are frozen)
     return Reply(job, echo)
 
 
@@ -125,7 +127,7 @@ def test_a_whole_call_and_an_empty_reply(tok: bpe.BPETokenizer, document: Confor
 
 
 def test_a_failure_mid_stream_is_response_failed(tok: bpe.BPETokenizer, document: Conformance) -> None:
-    """The scheduler's events through the chat stream (responses.py) into the translation: text, then a failure."""
+    """The scheduler's events through the chat stream (api/collector.py) into the translation: text, then a failure."""
     r = reply(tok)
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     for event in (Piece("ka"), Failure("the engine failed")):

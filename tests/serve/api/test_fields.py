@@ -1,4 +1,4 @@
-"""The request fields' one definition (gptport/serve/fields.py): each bound a field declares is the one the
+"""The request fields' one definition (gptport/serve/api/fields.py): each bound a field declares is the one the
 parser enforces, with the refusal's wording, and the one GET /openapi.json states; each field is defined once
 per route; the document marks gptport's extras and the HTTP reference says so."""
 
@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from gptport import tokenizer as bpe
-from gptport.serve import fields, protocol, responses_input, tokenize
-from gptport.serve.api_error import ApiError
-from gptport.serve.chat import plain
-from gptport.serve.field_spec import Field, Limits, schema_of
-from gptport.serve.openapi_schemas import REQUESTS, request_body
+from gptport.serve.api import fields, protocol, tokenize
+from gptport.serve.api.api_error import ApiError
+from gptport.serve.api.chat_template import plain
+from gptport.serve.api.field_spec import Field, Limits, schema_of
+from gptport.serve.api.openapi_schemas import REQUESTS, request_body
+from gptport.serve.api.responses import to_chat
 
 LIMITS = Limits("m", 4, 512, 1 << 20)
 BASE: dict[str, dict[str, Any]] = {"completions": {"prompt": "ka"},
@@ -32,7 +33,7 @@ def parse(route: str, body: dict[str, Any], tok: bpe.BPETokenizer) -> Any:
     if route == "tokenize":
         return tokenize.tokenize(body, tok, 1024, plain)
     if route == "responses":
-        return responses_input.responses_job(body, tok, 1024, 8, plain)
+        return to_chat.responses_job(body, tok, 1024, 8, plain)
     return tokenize.detokenize(body, tok)
 
 
@@ -93,7 +94,7 @@ def test_a_wrong_type_is_refused_in_the_declared_words(route: str, tok: bpe.BPET
 
 
 def test_extras_are_marked_in_the_document_and_the_reference() -> None:
-    path = Path(__file__).resolve().parents[2] / "docs" / "hooks" / "http_reference.py"
+    path = Path(__file__).resolve().parents[3] / "docs" / "hooks" / "http_reference.py"
     spec = importlib.util.spec_from_file_location("docs_hook_http_reference", path)  # docs/ is no package
     assert spec is not None and spec.loader is not None
     http_reference = importlib.util.module_from_spec(spec)

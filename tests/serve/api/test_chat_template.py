@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from gptport.errors import ArtifactError
-from gptport.serve.api_error import ApiError
-from gptport.serve.chat import plain, renderer
-from gptport.serve.protocol import chat_job
-from gptport.serve.tokenize import tokenize
+from gptport.serve.api.api_error import ApiError
+from gptport.serve.api.chat_template import plain, renderer
+from gptport.serve.api.protocol import chat_job
+from gptport.serve.api.tokenize import tokenize
 from gptport.tokenizer import HF_CONFIG_FILE, BPETokenizer
 
 # ChatML with tools, as model cards write theirs (transformers' trim_blocks: a newline after a tag goes)

@@ -16,13 +16,14 @@ from starlette.testclient import TestClient
 
 from gptport import tokenizer as bpe
 from gptport.runtime.constraint import Grammars
-from gptport.serve import protocol
-from gptport.serve.app import Settings, create_app
-from gptport.serve.chat import plain
+from gptport.serve.api import protocol
+from gptport.serve.api.chat_template import plain
+from gptport.serve.api.collector import Collector, stream_chunks
+from gptport.serve.api.tool_stream import CallReader, ReplyStream, whole_message
+from gptport.serve.api.tools import OPEN, Tools, generation_schema, parse_tools, reply_spec
 from gptport.serve.engine.events import Finish, Piece
-from gptport.serve.responses import Collector, stream_chunks
-from gptport.serve.tool_stream import CallReader, ReplyStream, whole_message
-from gptport.serve.tools import OPEN, Tools, generation_schema, parse_tools, reply_spec
+from gptport.serve.http.app import create_app
+from gptport.serve.settings import Settings
 from tests.support.openapi_check import Conformance, pointer
 
 # a LangChain / Agents SDK tool: no additionalProperties, no bounds
@@ -172,7 +173,7 @@ def test_the_reader_sees_each_character_once() -> None:
 
 
 def test_the_collectors_calls_conform(tok: bpe.BPETokenizer) -> None:
-    """A whole call, text, a call cut by length after its name and one cut before it, as responses.py makes
+    """A whole call, text, a call cut by length after its name and one cut before it, as api/collector.py makes
     the response and the stream from the scheduler's events: valid under the OpenAPI document, no markup."""
     check = Conformance(TestClient(create_app(Settings(Path("no-model"), model_name="m"))).get("/openapi.json").json())
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "n": 4, "logprobs": True, "tools": TOOLS}

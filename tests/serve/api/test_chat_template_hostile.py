@@ -1,5 +1,5 @@
 """A model's chat template is a stranger's code: one that loops for hours, recurses, allocates gigabytes or renders
-megabytes is stopped by the render's bounds (serve/template_worker.py: a child process with a time limit, a capped
+megabytes is stopped by the render's bounds (serve/api/template_worker.py: a child process with a time limit, a capped
 address space and an output limit) and the request refused with a 400 naming 'messages' and the bound; the same
 renderer then renders a normal conversation, a long legitimate one is not refused, compiling a template computes
 nothing, the child is reaped, and a real server answers 400 then keeps serving (design record 0043)."""
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gptport.serve.api_error import ApiError
-from gptport.serve.chat import renderer
-from gptport.serve.template_worker import MAX_MEMORY, MAX_OUTPUT, TIMEOUT_S, TemplateLimit, TemplateWorker
+from gptport.serve.api.api_error import ApiError
+from gptport.serve.api.chat_template import renderer
+from gptport.serve.api.template_worker import MAX_MEMORY, MAX_OUTPUT, TIMEOUT_S, TemplateLimit, TemplateWorker
 from gptport.tokenizer import HF_CONFIG_FILE
 from tests.support.serving import Served, assert_error, serve, wait_idle
 
@@ -103,7 +103,7 @@ def test_a_long_conversation_is_not_refused_by_the_output_bound(tmp_path: Path) 
 def test_compiling_a_template_computes_nothing(tmp_path: Path) -> None:
     """Jinja folds constant expressions while it compiles; the server compiles the template at startup, in
     process, so `10 ** (10 ** 10)` (hours) or a 300 MB string would be computed there, unbounded."""
-    code = ("import sys; from pathlib import Path; from gptport.serve.chat import renderer; "
+    code = ("import sys; from pathlib import Path; from gptport.serve.api.chat_template import renderer; "
             "renderer(Path(sys.argv[1])); "
             "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')))")
     for i, hostile in enumerate(["{{ 10 ** (10 ** 10) }}", "{{ 'x'|center(300000000) }}", "{{ 'x' * 300000000 }}",

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from gptport.serve.api_error import ApiError
-from gptport.serve.chat import renderer
-from gptport.serve.chat_env import environment
-from gptport.serve.protocol import chat_job
+from gptport.serve.api.api_error import ApiError
+from gptport.serve.api.chat_env import environment
+from gptport.serve.api.chat_template import renderer
+from gptport.serve.api.protocol import chat_job
 from gptport.tokenizer import BPETokenizer
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")

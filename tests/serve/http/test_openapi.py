@@ -19,14 +19,17 @@ from jsonschema import Draft202012Validator
 from starlette.testclient import TestClient
 
 from gptport import tokenizer as bpe
-from gptport.serve import app as app_module
-from gptport.serve import fields, openapi, protocol, responses_input, tokenize
-from gptport.serve.api_error import ApiError
-from gptport.serve.app import Settings, create_app
-from gptport.serve.chat import plain
+from gptport.serve.api import fields, protocol, tokenize
+from gptport.serve.api.api_error import ApiError
+from gptport.serve.api.chat_template import plain
+from gptport.serve.api.collector import Collector, stream_chunks
+from gptport.serve.api.openapi_schemas import CODES_400, REQUESTS, Limits, request_body
+from gptport.serve.api.responses import to_chat
 from gptport.serve.engine.events import Finish, Piece
-from gptport.serve.openapi_schemas import CODES_400, REQUESTS, Limits, request_body
-from gptport.serve.responses import Collector, stream_chunks
+from gptport.serve.http import app as app_module
+from gptport.serve.http import openapi
+from gptport.serve.http.app import create_app
+from gptport.serve.settings import Settings
 from tests.support import openapi_check
 from tests.support.openapi_check import Conformance
 from tests.support.serving import LONG, Raw, Served, attempts, serve, wait_idle
@@ -71,8 +74,8 @@ def test_request_fields_are_the_parsers() -> None:
 def test_error_codes_are_the_sources() -> None:
     """Each status the serve package raises is documented with the codes it raises it with (bad() is a 400;
     499 goes to a client that has left); the documented 400 codes are the ones raised."""
-    source = "\n".join(p.read_text() for p in Path(protocol.__file__).parent.glob("*.py")
-                       if p.name not in ("proxy_errors.py", "ray_app.py", "ray_cluster.py"))
+    serve = Path(protocol.__file__).parents[1]  # gptport/serve: its request side, model host and HTTP app
+    source = "\n".join(p.read_text() for p in serve.rglob("*.py") if p.parent.name not in ("engine", "ray"))
     raised = [(int(status or 400), code) for status, code in
               re.findall(r'(?:(?<!def )bad\(|ApiError\((\d{3}),)(?:(?!bad\(|ApiError\().){0,400}?"([a-z_]+)"\)',
                          source, re.S)]
@@ -94,7 +97,7 @@ def parse(route: str, body: dict[str, Any], tok: bpe.BPETokenizer) -> Any:
     if route == "TokenizeRequest":
         return tokenize.tokenize(body, tok, CTX, plain)
     if route == "ResponsesRequest":
-        return responses_input.responses_job(body, tok, CTX, SLOTS, plain)
+        return to_chat.responses_job(body, tok, CTX, SLOTS, plain)
     return tokenize.detokenize(body, tok)
 
 
@@ -172,7 +175,7 @@ def test_answers_without_a_model_conform() -> None:
 
 def test_tool_calls_conform(tok: bpe.BPETokenizer) -> None:
     """A reply that is a tool call, as the response and as a stream (the served model's context is too short for
-    a tool block: responses.py is driven with the events the scheduler would send)."""
+    a tool block: api/collector.py is driven with the events the scheduler would send)."""
     check = Conformance(inprocess().get("/openapi.json").json())
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "n": 2,
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
