@@ -1,5 +1,5 @@
 """A soak of a running `gptport serve`: the request mix of `soak_mix` from `concurrency` clients for a while,
-the server process sampled all along, and the verdicts. `benchmarks/soak_serve.py` runs it for 20
+the server process sampled all along, and the verdicts. `benchmarks/stress/soak.py` runs it for 20
 minutes; tests/load/test_soak.py for one. No torch; aiohttp, and psutil (a dev dependency) for the sampling.
 
 The run: warm-up load (the first `warmup` of the time), a pause until the server is idle (the baseline

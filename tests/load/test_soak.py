@@ -1,4 +1,4 @@
-"""A one-minute soak of `gptport serve` (benchmarks/harness/soak.py, the loop benchmarks/soak_serve.py runs for 20
+"""A one-minute soak of `gptport serve` (benchmarks/harness/soak.py, the loop benchmarks/stress/soak.py runs for 20
 minutes): the whole request mix from 4 clients against a real server, with the same checks. And the
 checks themselves on made-up curves, so that a leak is seen to fail them."""
 
