@@ -32,7 +32,7 @@ from benchmarks.harness.models import serve_model
 from benchmarks.harness.run import Run
 from gptport.runtime.constraint import Grammars, Masks, Matcher, Spec, allowed_ids
 from gptport.runtime.loader import open_model
-from gptport.runtime.slots import open_slots
+from gptport.runtime.slot_layout import open_slots
 
 MODES = ("free", "bg-serial", "bg-pool", "sync-serial")
 

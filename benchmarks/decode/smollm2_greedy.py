@@ -35,7 +35,7 @@ from gptport.runtime import loader
 from gptport.runtime.engine import positions
 from gptport.runtime.generate import generate
 from gptport.runtime.sampling import Sampling
-from gptport.serve.chat import renderer
+from gptport.serve.api.chat_template import renderer
 
 CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
          [{"role": "system", "content": "You answer in one sentence."},

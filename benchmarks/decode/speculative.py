@@ -197,7 +197,7 @@ def step_costs(target: Path, draft: Path, threads: int, reps: int = 15) -> dict[
     import numpy as np
 
     from gptport.runtime.loader import open_model
-    from gptport.runtime.slots import open_slots
+    from gptport.runtime.slot_layout import open_slots
     from gptport.runtime.speculative import DRAFT_THREADS
 
     tg = open_model(target, "cpu", "fp32", threads)

@@ -30,7 +30,7 @@ from typing import Any
 from benchmarks.harness import cli, results
 from benchmarks.harness.models import WORK as ROOT_WORK
 from benchmarks.harness.run import Run
-from gptport.load import server_proc
+from tests.support import server_proc
 
 WORK = ROOT_WORK / "gpu"
 # gpt2-124m: GPT-2 small's layers with 32,768 tokens (the stdlib corpus runs out of BPE pairs before 50,257)

@@ -177,7 +177,7 @@ def greedy_check(d: Path, opened: dict[str, Any]) -> dict[str, Any]:
 
 def serving(d: Path, provider: str, users: list[int], concat: bool) -> dict[str, Any]:
     """`gptport serve --provider P --slots 16` (its device graphs, or --kv-cache concat) under bench-serve."""
-    from gptport.load import server_proc
+    from tests.support import server_proc
 
     port, tag = server_proc.free_port(), "concat" if concat else "device"
     url, log, path = server_proc.url_of(port), WORK / f"serve-{tag}.log", WORK / f"serve-{tag}.json"

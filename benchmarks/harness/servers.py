@@ -1,6 +1,6 @@
 """The servers the serving benchmarks load: `gptport serve` and llama.cpp's `llama-server` as command lines
 (PORT stands for the port, filled in at start), each started on a free port, loaded, stopped by its pid
-(gptport.load.server_proc), in rounds that alternate which server goes first."""
+(tests.support.server_proc), in rounds that alternate which server goes first."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from benchmarks.harness.run import Round, say
-from gptport.load import server_proc
+from tests.support import server_proc
 
 T = TypeVar("T")
 PORT = "PORT"

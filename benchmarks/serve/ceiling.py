@@ -29,7 +29,8 @@ from benchmarks.harness.models import serve_model
 from benchmarks.harness.run import Run
 from gptport.runtime import loader
 from gptport.runtime.sampling import Sampling
-from gptport.runtime.slots import StaticSlots, open_slots
+from gptport.runtime.slot_layout import open_slots
+from gptport.runtime.slots import StaticSlots
 from gptport.serve.engine.choice import Choice
 from gptport.serve.engine.events import Finish
 from gptport.serve.engine.scheduler import Scheduler, SchedulerSettings

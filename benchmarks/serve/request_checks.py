@@ -1,6 +1,6 @@
 """What the checks of untrusted input cost a request: the body checked against its route's schema
-(serve/body_check.py) for a chat body, a Responses body and a completions body of 4,096 token ids; and a chat
-template rendered in process (Jinja's sandbox, no bounds) against the bounded child (serve/template_worker.py)
+(serve/api/body_check.py) for a chat body, a Responses body and a completions body of 4,096 token ids; and a chat
+template rendered in process (Jinja's sandbox, no bounds) against the bounded child (serve/api/template_worker.py)
 for a short chat, a chat with tools, and a conversation of 1,000 messages, plus the child's first render (its
 start). Interleaved rounds, each probed; the rows are the median over the kept rounds of each round's best.
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from benchmarks.harness import cli, results
 from benchmarks.harness.run import Run
-from gptport.serve import body_check
-from gptport.serve.chat_env import environment
-from gptport.serve.template_worker import TemplateWorker
+from gptport.serve.api import body_check
+from gptport.serve.api.chat_env import environment
+from gptport.serve.api.template_worker import TemplateWorker
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"

@@ -2,7 +2,7 @@
 completions and chat completions, n > 1, stop strings, logprobs, clients that leave mid-stream or mid-body,
 malformed bodies and over-long prompts, each kind with the statuses it may get), the server process's
 RSS, open fds and threads and its busy slots sampled every few seconds. The loop, the mix and the
-verdicts are gptport/load/soak.py's (tests/load/test_soak.py runs them for a minute).
+verdicts are benchmarks/harness/soak.py's (tests/load/test_soak.py runs them for a minute).
 
 Checks (PASS/FAIL): RSS grows < 5% after warm-up (the first 10% of the time), fds and threads back to
 their baseline once idle, no slot left busy, no unexpected status, the requests done, every kind sent.
@@ -24,12 +24,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.harness import cli, results
+from benchmarks.harness import cli, results, soak
 from benchmarks.harness.models import WORK, serve_model
 from benchmarks.harness.run import Run
 from benchmarks.harness.servers import gptport_serve, served
 from gptport.errors import GptportError
-from gptport.load import soak
 from gptport.load.loadgen import base_url
 
 PHASE_COLOURS = {"start": "#dde8f2", "warmup": "#f2e6c9", "pause": "#dde8f2", "settle": "#dde8f2"}

@@ -22,7 +22,8 @@ def openapi_document() -> Schema:
     """GET /openapi.json of an app built as `gptport serve models/mymodel` builds it (before any model loads)."""
     from starlette.testclient import TestClient
 
-    from gptport.serve.app import Settings, create_app
+    from gptport.serve.http.app import create_app
+    from gptport.serve.settings import Settings
 
     app = create_app(Settings(model_dir=Path("models") / MODEL, model_name=MODEL, slots=SLOTS))
     response = TestClient(app).get("/openapi.json")
@@ -156,8 +157,8 @@ def _operation(path: str, method: str, op: Schema) -> list[str]:
 
 def refused_fields() -> list[str]:
     """The OpenAI fields the server refuses whenever they are set, by route, with its reason (their definitions
-    in gptport.serve.fields and gptport.serve.responses_fields)."""
-    from gptport.serve import fields, responses_fields
+    in gptport.serve.api.fields and gptport.serve.api.responses_fields)."""
+    from gptport.serve.api import fields, responses_fields
 
     by_route = (("/v1/chat/completions", fields.REFUSED), ("/v1/responses", responses_fields.REFUSED))
     rows = [f"| `{name}` | `{route}` | {_cell(why)} |" for route, refused in by_route

@@ -105,11 +105,11 @@ def serve(
     """Serve the model over HTTP with OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics, and a page at /."""
     from gptport.errors import UsageError
-    from gptport.serve.app import Settings
-    from gptport.serve.connections import Limits
-    from gptport.serve.cors import parse_origins
+    from gptport.serve.http.connections import Limits
+    from gptport.serve.http.cors import parse_origins
+    from gptport.serve.http.server import run
     from gptport.serve.names import served_names
-    from gptport.serve.server import run
+    from gptport.serve.settings import Settings
 
     primary, *aliases = served_names(model_name, model_dir.resolve().name)
     settings = Settings(model_dir, precision, provider, kv_cache, slots, max_queue, threads, api_key or None,

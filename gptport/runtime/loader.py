@@ -119,7 +119,7 @@ def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", 
 def open_appender(model_dir: Path, engine: onnx_engine.OnnxModel, threads: int = 0,
                   spin: str = onnx_engine.SPIN_ALWAYS) -> onnx_engine.OnnxModel | None:
     """The multi-row append graph beside `engine` (model.append.onnx, its session for
-    slots.open_slots(..., appender=...)), opened and checked as open_graph opens any graph: None when
+    slot_layout.open_slots(..., appender=...)), opened and checked as open_graph opens any graph: None when
     `engine` lacks Capability.APPEND_ROWS (the fp32 static-cache graph with a float32 cache on the CPU: the twin),
     or the directory has no append graph (an export from before it was written)."""
     path = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)

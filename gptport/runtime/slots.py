@@ -18,7 +18,6 @@ about requests. No torch here.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -27,9 +26,8 @@ import onnxruntime as ort
 
 from gptport import contract
 from gptport.config import ModelConfig
-from gptport.errors import UsageError
 from gptport.runtime import append, hugepages
-from gptport.runtime.engine import FLOAT32, Capability
+from gptport.runtime.engine import FLOAT32
 from gptport.runtime.static_cache import DecodeStep
 
 
@@ -306,21 +304,3 @@ class StaticSlots(SlotEngine):
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions; cannot keep {length}")
         self.lengths[slot] = self.kept[slot] = length
-
-
-def open_slots(engine: Any, slots: int, appender: Any = None, n_ctx: int | None = None) -> SlotEngine:
-    """StaticSlots for a static-cache onnxruntime graph (with `appender`, a session of the multi-row append
-    graph of the same weights: append_many), the device slots of a static-cache graph on CUDA
-    (cuda_engine.DeviceModel: its own appender), ConcatSlots for any other engine; `n_ctx` positions a slot
-    (None: the model's; more is refused, naming serve's --n-ctx)."""
-    if n_ctx is not None and not 2 <= n_ctx <= engine.config.n_ctx:
-        raise UsageError(f"--n-ctx {n_ctx}: give 2 to the model's n_ctx, {engine.config.n_ctx}")
-    config = engine.config if n_ctx is None else dataclasses.replace(engine.config, n_ctx=n_ctx)
-    caps = engine.capabilities
-    if Capability.DEVICE_SLOTS in caps:
-        return engine.device_slots(slots, config)  # type: ignore[no-any-return]  # cuda_engine.DeviceModel
-    if Capability.STATIC_SLOTS in caps:  # held from the start where it fits (serve's)
-        return StaticSlots(engine.session, config, slots, engine.kv_dtype, appender, hold=True)
-    from gptport.runtime.concat_slots import ConcatSlots  # a subclass of SlotEngine, above
-
-    return ConcatSlots(engine, slots, config.n_ctx)

@@ -4,12 +4,10 @@ and a draft model (or prompt lookup) for speculative decoding. No torch here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gptport.serve.engine.drafting import Drafting
-
-if TYPE_CHECKING:
-    from gptport.serve.app import Settings
+from gptport.serve.settings import Settings
 
 
 def appender(s: Settings, engine: Any) -> Any:

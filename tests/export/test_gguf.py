@@ -22,10 +22,10 @@ from gptport import provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.export.gguf_export import export_gguf
-from gptport.load import server_proc
-from gptport.load.server_proc import free_port
 from tests.conftest import build_model_dir
+from tests.support import server_proc
 from tests.support.cli import assert_one_line_error, gptport
+from tests.support.server_proc import free_port
 
 LLAMA_ENV = "GPTPORT_LLAMA_CPP_BIN"
 PROMPTS = ["ka to", "the sol ve", "Qua lin dor ex", "straß café 日本"]

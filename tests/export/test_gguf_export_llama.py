@@ -226,7 +226,7 @@ def test_llama_cpp_tokenizes_and_decodes_as_the_source(exported: tuple[str, HfMo
     ids gives transformers' greedy tokens, ending on generation_config.json's own end token."""
     import os
 
-    from gptport.load import server_proc
+    from tests.support import server_proc
     from tests.support.hf_models import greedy
 
     folder = os.environ.get(LLAMA_ENV)

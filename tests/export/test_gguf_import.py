@@ -143,7 +143,7 @@ def test_quantized_tensors_are_the_gguf_packages_values(qtype: gf.Q, tmp_path: P
 def test_special_tokens_chat_template_and_provenance(tmp_path: Path, source_tokenizer: Any) -> None:
     """bos added (add_bos_token), eos and eot both end a sequence, the chat template kept where transformers and
     `gptport serve` read it, config.json recording the weights' and the source file's sha256."""
-    from gptport.serve.chat import renderer
+    from gptport.serve.api.chat_template import renderer
 
     hf = hf_llama(source_tokenizer.get_vocab_size(), "mha-tied-biases")
     path = write_llama(tmp_path / "m.gguf", hf, source_tokenizer)

@@ -31,13 +31,13 @@ import torch
 from gptport import contract
 from gptport import tokenizer as bpe
 from gptport.export import gqa_graph
-from gptport.load import server_proc
 from gptport.runtime.generate import generate
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.sampling import Sampling
-from gptport.serve.chat import renderer
+from gptport.serve.api.chat_template import renderer
 from gptport.training.checkpoint import load_model
 from gptport.training.torch_engine import TorchEngine
+from tests.support import server_proc
 from tests.support.cli import gptport
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")

@@ -190,7 +190,7 @@ def test_named_chat_templates_are_kept_and_written_back(tmp_path: Path, tokenize
                                                         corpus_file: Path) -> None:
     """transformers 5's additional_chat_templates/NAME.jinja: import-hf keeps them, serve's renderer offers them
     by name beside the default, export-hf writes them back and transformers reads them as named templates."""
-    from gptport.serve.chat import template_sources
+    from gptport.serve.api.chat_template import template_sources
 
     hf = build("qwen2", "chatml", tmp_path / "hf", tokenizer_dir, corpus_file)
     named = hf.path / "additional_chat_templates"

@@ -16,7 +16,7 @@ from gptport.runtime.constraint import Grammars, Masks, Spec
 from gptport.runtime.loader import open_model
 from gptport.runtime.providers import probe
 from gptport.runtime.sampling import Sampling
-from gptport.runtime.slots import open_slots
+from gptport.runtime.slot_layout import open_slots
 from gptport.serve.engine.events import Failure
 from gptport.serve.engine.scheduler import Choice, Finish
 from tests.support.scheduling import Run

@@ -1,4 +1,4 @@
-"""gptport.load.server_proc: a server started as a child process, waited for until healthy, stopped by its
+"""tests.support.server_proc: a server started as a child process, waited for until healthy, stopped by its
 pid; one that exits or never answers is an error quoting its log."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gptport.load import server_proc
+from tests.support import server_proc
 
 # a server whose /health answers 200 once it listens, and which says so in its log
 HEALTH = """

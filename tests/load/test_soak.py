@@ -1,4 +1,4 @@
-"""A one-minute soak of `gptport serve` (gptport/load/soak.py, the loop benchmarks/soak_serve.py runs for 20
+"""A one-minute soak of `gptport serve` (benchmarks/harness/soak.py, the loop benchmarks/stress/soak.py runs for 20
 minutes): the whole request mix from 4 clients against a real server, with the same checks. And the
 checks themselves on made-up curves, so that a leak is seen to fail them."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gptport.load import soak
+from benchmarks.harness import soak
 from tests.support.serving import Served, metrics, sample, serve
 
 MIN_REQUESTS = 1000  # the mix gets ~100 answers a second here on 2 cores; the soak goes on until it has these

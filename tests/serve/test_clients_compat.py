@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from gptport.errors import UsageError
-from gptport.serve.app import Settings
+from gptport.serve.api.shapes import MAX_STOP_BYTES, MAX_STOPS
+from gptport.serve.api.tokenizer_info import tokenizer_info
 from gptport.serve.names import served_names
-from gptport.serve.shapes import MAX_STOP_BYTES, MAX_STOPS
-from gptport.serve.tokenizer_info import tokenizer_info
+from gptport.serve.settings import Settings
 from tests.support.serving import Served, assert_error, events, serve, streamed_text
 
 BASE = {"prompt": "ka to", "max_tokens": 24, "temperature": 0, "ignore_eos": True}

@@ -4,7 +4,7 @@ positive and negative data, bounded in examples per operation and in time (bench
 benchmarks/stress/fuzz_api.py runs it whole). No answer is a 5xx; each has a documented status, content type,
 headers and body; a request the document refuses is refused; afterwards a normal request succeeds and no slot is
 left busy. The raw bodies the JSON parser sees are fuzzed in tests/serve/test_fuzz_body.py, the request path below
-HTTP in tests/serve/test_translators_fuzz.py."""
+HTTP in tests/serve/api/test_translators_fuzz.py."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptport.serve import fields
-from gptport.serve.app import Settings
+from gptport.serve.api import fields
+from gptport.serve.settings import Settings
 from tests.support.openapi_check import Conformance
 from tests.support.serving import Served, serve, wait_idle
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from gptport import tokenizer as bpe
-from gptport.serve import fields
+from gptport.serve.api import fields
 from tests.support.serving import Served, assert_error, events, serve, wait_idle
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

@@ -13,19 +13,27 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gptport"
 # The layers from the bottom up, one per folder of the package (a subfolder is a layer of its own; the
 # top-level modules are base). A module imports its own layer and the layers below it, never one above
 # or beside it: serve and training both sit on runtime and do not see each other; serve/engine, the
-# batching engine, sees nothing of serve's HTTP surface above it; serve/ray runs that surface on Ray
-# Serve; load, the client side, knows the server only by its HTTP API; export checks the torch side
-# against the runtime, so it sits above both; the CLI picks between them.
+# batching engine, sees nothing of serve's HTTP surface above it; serve/api reads requests into typed jobs
+# and writes OpenAI's answers (serve/api/responses translates the Responses API onto that chat path);
+# serve itself holds the loaded model (settings, model host, metrics); serve/http is the HTTP surface over
+# all of them; serve/ray runs that surface on Ray Serve; load, the client side, knows the server only by
+# its HTTP API; export checks the torch side against the runtime, so it sits above both; the CLI picks
+# between them.
 BELOW: dict[str, frozenset[str]] = {
     "base": frozenset(),
     "runtime": frozenset({"base"}),
     "serve/engine": frozenset({"base", "runtime"}),
-    "serve": frozenset({"base", "runtime", "serve/engine"}),
-    "serve/ray": frozenset({"base", "runtime", "serve/engine", "serve"}),
+    "serve/api": frozenset({"base", "runtime", "serve/engine"}),
+    "serve/api/responses": frozenset({"base", "runtime", "serve/engine", "serve/api"}),
+    "serve": frozenset({"base", "runtime", "serve/engine", "serve/api"}),
+    "serve/http": frozenset({"base", "runtime", "serve/engine", "serve/api", "serve/api/responses", "serve"}),
+    "serve/ray": frozenset({"base", "runtime", "serve/engine", "serve/api", "serve/api/responses", "serve",
+                            "serve/http"}),
     "load": frozenset({"base"}),
     "training": frozenset({"base", "runtime"}),
     "export": frozenset({"base", "runtime", "training"}),
-    "cli": frozenset({"base", "runtime", "serve/engine", "serve", "serve/ray", "load", "training", "export"}),
+    "cli": frozenset({"base", "runtime", "serve/engine", "serve/api", "serve/api/responses", "serve", "serve/http",
+                      "serve/ray", "load", "training", "export"}),
 }
 TORCH_SIDE = frozenset({"training", "export"})  # every other layer is torch-free
 
@@ -93,3 +101,48 @@ def crosses(i: Import) -> bool:
 def upward(module: str) -> list[Import]:
     """The imports of `module` that reach a layer above or beside its own."""
     return [i for i in imports(module) if crosses(i)]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph` (module -> the modules it imports): each strongly connected group of
+    more than one module (Tarjan's algorithm, iterative), its modules sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in graph:
+                    continue
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        group.append(top)
+                        if top == node:
+                            break
+                    if len(group) > 1:
+                        found.append(sorted(group))
+    return found

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptport.runtime.slots import SlotEngine, open_slots
+from gptport.runtime.slot_layout import open_slots
+from gptport.runtime.slots import SlotEngine
 from gptport.serve.engine.scheduler import Choice, Finish, Scheduler, SchedulerSettings
 
 

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from gptport.load import server_proc
-from gptport.load.server_proc import free_port
+from tests.support import server_proc
+from tests.support.server_proc import free_port
 
 
 class Served:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gptport.serve.protocol import ApiError
+from gptport.serve.api.protocol import ApiError
 
 Message = dict[str, Any]
 

@@ -21,7 +21,8 @@ from ray import serve
 from ray.serve import Application
 
 from gptport.errors import UsageError
-from gptport.serve.app import Settings, create_app
+from gptport.serve.http.app import create_app
+from gptport.serve.settings import Settings
 
 log = logging.getLogger("gptport.serve")
 APP_NAME = "gptport"
@@ -122,9 +123,9 @@ def app(args: dict[str, str]) -> Application:
     """The application builder for `serve run gptport.serve.ray.ray_app:app model_dir=DIR [replicas=N |
     autoscale=MIN:MAX] [threads=N slots=N n_ctx=N max_queue=N precision=... kv_cache=... model_name=A[,B...] api_key=...
     spin=step|always|never allowed_origins=ORIGIN[,ORIGIN...]]`."""
-    from gptport.serve.cors import parse_origins
+    from gptport.serve.http.cors import parse_origins
+    from gptport.serve.http.server import check
     from gptport.serve.names import served_names
-    from gptport.serve.server import check
 
     args = dict(args)
     if "model_dir" not in args:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gptport.errors import GptportError, UsageError
 
 if TYPE_CHECKING:
-    from gptport.serve.app import Settings
+    from gptport.serve.settings import Settings
 
 PROXY_CALLBACK = "gptport.serve.ray.proxy_errors:proxy_middlewares"
 INSTALL = "--ray needs Ray Serve, which is not installed: pip install 'gptport[ray]' (or pip install 'ray[serve]')"
@@ -41,8 +41,8 @@ def run(settings: Settings, host: str, port: int, say: Callable[[str], None], re
     if address is None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     _import_ray()
+    from gptport.serve.http.server import bind, check
     from gptport.serve.ray import ray_app
-    from gptport.serve.server import bind, check
 
     bounds = ray_app.parse_autoscale(autoscale) if autoscale else None
     ray_app.deployment_options(settings, replicas, bounds)  # refuses bad numbers before anything starts

@@ -16,7 +16,8 @@ from gptport.runtime.engine import positions
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
-from gptport.runtime.slots import StaticSlots, open_slots
+from gptport.runtime.slot_layout import open_slots
+from gptport.runtime.slots import StaticSlots
 from gptport.serve.engine.scheduler import Choice, Failure, Finish, Scheduler, SchedulerSettings
 from tests.support.scheduling import Opened as Run
 
