@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gptport.cli import options as opt
 from gptport.cli.common import Force, ModelDir, err, human_bytes
 from gptport.errors import UsageError
 from gptport.export.agreement import TIE_NATS
@@ -36,7 +37,7 @@ EXAMPLES = """Examples:
 
 def export(
     model_dir: ModelDir,
-    precision: Annotated[str, typer.Option(help="Comma-separated: fp32 (always), int8, int4, fp16.")] = "fp32",
+    precision: opt.ExportPrecisions = "fp32",
     optimize: Annotated[bool, typer.Option("--optimize/--no-optimize", help="Fuse LayerNorm and GELU with "
                                            "onnxruntime's transformer optimizer (faster; --no-optimize keeps "
                                            "standard ONNX ops only).")] = True,

@@ -34,11 +34,12 @@ def drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
     if s.prompt_lookup is not None:
         return (Drafting(speculative.LookupDrafter(s.prompt_lookup), s.draft_tokens),
                 f" · drafts by prompt lookup ({s.prompt_lookup}-grams, k {k})")
+    from gptport.runtime.choice import GraphChoice, RunOptions
     from gptport.runtime.loader import open_model
 
     assert s.draft is not None
-    small = open_model(s.draft, opened.provider, s.draft_precision or opened.precision,
-                       speculative.draft_threads(s.draft_threads), spin=s.spin)
+    small = open_model(s.draft, GraphChoice.parse(s.draft_precision or opened.precision),
+                       RunOptions.parse(opened.provider, speculative.draft_threads(s.draft_threads), s.spin))
     speculative.check_tokenizers(s.model_dir, opened.tok.sha256, s.draft, small.tok.sha256)
     n = speculative.draft_threads(s.draft_threads)
     threads = "default threads" if n == 0 else f"{n} thread" + ("s" if n > 1 else "")
