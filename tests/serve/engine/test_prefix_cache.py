@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
@@ -20,7 +21,7 @@ from gptport.serve.engine.scheduler import Choice, Finish, Scheduler
 
 @pytest.fixture(scope="module")
 def opened(trained_dir: Path) -> Any:
-    return open_model(trained_dir, cache="static")
+    return open_model(trained_dir, GraphChoice.parse(cache="static"))
 
 
 class Run:
