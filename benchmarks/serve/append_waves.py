@@ -99,7 +99,7 @@ def main() -> None:
         d = serve_model(shape)
         opened = loader.open_model(d, GraphChoice.parse(cache="static"),
                                    RunOptions.parse(threads=args.threads, spin="step"))
-        appender = loader.open_appender(d, opened.engine, args.threads, "step")  # type: ignore[arg-type]
+        appender = loader.open_appender(d, opened.engine, RunOptions.parse(threads=args.threads, spin="step"))  # type: ignore[arg-type]
         if appender is None:
             raise SystemExit(f"{d} has no multi-row append graph: export it again (gptport export {d} --force)")
         load(opened, appender.session, shape, "together", SLOTS, args.rest, args.max_tokens, 99)  # warm-up

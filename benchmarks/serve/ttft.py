@@ -201,7 +201,7 @@ def main() -> None:
         d = serve_model(shape)
         opened = loader.open_model(d, GraphChoice.parse(cache="static"),
                                    RunOptions.parse(threads=args.threads, spin="step"))
-        appender = loader.open_appender(d, opened.engine, args.threads, "step")  # type: ignore[arg-type]
+        appender = loader.open_appender(d, opened.engine, RunOptions.parse(threads=args.threads, spin="step"))  # type: ignore[arg-type]
         if appender is None:
             raise SystemExit(f"{d} has no multi-row append graph: export it again (gptport export {d} --force)")
         kinds = [(kind, True) for kind in loads] + ([(NO_REUSE, False)] if "chat" in loads else [])

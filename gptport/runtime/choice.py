@@ -4,7 +4,7 @@ The enums' values are the on-disk and command-line words (contract.py's constant
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
@@ -92,10 +92,6 @@ class GraphChoice:
         return cls(_pick(Precision, precision, "--precision"), _pick(CacheLayout, cache, "--kv-cache"), kv,
                    _pick(GraphFormat, fmt, "--graph-format"))
 
-    def at(self, precision: str) -> GraphChoice:
-        """The same choice at another precision (a draft model's --draft-precision)."""
-        return replace(self, precision=_pick(Precision, precision, "--precision"))
-
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -112,10 +108,6 @@ class RunOptions:
               ) -> RunOptions:
         """The options of these command-line words; --spin refused in one line when unknown."""
         return cls(provider, threads, _pick(Spin, spin, "--spin", "choose one of"), fallback)
-
-    def with_threads(self, threads: int, spin: Spin | None = None) -> RunOptions:
-        """The same provider with other threads (and spin): a draft model's session."""
-        return replace(self, threads=threads, spin=self.spin if spin is None else spin)
 
 
 DEFAULT_GRAPH = GraphChoice()  # fp32, auto cache layout, float32 cache, .onnx

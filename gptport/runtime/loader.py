@@ -116,10 +116,11 @@ def open_graph(model_dir: Path, choice: GraphChoice = DEFAULT_GRAPH, run: RunOpt
     return model
 
 
-def open_appender(model_dir: Path, engine: onnx_engine.OnnxModel, threads: int = 0,
-                  spin: str = onnx_engine.SPIN_ALWAYS) -> onnx_engine.OnnxModel | None:
+def open_appender(model_dir: Path, engine: onnx_engine.OnnxModel, run: RunOptions = DEFAULT_RUN
+                  ) -> onnx_engine.OnnxModel | None:
     """The multi-row append graph beside `engine` (model.append.onnx, its session for
-    slots.open_slots(..., appender=...)), opened and checked as open_graph opens any graph: None when
+    slots.open_slots(..., appender=...)), opened and checked as open_graph opens any graph, on the CPU
+    with `run`'s threads and spin: None when
     `engine` is not the fp32 static-cache graph with a float32 cache on the CPU (the append graph's twin),
     or the directory has no append graph (an export from before it was written)."""
     twin = (engine.cache == contract.CACHE_STATIC and engine.precision == "fp32" and engine.provider == "cpu"
@@ -127,7 +128,7 @@ def open_appender(model_dir: Path, engine: onnx_engine.OnnxModel, threads: int =
     path = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
     if not twin or not path.is_file():
         return None
-    model = onnx_engine.load(path, "cpu", threads=threads, spin=spin)
+    model = onnx_engine.load(path, "cpu", threads=run.threads, spin=str(run.spin))
     provenance.check(model_dir, path, model.meta)
     if model.config != engine.config:
         raise ArtifactError(f"{path}: made for another model than {engine.path} (their configs differ); export again")

@@ -17,9 +17,11 @@ def appender(s: Settings, engine: Any) -> Any:
     another precision, cache or provider, or an export from before the graph was written)."""
     if not s.multi_row_append:
         return None
+    from gptport.runtime.choice import RunOptions
     from gptport.runtime.loader import open_appender
 
-    return open_appender(s.model_dir, engine, s.threads, s.spin) if hasattr(engine, "cache") else None
+    run = RunOptions.parse(s.provider, s.threads, s.spin)
+    return open_appender(s.model_dir, engine, run) if hasattr(engine, "cache") else None
 
 
 def drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
