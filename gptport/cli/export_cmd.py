@@ -68,10 +68,7 @@ def export(
     ort_level: Annotated[str, typer.Option("--ort-level", help="Optimization saved into the .ort files: basic "
                                            "(portable), extended or all (onnxruntime's CPU fusions and layouts "
                                            "baked in).")] = "basic",
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="int8: also write each static-cache graph with an "
-                                          "int8 KV cache (model.static.kv8.onnx, ...; 4x smaller), scales "
-                                          "calibrated on the gate's text, gated against the float32 cache "
-                                          "(top-1 ≥ 98%, bits per byte within 1%).")] = "float32",
+    kv_dtype: opt.ExportKvDtype = "float32",
     cuda: Annotated[bool, typer.Option("--cuda", help="Also write the static-cache graphs the CUDA provider "
                                        "decodes with, replayed as CUDA graphs: model.decode.onnx (fp32: "
                                        "TensorScatter + Attention, checked against torch) and, with fp16 in "

@@ -47,6 +47,11 @@ BenchKvCaches = Annotated[str, typer.Option(help="Comma-separated graphs: auto (
 # generate, eval, serve
 KvDtype = Annotated[str, typer.Option("--kv-dtype", help="float32, or int8: the static-cache graph with an int8 KV "
                                       "cache (export --kv-dtype int8; CPU).")]
+# export: also write the int8-cache twins
+ExportKvDtype = Annotated[str, typer.Option("--kv-dtype", help="int8: also write each static-cache graph with an "
+                                            "int8 KV cache (model.static.kv8.onnx, ...; 4x smaller), scales "
+                                            "calibrated on the gate's text, gated against the float32 cache "
+                                            "(top-1 ≥ 98%, bits per byte within 1%).")]
 # bench
 BenchKvDtypes = Annotated[str, typer.Option("--kv-dtype", help="Comma-separated cache types of the static graph: "
                                             "float32, int8 (export --kv-dtype int8).")]
