@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks.harness import cli, results
 from benchmarks.harness.models import big_corpus, serve_model
 from benchmarks.harness.run import Run
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
@@ -62,7 +63,8 @@ def main() -> None:
     ap.add_argument("--shape", default="small", help="the random weights' shape")
     args = ap.parse_args()
 
-    opened = open_model(serve_model(args.shape), cache="static", threads=args.threads, spin="step")
+    opened = open_model(serve_model(args.shape), GraphChoice.parse(cache="static"),
+                        RunOptions.parse(threads=args.threads, spin="step"))
     text = big_corpus().read_text(encoding="utf-8")
     prompts = [opened.tok.encode(text[i * 5000:i * 5000 + 200])[:32] for i in range(args.prompts)]
     one_round(opened, prompts[:1], 32, args.lookup, ROWS)  # warm-up

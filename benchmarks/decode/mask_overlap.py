@@ -30,6 +30,7 @@ from benchmarks.harness import cli, results
 from benchmarks.harness.loads import SCHEMA
 from benchmarks.harness.models import serve_model
 from benchmarks.harness.run import Run
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.constraint import Grammars, Masks, Matcher, Spec, allowed_ids
 from gptport.runtime.loader import open_model
 from gptport.runtime.slot_layout import open_slots
@@ -39,7 +40,8 @@ MODES = ("free", "bg-serial", "bg-pool", "sync-serial")
 
 def measure(run: Run, d: Path, rows: int, rounds: int, steps: int, seed: int = 0) -> None:
     """`rounds` rounds of every mode at `rows` rows, each mode's median ms per iteration in round.data."""
-    opened = open_model(d, "cpu", "fp32", 2, cache="static", spin="step")
+    opened = open_model(d, GraphChoice.parse(precision="fp32", cache="static"),
+                        RunOptions.parse(provider="cpu", threads=2, spin="step"))
     vocab, eot = opened.engine.config.vocab_size, opened.tok.eot_id
     slots = open_slots(opened.engine, 16)
     grammars = Grammars(opened.tok.json, vocab, eot)

@@ -32,6 +32,7 @@ from benchmarks.harness.run import Run
 from benchmarks.harness.servers import PORT, served
 from gptport.export.tolerance import ATOL, REF_FACTOR, RTOL
 from gptport.runtime import loader
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.engine import positions
 from gptport.runtime.generate import generate
 from gptport.runtime.sampling import Sampling
@@ -57,13 +58,14 @@ def prompts(d: Path) -> list[tuple[str, list[int]]]:
 
 def gptport_greedy(d: Path, cache: str, ids: list[list[int]], new: int) -> list[list[int]]:
     """gptport's greedy tokens from the fp32 graph of `cache` (static or concat), no stop."""
-    opened = loader.open_model(d, precision="fp32", cache=cache, threads=THREADS)
+    opened = loader.open_model(d, GraphChoice.parse(precision="fp32", cache=cache), RunOptions.parse(threads=THREADS))
     return [generate(opened.engine, [p], new, Sampling(), eot_id=-1)[0].new_ids for p in ids]
 
 
 def gptport_logits(d: Path, seq: list[int]) -> np.ndarray:
     """The contract graph's logits at every position of `seq`, from an empty cache."""
-    engine = loader.open_model(d, precision="fp32", cache="concat", threads=THREADS).engine
+    engine = loader.open_model(d, GraphChoice.parse(precision="fp32", cache="concat"),
+                               RunOptions.parse(threads=THREADS)).engine
     ids = np.array([seq], dtype=np.int64)
     mask = np.ones_like(ids)
     logits, _ = engine.step()(ids, mask, positions(mask), engine.empty_past(1))

@@ -26,6 +26,7 @@ from benchmarks.harness import cli, results
 from benchmarks.harness.loads import SHARED_PREFIX
 from benchmarks.harness.models import serve_model
 from benchmarks.harness.run import Run
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.loader import open_model
 from gptport.runtime.slots import StaticSlots
 
@@ -86,7 +87,8 @@ def main() -> None:
     run, rows = Run(), []
     shapes = args.shapes.split(",")
     for shape in shapes:
-        engine = open_model(serve_model(shape), cache="static", threads=args.threads, spin="step").engine
+        engine = open_model(serve_model(shape), GraphChoice.parse(cache="static"),
+                            RunOptions.parse(threads=args.threads, spin="step")).engine
         for rnd in run.series(args.rounds, shape=shape):
             rnd.data["ms"] = one_round(engine, args.cached, SHARED_PREFIX[shape], args.rest, args.repeat,
                                        np.random.default_rng(rnd.index))

@@ -36,6 +36,7 @@ from benchmarks.harness.models import SHAKESPEARE
 from benchmarks.harness.models import WORK as ROOT_WORK
 from benchmarks.harness.models import cli as gptport
 from benchmarks.harness.run import Run
+from gptport.runtime.choice import GraphChoice, RunOptions
 
 WORK = ROOT_WORK / "speculative"
 N_CTX = 512
@@ -116,9 +117,11 @@ def gptport_rows(target: Path, drafts: dict[str, Path], texts: list[str], new: i
 
     # the target's workers stop spinning after each step (as generate --draft opens it): two sessions
     # taking turns on 2 cores, each spinning on after its step, halved the drafted rows' speed
-    tg = open_model(target, "cpu", "fp32", threads, spin="step")
+    tg = open_model(target, GraphChoice.parse(precision="fp32"),
+                    RunOptions.parse(provider="cpu", threads=threads, spin="step"))
     # each draft at fp32 and at int8 (generate --draft-precision int8), on generate --draft's one thread
-    models = {(name, p): open_model(d, "cpu", p, DRAFT_THREADS, spin="step")
+    models = {(name, p): open_model(d, GraphChoice.parse(precision=p),
+                                    RunOptions.parse(provider="cpu", threads=DRAFT_THREADS, spin="step"))
               for name, d in drafts.items() for p in ("fp32", "int8")}
     ids = encode_prompts(tg.tok, texts, tg.engine.n_ctx)
     greedy, eot = Sampling(), -1  # no end-of-text: every row generates `new` tokens
@@ -200,7 +203,7 @@ def step_costs(target: Path, draft: Path, threads: int, reps: int = 15) -> dict[
     from gptport.runtime.slot_layout import open_slots
     from gptport.runtime.speculative import DRAFT_THREADS
 
-    tg = open_model(target, "cpu", "fp32", threads)
+    tg = open_model(target, GraphChoice.parse(precision="fp32"), RunOptions.parse(provider="cpu", threads=threads))
     slots = open_slots(tg.engine, 16)
     rng = np.random.default_rng(0)
     for s in range(16):
@@ -222,7 +225,8 @@ def step_costs(target: Path, draft: Path, threads: int, reps: int = 15) -> dict[
     scan = timed(lambda: lookup.propose(seq, 4, Sampling(), rng)) * 1e3
     drafts = {}
     for precision in ("fp32", "int8"):
-        small = open_slots(open_model(draft, "cpu", precision, DRAFT_THREADS, spin="step").engine, 1)
+        small = open_slots(open_model(draft, GraphChoice.parse(precision=precision),
+                                      RunOptions.parse(provider="cpu", threads=DRAFT_THREADS, spin="step")).engine, 1)
         small.append(0, rng.integers(1, tg.tok.vocab_size, 128))
         tok = rng.integers(1, tg.tok.vocab_size, 1)
         drafts[precision] = statistics.median(_time(lambda s=small, t=tok: (s.decode([0], t), s.truncate(0, 128)))

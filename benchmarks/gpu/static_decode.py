@@ -47,6 +47,7 @@ from benchmarks.harness import cli, results
 from benchmarks.harness.models import WORK as ROOT_WORK
 from benchmarks.harness.models import random_weights
 from benchmarks.harness.run import Run
+from gptport.runtime.choice import GraphChoice, RunOptions
 
 WORK = ROOT_WORK / "gpu-static"
 PROMPT, NEW = 64, 128
@@ -108,9 +109,10 @@ def engine(d: Path, provider: str, name: str) -> Any:
 
     kind, p, *how = name.split()
     if kind == "contract":
-        return open_graph(d, p, provider, "concat")
+        return open_graph(d, GraphChoice.parse(precision=p, cache="concat"), RunOptions.parse(provider=provider))
     if provider == "cuda":
-        model = open_graph(d, p, provider, "static", cuda_graph="cuda-graph" in how)
+        model = open_graph(d, GraphChoice.parse(precision=p, cache="static"),
+                           RunOptions.parse(provider=provider), cuda_graph="cuda-graph" in how)
     else:
         path = cuda_engine.graph_path(d, p, required=True)
         assert path is not None

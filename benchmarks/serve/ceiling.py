@@ -28,6 +28,7 @@ from benchmarks.harness.loads import MAX_TOKENS
 from benchmarks.harness.models import serve_model
 from benchmarks.harness.run import Run
 from gptport.runtime import loader
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slot_layout import open_slots
 from gptport.runtime.slots import StaticSlots
@@ -119,8 +120,8 @@ def measure(run: Run, shape: str, rounds: int, threads: int, d: Path | None = No
     """`rounds` rounds (series shape=`shape`, config=..., `tags`) of the in-process loads and step times of
     `d` (default: the serving benchmarks' random weights of `shape`) at `precision` with a `kv_dtype` cache."""
     d = d or serve_model(shape)
-    opened = loader.open_model(d, precision=precision, threads=threads, cache="static", spin="step",
-                               kv_dtype=kv_dtype)
+    opened = loader.open_model(d, GraphChoice.parse(precision=precision, cache="static", kv_dtype=kv_dtype),
+                               RunOptions.parse(threads=threads, spin="step"))
     slots = open_slots(opened.engine, SLOTS)  # one cache for every run: the scheduler frees what it used
     assert isinstance(slots, StaticSlots)
     max_tokens, n_one, n_many = MAX_TOKENS[shape], 4, 3 * SLOTS

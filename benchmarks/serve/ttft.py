@@ -41,6 +41,7 @@ from benchmarks.harness.loads import MAX_TOKENS, SHARED_PREFIX
 from benchmarks.harness.models import serve_model
 from benchmarks.harness.run import Run
 from gptport.runtime import loader
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.sampling import Sampling
 from gptport.runtime.slots import StaticSlots
 from gptport.serve.engine.choice import Choice
@@ -201,8 +202,9 @@ def main() -> None:
     loads = args.loads.split(",")
     for shape in args.shapes.split(","):
         d = serve_model(shape)
-        opened = loader.open_model(d, threads=args.threads, cache="static", spin="step")
-        appender = loader.open_appender(d, opened.engine, args.threads, "step")  # type: ignore[arg-type]
+        opened = loader.open_model(d, GraphChoice.parse(cache="static"),
+                                   RunOptions.parse(threads=args.threads, spin="step"))
+        appender = loader.open_appender(d, opened.engine, RunOptions.parse(threads=args.threads, spin="step"))  # type: ignore[arg-type]
         if appender is None:
             raise SystemExit(f"{d} has no multi-row append graph: export it again (gptport export {d} --force)")
         kinds = [(kind, True) for kind in loads] + ([(NO_REUSE, False)] if "chat" in loads else [])

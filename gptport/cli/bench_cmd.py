@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gptport.cli.common import DRAFT_THREADS_HELP, ModelDir, err, open_engine
+from gptport.cli import options as opt
+from gptport.cli.common import ModelDir, err, open_engine
 
 if TYPE_CHECKING:
     from gptport.runtime.loader import Opened
@@ -36,31 +37,25 @@ def _ints(text: str, option: str) -> list[int]:
 
 def bench(
     model_dir: ModelDir,
-    providers: Annotated[str, typer.Option(help="Comma-separated: cpu, cuda, tensorrt, openvino.")] = "cpu",
-    precisions: Annotated[str, typer.Option(help="Comma-separated variants: fp32, int8, int4, fp16.")] = "fp32",
-    kv_cache: Annotated[str, typer.Option(help="Comma-separated graphs: auto (what generate uses), static "
-                                          "(preallocated cache, CPU), concat (model.onnx).")] = "auto",
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="Comma-separated cache types of the static graph: "
-                                          "float32, int8 (export --kv-dtype int8).")] = "float32",
+    providers: opt.BenchProviders = "cpu",
+    precisions: opt.BenchPrecisions = "fp32",
+    kv_cache: opt.BenchKvCaches = "auto",
+    kv_dtype: opt.BenchKvDtypes = "float32",
     batch: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
     prompt_len: Annotated[str, typer.Option(help="Comma-separated prompt lengths (tokens).")] = "64",
     gen_len: Annotated[int, typer.Option(help="Tokens generated per run.")] = 128,
     repeat: Annotated[int, typer.Option(help="Measured runs per configuration.")] = 5,
     warmup: Annotated[int, typer.Option(help="Unmeasured runs first.")] = 1,
-    threads: Annotated[int, typer.Option(help="CPU threads for onnxruntime and torch (0: their default).")] = 0,
+    threads: opt.BenchThreads = 0,
     torch_baseline: Annotated[bool, typer.Option("--torch-baseline/--no-torch-baseline",
                                                  help="Also run the torch model (needs the train extra).")] = True,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write {machine, versions, rows} here.")] = None,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write the rows here.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Draw tokens/s per configuration (PNG).")] = None,
-    draft: Annotated[Path | None, typer.Option("--draft", help="Also decode with this draft model (speculative "
-                                               "decoding, batch 1, static cache): acceptance, tokens per step, "
-                                               "tok/s beside plain.")] = None,
-    draft_tokens: Annotated[int | None, typer.Option("--draft-tokens", help="Drafts per step with --draft "
-                                                     "(default: adaptive).")] = None,
-    draft_precision: Annotated[str | None, typer.Option("--draft-precision", help="The draft's exported variant "
-                                                        "(default: each row's precision).")] = None,
-    draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
+    draft: opt.BenchDraft = None,
+    draft_tokens: opt.BenchDraftTokens = None,
+    draft_precision: opt.BenchDraftPrecision = None,
+    draft_threads: opt.DraftThreads = None,
     bursts: Annotated[int, typer.Option("--bursts", help="--provider cuda with export --cuda's graphs: greedy "
                                         "decode steps per run (each step's argmax feeds the next on the GPU, "
                                         "the host reads k tokens at once; latencies are then a burst's mean). "
@@ -101,11 +96,12 @@ def bench(
         check_tokenizers(model_dir, bpe.load(model_dir).sha256, draft, bpe.load(draft).sha256)
         if 1 not in plan.batches:
             raise UsageError(f"--draft: speculative rows run at batch 1; --batch {batch} has none")
-    from gptport.runtime.loader import CACHES
+    from gptport.runtime.choice import CacheLayout
 
-    bad = [c for c in plan.kv_caches if c not in CACHES]
+    caches = [str(c) for c in CacheLayout]
+    bad = [c for c in plan.kv_caches if c not in caches]
     if bad or not plan.kv_caches:
-        raise UsageError(f"--kv-cache {kv_cache!r}: choose from {', '.join(CACHES)}")
+        raise UsageError(f"--kv-cache {kv_cache!r}: choose from {', '.join(caches)}")
     from gptport.contract import KV_DTYPES
 
     if not plan.kv_dtypes or any(k not in KV_DTYPES for k in plan.kv_dtypes):
@@ -207,4 +203,4 @@ def _plot(result: dict, path: Path) -> None:
 
 def open_torch(model_dir: Path, provider: str, threads: int) -> Opened:
     """The torch baseline's engine (a missing PyTorch is the row's error, not the run's)."""
-    return open_engine(model_dir, "torch", provider, threads=threads)
+    return open_engine(model_dir, "torch", run=opt.run_options(provider, threads))

@@ -13,9 +13,7 @@ import typer
 from rich.console import Console
 
 from gptport.errors import UsageError
-
-DRAFT_THREADS_HELP = ("The draft model's CPU threads (0: onnxruntime's default; default 1: a small draft's steps "
-                      "are too short to share between threads).")
+from gptport.runtime.choice import DEFAULT_GRAPH, DEFAULT_RUN, GraphChoice, RunOptions
 
 if TYPE_CHECKING:
     from gptport.runtime.loader import Opened
@@ -33,8 +31,6 @@ class EncodingErrors(str, Enum):
 
 ModelDir = Annotated[Path, typer.Argument(help="Model directory.", show_default=False)]
 Force = Annotated[bool, typer.Option("--force", help="Replace existing outputs.")]
-KvDtype = Annotated[str, typer.Option("--kv-dtype", help="float32, or int8: the static-cache graph with an int8 KV "
-                                      "cache (export --kv-dtype int8; CPU).")]
 
 
 def human_bytes(n: float) -> str:
@@ -46,25 +42,25 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def open_engine(model_dir: Path, engine: str = "onnx", provider: str = "cpu", precision: str = "fp32",
-                threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-                cache: str = "auto", fmt: str = "onnx", spin: str = "always", kv_dtype: str = "float32") -> Opened:
-    """`--engine onnx`: the graph on `provider` (gptport.runtime.loader.open_model); `--engine torch`: the
-    reference torch model (gptport.training.torch_engine, which needs the train extra). The choice is made
-    here, above both stages, so that the runtime never imports the torch side."""
+def open_engine(model_dir: Path, engine: str = "onnx", choice: GraphChoice = DEFAULT_GRAPH,
+                run: RunOptions = DEFAULT_RUN,
+                say: Callable[[str], None] = lambda m: None) -> Opened:
+    """`--engine onnx`: the graph `choice` picks, run as `run` says (gptport.runtime.loader.open_model);
+    `--engine torch`: the reference torch model (gptport.training.torch_engine, which needs the train
+    extra). The choice is made here, above both stages, so that the runtime never imports the torch side."""
     if engine == "onnx":
         from gptport.runtime.loader import open_model
 
-        return open_model(model_dir, provider, precision, threads, fallback, say=say, cache=cache, fmt=fmt, spin=spin,
-                          kv_dtype=kv_dtype)
+        return open_model(model_dir, choice, run, say=say)
     if engine != "torch":
         raise UsageError(f"--engine {engine!r} is unknown; choose onnx or torch")
-    if kv_dtype != "float32":
-        raise UsageError(f"--engine torch --kv-dtype {kv_dtype}: the torch engine's cache is float32")
-    if fmt != "onnx":
-        raise UsageError(f"--engine torch --graph-format {fmt}: the torch engine reads model.safetensors, no graph")
+    if choice.kv_dtype != "float32":
+        raise UsageError(f"--engine torch --kv-dtype {choice.kv_dtype}: the torch engine's cache is float32")
+    if choice.fmt != "onnx":
+        raise UsageError(f"--engine torch --graph-format {choice.fmt}: the torch engine reads model.safetensors, "
+                         "no graph")
     try:
         from gptport.training.torch_engine import open_torch
     except ImportError as e:
         raise UsageError(f"--engine torch needs PyTorch (pip install 'gptport[train]'): {e}") from e
-    return open_torch(model_dir, provider, threads)
+    return open_torch(model_dir, run.provider, run.threads)

@@ -83,7 +83,7 @@ def demo(
               + ("" if gates["int8"].ok else " (below the 98% gate: not written)"))
 
     err.rule(f"5/6 a sample (cpu, fp32, prompt {PROMPT!r})")
-    opened = open_model(out, threads=0)
+    opened = open_model(out)
     ids = [tok.encode(PROMPT)]
     row = generate(opened.engine, ids, 120, Sampling(temperature=0.8, top_k=40, seed=0), tok.eot_id)[0]
     sys.stdout.write(PROMPT + tok.decode(row.new_ids) + "\n")

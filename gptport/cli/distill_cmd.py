@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from gptport.cli import options as opt
 from gptport.cli.common import Force, ModelDir, err, open_engine
 
 EXAMPLES = """Examples:
@@ -34,8 +35,8 @@ def distill_corpus(
     temperature: Annotated[float, typer.Option(help="0 is greedy: what a draft for greedy decoding should "
                                                "learn.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seeds the prompts' draw (and sampling).")] = 0,
-    precision: Annotated[str, typer.Option(help="The model's exported variant that generates.")] = "fp32",
-    threads: Annotated[int, typer.Option(help="CPU threads (0: the runtime's default).")] = 0,
+    precision: opt.DistillPrecision = "fp32",
+    threads: opt.RuntimeThreads = 0,
     glob: Annotated[str, typer.Option(help="Which files to take from directories.")] = "*.txt",
     force: Force = False,
 ) -> None:
@@ -52,7 +53,7 @@ def distill_corpus(
     if out.exists() and not force:
         raise InputError(f"--out {out}: exists; pass --force to replace it")
     sources = resolve_sources(corpus, glob)
-    opened = open_engine(model_dir, "onnx", "cpu", precision, threads,
+    opened = open_engine(model_dir, "onnx", opt.graph_choice(precision), opt.run_options("cpu", threads),
                          say=lambda m: err.print(f"[yellow]warning:[/] {m}"))
     n_ctx = opened.engine.n_ctx
     new = new_tokens if new_tokens is not None else max(1, min(192, n_ctx - prompt_tokens))

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from gptport.cli.common import EncodingErrors, KvDtype, ModelDir, err, open_engine
+from gptport.cli import options as opt
+from gptport.cli.common import EncodingErrors, ModelDir, err, open_engine
 
 EXAMPLES = """Examples:
 
@@ -27,14 +28,12 @@ def eval_(
     text: Annotated[list[str], typer.Argument(help="Text files or directories (or '-' for stdin).",
                                               show_default=False)],
     engine: Annotated[str, typer.Option(help="onnx, or torch (needs the train extra).")] = "onnx",
-    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or openvino.")] = "cpu",
-    precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16; comma-separated for several "
-                                                "(e.g. fp32,int8: one figure each).")] = "fp32",
-    graph_format: Annotated[str, typer.Option("--graph-format", help="onnx, or ort: the .ort file of "
-                                              "`export --ort-format` (contract graph).")] = "onnx",
-    kv_dtype: KvDtype = "float32",
+    provider: opt.Provider = "cpu",
+    precision: opt.Precisions = "fp32",
+    graph_format: opt.GraphFormat = "onnx",
+    kv_dtype: opt.KvDtype = "float32",
     stride: Annotated[int | None, typer.Option(help="Window step in tokens (default n_ctx / 2).")] = None,
-    threads: Annotated[int, typer.Option(help="CPU threads (0: the runtime's default).")] = 0,
+    threads: opt.RuntimeThreads = 0,
     glob: Annotated[str, typer.Option(help="Which files to take from directories.")] = "*.txt",
     encoding_errors: Annotated[EncodingErrors, typer.Option(help="strict or replace.")] = EncodingErrors.strict,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
@@ -53,8 +52,8 @@ def eval_(
     body = "".join(reader.chunks())
     precisions = [p.strip() for p in precision.split(",") if p.strip()] if engine == "onnx" else ["fp32"]
     for one in precisions:
-        opened = open_engine(model_dir, engine, provider, one, threads,
-                             say=lambda m: err.print(f"[yellow]warning:[/] {m}"), fmt=graph_format, kv_dtype=kv_dtype)
+        opened = open_engine(model_dir, engine, opt.graph_choice(one, "auto", kv_dtype, graph_format),
+                             opt.run_options(provider, threads), say=lambda m: err.print(f"[yellow]warning:[/] {m}"))
         with err.status(f"evaluating {engine} {one}") as status:
 
             def progress(done: int, total: int, label: str = one) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gptport.cli import options as opt
 from gptport.cli.common import Force, ModelDir, err, human_bytes
 from gptport.errors import UsageError
 from gptport.export.agreement import TIE_NATS
@@ -36,7 +37,7 @@ EXAMPLES = """Examples:
 
 def export(
     model_dir: ModelDir,
-    precision: Annotated[str, typer.Option(help="Comma-separated: fp32 (always), int8, int4, fp16.")] = "fp32",
+    precision: opt.ExportPrecisions = "fp32",
     optimize: Annotated[bool, typer.Option("--optimize/--no-optimize", help="Fuse LayerNorm and GELU with "
                                            "onnxruntime's transformer optimizer (faster; --no-optimize keeps "
                                            "standard ONNX ops only).")] = True,
@@ -67,10 +68,7 @@ def export(
     ort_level: Annotated[str, typer.Option("--ort-level", help="Optimization saved into the .ort files: basic "
                                            "(portable), extended or all (onnxruntime's CPU fusions and layouts "
                                            "baked in).")] = "basic",
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="int8: also write each static-cache graph with an "
-                                          "int8 KV cache (model.static.kv8.onnx, ...; 4x smaller), scales "
-                                          "calibrated on the gate's text, gated against the float32 cache "
-                                          "(top-1 ≥ 98%, bits per byte within 1%).")] = "float32",
+    kv_dtype: opt.ExportKvDtype = "float32",
     cuda: Annotated[bool, typer.Option("--cuda", help="Also write the static-cache graphs the CUDA provider "
                                        "decodes with, replayed as CUDA graphs: model.decode.onnx (fp32: "
                                        "TensorScatter + Attention, checked against torch) and, with fp16 in "

@@ -10,7 +10,8 @@ from typing import Annotated, Any, cast
 
 import typer
 
-from gptport.cli.common import DRAFT_THREADS_HELP, KvDtype, ModelDir, err, open_engine
+from gptport.cli import options as opt
+from gptport.cli.common import ModelDir, err, open_engine
 from gptport.runtime.accept import FinishReason
 
 EXAMPLES = """Examples:
@@ -43,15 +44,12 @@ def generate(
     prompt: Annotated[list[str] | None, typer.Argument(help="Prompt(s); several run as one batch.",
                                                        show_default=False)] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Prompts, one per line.")] = None,
-    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or openvino.")] = "cpu",
-    precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16 (the exported variant).")] = "fp32",
+    provider: opt.Provider = "cpu",
+    precision: opt.Precision = "fp32",
     engine: Annotated[str, typer.Option(help="onnx, or torch (the reference; needs the train extra).")] = "onnx",
-    graph_format: Annotated[str, typer.Option("--graph-format", help="onnx, or ort: the .ort file of "
-                                              "`export --ort-format` (contract graph).")] = "onnx",
-    kv_cache: Annotated[str, typer.Option(help="Graph: static (KV cache preallocated and appended in place, "
-                                          "CPU only), concat (model.onnx's contract) or auto (static where "
-                                          "exported and on the CPU).")] = "auto",
-    kv_dtype: KvDtype = "float32",
+    graph_format: opt.GraphFormat = "onnx",
+    kv_cache: opt.KvCache = "auto",
+    kv_dtype: opt.KvDtype = "float32",
     max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt, at most.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option(help="Sample from the k likeliest tokens (0: off).")] = 0,
@@ -65,11 +63,10 @@ def generate(
                                          "likeliest (0: off).")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the sampling.")] = 0,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
-    threads: Annotated[int, typer.Option(help="CPU intra-op threads (0: onnxruntime's default).")] = 0,
+    threads: opt.Threads = 0,
     context_overflow: Annotated[Overflow, typer.Option(
         help="At n_ctx: slide (re-prefill the last half window and go on) or stop.")] = Overflow.slide,
-    fallback: Annotated[bool, typer.Option("--fallback", help="If the provider does not run here, "
-                                           "say so and use the next one (tensorrt → cuda → cpu).")] = False,
+    fallback: opt.Fallback = False,
     no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse a prompt longer than n_ctx "
                                               "instead of keeping its last n_ctx tokens.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
@@ -79,19 +76,13 @@ def generate(
                                               "expression (Rust regex syntax).")] = None,
     grammar: Annotated[Path | None, typer.Option("--grammar", help="Constrain the output to this grammar file "
                                                  "(Lark, or llama.cpp's GBNF).")] = None,
-    draft: Annotated[Path | None, typer.Option("--draft", help="Speculative decoding: this model directory (a "
-                                               "small model with the same tokenizer) drafts, the model verifies "
-                                               "several tokens per step. Same output as without.")] = None,
-    draft_tokens: Annotated[int | None, typer.Option("--draft-tokens", help="Drafts per step, fixed (default: "
-                                                     "adaptive, from the acceptance rate).")] = None,
+    draft: opt.Draft = None,
+    draft_tokens: opt.DraftTokens = None,
     prompt_lookup: Annotated[int | None, typer.Option("--prompt-lookup", help="Speculative decoding without a "
                                                       "draft model: copy drafts from the latest earlier match of "
                                                       "the last N tokens (N-grams down to 2).")] = None,
-    draft_precision: Annotated[str | None, typer.Option("--draft-precision", help="The draft model's exported "
-                                                        "variant: fp32, int8, int4 or fp16 (default: --precision's). "
-                                                        "It speeds drafting only; the output is the model's either "
-                                                        "way.")] = None,
-    draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
+    draft_precision: opt.DraftPrecision = None,
+    draft_threads: opt.DraftThreads = None,
     bursts: Annotated[int, typer.Option("--bursts", help="--provider cuda with export --cuda's graphs, greedy "
                                         "only: decode steps per run (each step's argmax feeds the next on the "
                                         "GPU). Its session takes seconds to make: for long outputs. 0: off.")] = 0,
@@ -113,8 +104,8 @@ def generate(
     # with a draft model two sessions take turns: workers that spin on after their step (onnxruntime's
     # default) would hold the cores the other session's step needs (--draft ran at half speed)
     spin = "step" if draft is not None else "always"
-    opened = open_engine(model_dir, engine, provider, precision, threads, fallback, say=warn, cache=kv_cache,
-                         fmt=graph_format, spin=spin, kv_dtype=kv_dtype)
+    opened = open_engine(model_dir, engine, opt.graph_choice(precision, kv_cache, kv_dtype, graph_format),
+                         opt.run_options(provider, threads, spin, fallback), say=warn)
     if bursts:
         check_bursts(bursts, opened.engine, opened.provider, sampling.plain, (json_schema, regex, grammar),
                      (draft, prompt_lookup))
@@ -238,11 +229,12 @@ def open_drafter(opened: Any, model_dir: Path, draft: Path | None, draft_tokens:
             raise UsageError(f"--prompt-lookup must be at least {speculative.LOOKUP_MIN} (tokens matched), "
                              f"not {prompt_lookup}")
         return lambda: speculative.LookupDrafter(prompt_lookup)
+    from gptport.runtime.choice import GraphChoice, RunOptions, Spin
     from gptport.runtime.loader import open_model
 
     assert draft is not None
-    small = open_model(draft, opened.provider, draft_precision or opened.precision,
-                       speculative.draft_threads(draft_threads), spin="step")
+    small = open_model(draft, GraphChoice.parse(draft_precision or opened.precision),
+                       RunOptions(opened.provider, speculative.draft_threads(draft_threads), Spin.STEP))
     speculative.check_tokenizers(model_dir, opened.tok.sha256, draft, small.tok.sha256)
     return lambda: speculative.ModelDrafter(small.engine)
 

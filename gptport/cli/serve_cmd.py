@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gptport.cli.common import DRAFT_THREADS_HELP, KvDtype, ModelDir, err
+from gptport.cli import options as opt
+from gptport.cli.common import ModelDir, err
 
 EXAMPLES = """Examples:
 
@@ -33,18 +33,17 @@ def serve(
     model_dir: ModelDir,
     host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to serve other machines).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
-    precision: Annotated[str, typer.Option(help="fp32, int8, int4 or fp16 (the exported variant).")] = "fp32",
-    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or openvino.")] = "cpu",
-    kv_cache: Annotated[str, typer.Option(help="static (CPU), concat (model.onnx's contract, any provider) or "
-                                          "auto (static where exported and on the CPU).")] = "auto",
-    kv_dtype: KvDtype = "float32",
+    precision: opt.Precision = "fp32",
+    provider: opt.Provider = "cpu",
+    kv_cache: opt.ServeKvCache = "auto",
+    kv_dtype: opt.KvDtype = "float32",
     slots: Annotated[int, typer.Option(help="Requests decoded together: rows of the KV cache, n_ctx positions "
                                        "each.")] = 16,
     n_ctx: Annotated[int | None, typer.Option(help="Positions per slot, prompt and answer together (default: the "
                                               "model's n_ctx): a shorter context holds less KV cache.",
                                               show_default=False)] = None,
     max_queue: Annotated[int, typer.Option(help="Choices that may wait for a slot; past that, 429.")] = 64,
-    threads: Annotated[int, typer.Option(help="CPU intra-op threads (0: onnxruntime's default).")] = 0,
+    threads: opt.Threads = 0,
     api_key: Annotated[str | None, typer.Option(envvar="GPTPORT_API_KEY", help="Require 'Authorization: Bearer "
                                                 "KEY' on every route but /health and the page.")] = None,
     model_name: Annotated[list[str] | None, typer.Option(
@@ -62,9 +61,7 @@ def serve(
                                                    "session: its weights once more in memory).")] = True,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM/Ctrl-C, seconds running requests get to "
                                                     "finish.")] = 30.0,
-    spin: Annotated[str, typer.Option(help="What onnxruntime's idle threads do: 'step' spin while a step runs "
-                                      "and sleep between steps (the HTTP side gets the cores), 'always' spin "
-                                      "between steps too, 'never' sleep at once.")] = "step",
+    spin: opt.Spin = "step",
     max_connections: Annotated[int, typer.Option(help="Open connections, idle ones too, past which a request is "
                                                  "answered 503 at once (0: no limit; raises the open-file limit "
                                                  "to fit).")] = 1024,
@@ -74,19 +71,13 @@ def serve(
     body_timeout: Annotated[float, typer.Option(help="Seconds a request's body has to arrive; then 408 and the "
                                                 "connection is closed.")] = 30.0,
     keep_alive: Annotated[int, typer.Option(help="Seconds an idle keep-alive connection stays open.")] = 5,
-    draft: Annotated[Path | None, typer.Option("--draft", help="Speculative decoding while one request decodes "
-                                               "alone: this model directory (same tokenizer) drafts, the model "
-                                               "verifies several tokens per step. Same output as without.")] = None,
-    draft_tokens: Annotated[int | None, typer.Option("--draft-tokens", help="Drafts per step, fixed (default: "
-                                                     "adaptive, from the acceptance rate).")] = None,
+    draft: opt.ServeDraft = None,
+    draft_tokens: opt.DraftTokens = None,
     prompt_lookup: Annotated[int | None, typer.Option("--prompt-lookup", help="Speculative decoding without a "
                                                       "draft model: drafts copied from the latest earlier match of "
                                                       "the last N tokens.")] = None,
-    draft_precision: Annotated[str | None, typer.Option("--draft-precision", help="The draft model's exported "
-                                                        "variant: fp32, int8, int4 or fp16 (default: --precision's). "
-                                                        "It speeds drafting only; replies are the model's either "
-                                                        "way.")] = None,
-    draft_threads: Annotated[int | None, typer.Option("--draft-threads", help=DRAFT_THREADS_HELP)] = None,
+    draft_precision: opt.ServeDraftPrecision = None,
+    draft_threads: opt.DraftThreads = None,
     allowed_origins: Annotated[list[str] | None, typer.Option(
         "--allowed-origins", metavar="ORIGIN", help="Pages on these origins (scheme://host[:port], or * "
         "for any) may call the API from a browser (CORS); repeated or comma-separated. The API key is still "

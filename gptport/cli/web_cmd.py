@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from gptport.cli import options as opt
 from gptport.cli.common import Force, ModelDir, err, human_bytes
 
 EXAMPLES = """Examples:
@@ -30,9 +31,7 @@ def export_web(
                                         "COOP/COEP headers for multi-threaded wasm) until Ctrl-C.")] = False,
     host: Annotated[str, typer.Option(help="Address to serve on (with --serve).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to serve on (with --serve; 0 picks a free one).")] = 8080,
-    precision: Annotated[str, typer.Option(
-        help="The graph to ship: fp32, int8 or int4 (a variant that passed export's accuracy gate); auto: fp32 "
-        "up to 100 MiB, else the gated int8 variant, else the gated int4.")] = "auto",
+    precision: opt.WebPrecision = "auto",
     runtime_dir: Annotated[Path | None, typer.Option(
         "--runtime-dir", help="A node_modules folder holding the lock file's onnxruntime-web and tokenizers.js "
         "(default: fetched once with npm into the user cache).", show_default=False)] = None,

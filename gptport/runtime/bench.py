@@ -25,6 +25,7 @@ from gptport import __version__, contract
 from gptport.errors import GptportError, UsageError
 from gptport.machine import describe
 from gptport.runtime.accept import Accepting
+from gptport.runtime.choice import CacheLayout, GraphChoice, RunOptions, Spin
 from gptport.runtime.engine import Bursting, Engine, bursting, positions
 
 if TYPE_CHECKING:
@@ -260,8 +261,8 @@ def _draft_row(plain: Row, model: Any, plan: BenchPlan) -> Row:
               providers_ran=plain.providers_ran)
     try:
         # its workers (if any) stop spinning after each step: the target's session needs the cores next
-        draft = open_graph(plan.draft, row.draft_precision, plain.provider, "static",
-                           threads=draft_threads(plan.draft_threads), spin="step")
+        draft = open_graph(plan.draft, GraphChoice.parse(row.draft_precision, CacheLayout.STATIC),
+                           RunOptions(plain.provider, draft_threads(plan.draft_threads), Spin.STEP))
     except GptportError as e:
         row.error = f"--draft {plan.draft}: {e}"
         return row
@@ -313,7 +314,8 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
         _peak_rss_reset()
         t0 = time.perf_counter()
         try:
-            model = open_graph(model_dir, precision, provider, cache, threads=plan.threads, say=warn, kv_dtype=kv)
+            model = open_graph(model_dir, GraphChoice.parse(precision, cache, kv), RunOptions(provider, plan.threads),
+                               say=warn)
         except GptportError as e:
             label = cache if kv == "float32" else f"{cache} {kv}"
             rows.append(Row("onnx", provider, precision, 0, 0, plan.gen_len, kv_cache=label, error=str(e)))

@@ -15,11 +15,16 @@ from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError, UsageError
 from gptport.paths import CONFIG
 from gptport.runtime import cuda_engine, onnx_engine
+from gptport.runtime.choice import (
+    DEFAULT_GRAPH,
+    DEFAULT_RUN,
+    CacheLayout,
+    GraphChoice,
+    GraphFormat,
+    KvDtype,
+    RunOptions,
+)
 from gptport.runtime.engine import Capability, Engine
-
-CACHE_AUTO = "auto"
-CACHES = (CACHE_AUTO, contract.CACHE_STATIC, contract.CACHE_CONCAT)
-FORMATS = ("onnx", "ort")  # --graph-format: the .onnx graphs, or the .ort files of `export --ort-format`
 
 
 @dataclass
@@ -34,50 +39,44 @@ class Opened:
     cache: str = contract.CACHE_CONCAT  # the KV-cache layout of the graph: concat or static
 
 
-def graph_path(model_dir: Path, precision: str, provider: str, cache: str = CACHE_AUTO, fmt: str = "onnx",
-               kv_dtype: str = "float32") -> Path:
+def graph_path(model_dir: Path, choice: GraphChoice, provider: str = "cpu") -> Path:
     """The graph file of this precision and KV-cache layout. `auto` takes the static-cache graph on the
     CPU provider when it was exported, on CUDA the graph export --cuda wrote for it (cuda_engine.py), the
-    contract graph otherwise. `fmt` ort: the contract graph's .ort
-    file (export --ort-format). `kv_dtype` int8: the static-cache graph with an int8 cache (export
+    contract graph otherwise. Format ort: the contract graph's .ort
+    file (export --ort-format). KV dtype int8: the static-cache graph with an int8 cache (export
     --kv-dtype int8)."""
-    if kv_dtype not in contract.KV_DTYPES:
-        raise UsageError(f"--kv-dtype {kv_dtype!r} is unknown; choose from {', '.join(contract.KV_DTYPES)}")
-    if kv_dtype == "int8":
-        return _kv8_path(model_dir, precision, provider, cache, fmt)
-    if precision not in contract.PRECISIONS:
-        raise UsageError(f"--precision {precision!r} is unknown; choose from {', '.join(contract.PRECISIONS)}")
-    if cache not in CACHES:
-        raise UsageError(f"--kv-cache {cache!r} is unknown; choose from {', '.join(CACHES)}")
-    if fmt not in FORMATS:
-        raise UsageError(f"--graph-format {fmt!r} is unknown; choose from {', '.join(FORMATS)}")
-    if fmt == "ort":
-        if cache == contract.CACHE_STATIC:
+    precision, cache, fmt = choice.precision, choice.cache, choice.fmt
+    if choice.kv_dtype == KvDtype.INT8:
+        return _kv8_path(model_dir, choice, provider)
+    if fmt == GraphFormat.ORT:
+        if cache == CacheLayout.STATIC:
             raise UsageError("--graph-format ort --kv-cache static: the .ort files hold the contract graph "
                              "(--kv-cache concat)")
         path = model_dir / contract.ort_file(precision)
         if not path.is_file():
             raise ArtifactError(f"{path}: missing; run `gptport export {model_dir} --ort-format` first")
         return path
-    if provider == "cuda" and cache != contract.CACHE_CONCAT:  # export --cuda's graphs, else (auto) the contract's
-        device = cuda_engine.graph_path(model_dir, precision, required=cache == contract.CACHE_STATIC)
+    layout = str(cache)
+    if provider == "cuda" and cache != CacheLayout.CONCAT:  # export --cuda's graphs, else (auto) the contract's
+        device = cuda_engine.graph_path(model_dir, precision, required=cache == CacheLayout.STATIC)
         if device is not None:
             return device
-        cache = contract.CACHE_CONCAT
-    if cache == CACHE_AUTO:
+        layout = contract.CACHE_CONCAT
+    if layout == CacheLayout.AUTO:
         static = model_dir / contract.onnx_file(precision, contract.CACHE_STATIC)
-        cache = contract.CACHE_STATIC if provider == "cpu" and static.is_file() else contract.CACHE_CONCAT
-    path = model_dir / contract.onnx_file(precision, cache)
+        layout = contract.CACHE_STATIC if provider == "cpu" and static.is_file() else contract.CACHE_CONCAT
+    path = model_dir / contract.onnx_file(precision, layout)
     if not path.is_file():
         hint = "" if precision == "fp32" else f" --precision fp32,{precision}"
         raise ArtifactError(f"{path}: missing; run `gptport export {model_dir}{hint}` first")
     return path
 
 
-def _kv8_path(model_dir: Path, precision: str, provider: str, cache: str, fmt: str) -> Path:
+def _kv8_path(model_dir: Path, choice: GraphChoice, provider: str) -> Path:
     """The int8-cache graph: a static-cache graph, on the CPU provider."""
-    if cache == contract.CACHE_CONCAT or fmt != "onnx":
-        what = "--kv-cache concat" if cache == contract.CACHE_CONCAT else f"--graph-format {fmt}"
+    precision, cache, fmt = choice.precision, choice.cache, choice.fmt
+    if cache == CacheLayout.CONCAT or fmt != GraphFormat.ONNX:
+        what = "--kv-cache concat" if cache == CacheLayout.CONCAT else f"--graph-format {fmt}"
         raise UsageError(f"--kv-dtype int8 with {what}: the int8 cache is the static-cache graph's "
                          "(--kv-cache static, .onnx)")
     if provider != "cpu":
@@ -89,19 +88,18 @@ def _kv8_path(model_dir: Path, precision: str, provider: str, cache: str, fmt: s
     return path
 
 
-def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", cache: str = CACHE_AUTO,
-               threads: int = 0, fallback: bool = False, say: Callable[[str], None] = lambda m: None,
-               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx", kv_dtype: str = "float32",
-               cuda_graph: bool = True) -> onnx_engine.OnnxModel:
-    """The graph of this precision and cache layout (graph_path) opened on `provider`, refused unless
+def open_graph(model_dir: Path, choice: GraphChoice = DEFAULT_GRAPH, run: RunOptions = DEFAULT_RUN, *,
+               say: Callable[[str], None] = lambda m: None, cuda_graph: bool = True) -> onnx_engine.OnnxModel:
+    """The graph `choice` picks (graph_path) opened as `run` says, refused unless
     it was exported from the directory's model.safetensors and config.json (provenance.check; a file
     the directory lacks is not compared); `say` gets the fallbacks taken and, for a graph written with
     `export --no-gate`, a one-line warning. The one way generate, bench, eval and serve open a graph.
     A static-cache graph of export --cuda opens as a cuda_engine.DeviceModel, its decode steps replayed as
     CUDA graphs unless `cuda_graph` is False."""
-    path = graph_path(model_dir, precision, provider, cache, fmt, kv_dtype)
+    provider, threads, spin = run.provider, run.threads, str(run.spin)
+    path = graph_path(model_dir, choice, provider)
     device = provider == "cuda" and path.name in {cuda_engine.graph_file(p) for p in ("fp32", "fp16")}
-    model = onnx_engine.load(path, provider, threads=threads, fallback=fallback, say=say, spin=spin,
+    model = onnx_engine.load(path, provider, threads=threads, fallback=run.fallback, say=say, spin=spin,
                              cuda_graph=device and cuda_graph)
     provenance.check(model_dir, path, model.meta)
     if model.meta.get(contract.META_GATED) == "false":
@@ -116,16 +114,17 @@ def open_graph(model_dir: Path, precision: str = "fp32", provider: str = "cpu", 
     return model
 
 
-def open_appender(model_dir: Path, engine: onnx_engine.OnnxModel, threads: int = 0,
-                  spin: str = onnx_engine.SPIN_ALWAYS) -> onnx_engine.OnnxModel | None:
+def open_appender(model_dir: Path, engine: onnx_engine.OnnxModel, run: RunOptions = DEFAULT_RUN
+                  ) -> onnx_engine.OnnxModel | None:
     """The multi-row append graph beside `engine` (model.append.onnx, its session for
-    slot_layout.open_slots(..., appender=...)), opened and checked as open_graph opens any graph: None when
-    `engine` lacks Capability.APPEND_ROWS (the fp32 static-cache graph with a float32 cache on the CPU: the twin),
+    slot_layout.open_slots(..., appender=...)), opened and checked as open_graph opens any graph, on the CPU
+    with `run`'s threads and spin: None when `engine` lacks Capability.APPEND_ROWS (the fp32 static-cache graph
+    with a float32 cache on the CPU: the twin),
     or the directory has no append graph (an export from before it was written)."""
     path = model_dir / contract.onnx_file("fp32", contract.CACHE_APPEND)
     if Capability.APPEND_ROWS not in engine.capabilities or not path.is_file():
         return None
-    model = onnx_engine.load(path, "cpu", threads=threads, spin=spin)
+    model = onnx_engine.load(path, "cpu", threads=run.threads, spin=str(run.spin))
     provenance.check(model_dir, path, model.meta)
     if model.config != engine.config:
         raise ArtifactError(f"{path}: made for another model than {engine.path} (their configs differ); export again")
@@ -149,14 +148,12 @@ def load_tokenizer(model_dir: Path) -> bpe.BPETokenizer:
     return tok
 
 
-def open_model(model_dir: Path, provider: str = "cpu", precision: str = "fp32", threads: int = 0,
-               fallback: bool = False, say: Callable[[str], None] = lambda m: None, cache: str = CACHE_AUTO,
-               spin: str = onnx_engine.SPIN_ALWAYS, fmt: str = "onnx", kv_dtype: str = "float32") -> Opened:
-    """Load the tokenizer and the ONNX engine of `model_dir`, refusing a tokenizer that is not the model's.
-    `cache` picks the graph: auto, static (model*.static.onnx) or concat (model.onnx's contract); `fmt`
-    ort takes the contract graph's .ort file; `kv_dtype` int8 the static graph with an int8 cache."""
+def open_model(model_dir: Path, choice: GraphChoice = DEFAULT_GRAPH, run: RunOptions = DEFAULT_RUN, *,
+               say: Callable[[str], None] = lambda m: None) -> Opened:
+    """Load the tokenizer and the ONNX engine of `model_dir` (open_graph: the graph `choice` picks, run as
+    `run` says), refusing a tokenizer that is not the model's."""
     tok = load_tokenizer(model_dir)
-    model = open_graph(model_dir, precision, provider, cache, threads, fallback, say, spin, fmt, kv_dtype)
+    model = open_graph(model_dir, choice, run, say=say)
     path = model.path
     if model.tokenizer_sha256 != tok.sha256:
         raise ArtifactError(f"{path} was exported with another tokenizer (sha256 {model.tokenizer_sha256[:12]}…) "

@@ -21,6 +21,7 @@ from gptport import contract, provenance
 from gptport.config import ModelConfig, model_config_from_dict
 from gptport.errors import ArtifactError, ProviderError, UsageError
 from gptport.runtime import external_data, hugepages, openvino, ort_file, providers, static_cache
+from gptport.runtime.choice import Spin
 from gptport.runtime.engine import Capability, Past, StepFn
 
 _ORT = ort.capi.onnxruntime_pybind11_state
@@ -133,7 +134,7 @@ def _bound_step(session: ort.InferenceSession, names_in: list[str], names_out: l
     return step
 
 
-SPIN_ALWAYS, SPIN_STEP, SPIN_NEVER = "always", "step", "never"
+SPIN_ALWAYS, SPIN_STEP, SPIN_NEVER = (str(s) for s in Spin)  # choice.Spin's words, as plain strings
 SPIN_MODES = (SPIN_ALWAYS, SPIN_STEP, SPIN_NEVER)
 
 

@@ -15,12 +15,13 @@ def appender(s: Settings, engine: Any) -> Any:
     another precision, cache or provider, or an export from before the graph was written)."""
     if not s.multi_row_append:
         return None
+    from gptport.runtime.choice import RunOptions
     from gptport.runtime.engine import Capability
     from gptport.runtime.loader import open_appender
 
     if Capability.APPEND_ROWS not in engine.capabilities:
         return None
-    return open_appender(s.model_dir, engine, s.threads, s.spin)
+    return open_appender(s.model_dir, engine, RunOptions.parse(s.provider, s.threads, s.spin))
 
 
 def drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
@@ -35,11 +36,12 @@ def drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:
     if s.prompt_lookup is not None:
         return (Drafting(speculative.LookupDrafter(s.prompt_lookup), s.draft_tokens),
                 f" · drafts by prompt lookup ({s.prompt_lookup}-grams, k {k})")
+    from gptport.runtime.choice import GraphChoice, RunOptions
     from gptport.runtime.loader import open_model
 
     assert s.draft is not None
-    small = open_model(s.draft, opened.provider, s.draft_precision or opened.precision,
-                       speculative.draft_threads(s.draft_threads), spin=s.spin)
+    small = open_model(s.draft, GraphChoice.parse(s.draft_precision or opened.precision),
+                       RunOptions.parse(opened.provider, speculative.draft_threads(s.draft_threads), s.spin))
     speculative.check_tokenizers(s.model_dir, opened.tok.sha256, s.draft, small.tok.sha256)
     n = speculative.draft_threads(s.draft_threads)
     threads = "default threads" if n == 0 else f"{n} thread" + ("s" if n > 1 else "")

@@ -34,6 +34,7 @@ class State:
 
     def load(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the model and start the scheduler (in a thread: /health answers 503 meanwhile)."""
+        from gptport.runtime.choice import GraphChoice, RunOptions
         from gptport.runtime.constraint import Grammars, Masks
         from gptport.runtime.loader import open_model
         from gptport.runtime.slot_layout import open_slots
@@ -42,8 +43,8 @@ class State:
 
         s = self.settings
         try:
-            opened = open_model(s.model_dir, s.provider, s.precision, s.threads, cache=s.kv_cache,
-                                spin=s.spin, kv_dtype=s.kv_dtype)
+            opened = open_model(s.model_dir, GraphChoice.parse(s.precision, s.kv_cache, s.kv_dtype),
+                                RunOptions.parse(s.provider, s.threads, s.spin))
             appender = companions.appender(s, opened.engine)
             slots = open_slots(opened.engine, s.slots, appender.session if appender is not None else None, s.n_ctx)
             self.render, template = renderer(s.model_dir)

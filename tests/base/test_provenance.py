@@ -19,6 +19,7 @@ from gptport.cli.common import open_engine
 from gptport.errors import ArtifactError
 from gptport.export import exporter
 from gptport.runtime import bench
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.onnx_engine import file_metadata, load_cpu
@@ -47,7 +48,7 @@ def graphs(d: Path) -> set[str]:
 
 
 def greedy(d: Path, engine: str = "onnx", cache: str = "auto", precision: str = "fp32") -> list[int]:
-    opened = open_engine(d, engine, precision=precision, cache=cache)
+    opened = open_engine(d, engine, GraphChoice.parse(precision=precision, cache=cache))
     ids = [opened.tok.encode("ka to ri men")]
     return generate(opened.engine, ids, 12, Sampling(), eot_id=-1)[0].new_ids
 
@@ -89,7 +90,7 @@ def test_a_graph_of_other_weights_is_refused_everywhere(tmp_path: Path, exported
     for precision, cache, name in (("fp32", "auto", "model.static.onnx"), ("fp32", "concat", "model.onnx"),
                                    ("int8", "auto", "model.int8.static.onnx"), ("fp16", "auto", "model.fp16.onnx")):
         with pytest.raises(ArtifactError) as e:
-            open_model(d, precision=precision, cache=cache)
+            open_model(d, GraphChoice.parse(precision=precision, cache=cache))
         msg = str(e.value)
         assert "\n" not in msg and str(d / name) in msg and old[:12] in msg and new[:12] in msg
         hint = "" if precision == "fp32" else f" --precision fp32,{precision}"
@@ -119,7 +120,7 @@ def test_export_removes_the_graphs_of_earlier_weights(tmp_path: Path, exported_a
     assert {"model.int8.onnx", "model.int8.static.onnx", "model.fp16.onnx"} <= before
     train_more(d, corpus_file, 10)
     with pytest.raises(ArtifactError, match="exported from other weights"):
-        open_model(d, precision="int8")
+        open_model(d, GraphChoice.parse(precision="int8"))
     r = gptport("export", str(d), "--force")  # fp32 only
     assert r.returncode == 0, r.stderr
     fp32 = {"model.onnx", "model.static.onnx", "model.append.onnx"}  # what an fp32 export writes
@@ -132,7 +133,7 @@ def test_export_removes_the_graphs_of_earlier_weights(tmp_path: Path, exported_a
     for precision in ALL[1:]:
         hint = re.escape(f"missing; run `gptport export {d} --precision fp32,{precision}`")
         with pytest.raises(ArtifactError, match=hint):
-            open_model(d, precision=precision)
+            open_model(d, GraphChoice.parse(precision=precision))
     r = gptport("generate", str(d), "ka", "--precision", "int8", "--max-new-tokens", "2")
     assert_one_line_error(r, 1, "model.int8.onnx: missing", "--precision fp32,int8")
 
@@ -152,7 +153,7 @@ def test_a_graph_of_another_contract_or_tool_is_refused(tmp_path: Path, exported
     d = copy(exported_all, tmp_path / "m")
     graph = d / "model.onnx"
     exporter.set_metadata(graph, {**file_metadata(graph), contract.META_CONTRACT: "0"})
-    for opening in (lambda: open_model(d, cache="concat"), lambda: load_cpu(graph)):
+    for opening in (lambda: open_model(d, GraphChoice.parse(cache="concat")), lambda: load_cpu(graph)):
         with pytest.raises(ArtifactError) as e:
             opening()
         msg = str(e.value)

@@ -12,13 +12,14 @@ import pytest
 from gptport.cli.common import open_engine
 from gptport.errors import UsageError
 from gptport.runtime import bench
+from gptport.runtime.choice import RunOptions
 from tests.support.cli import assert_one_line_error, gptport
 
 
 def test_torch_engine_refuses_tensorrt(tokenizer_dir: Path) -> None:
     """torch has no TensorRT: --engine torch --provider tensorrt is an error, not torch on CUDA."""
     with pytest.raises(UsageError, match="--provider tensorrt: the torch engine runs on cpu or cuda only"):
-        open_engine(tokenizer_dir, engine="torch", provider="tensorrt")
+        open_engine(tokenizer_dir, "torch", run=RunOptions.parse(provider="tensorrt"))
     assert_one_line_error(gptport("generate", str(tokenizer_dir), "hi", "--engine", "torch", "--provider",
                                    "tensorrt"), 2, "tensorrt", "--engine onnx")
 

@@ -16,6 +16,7 @@ import pytest
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.export import gqa_graph, scatter_graph
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.loader import open_model
 from tests.support.cli import gptport
 
@@ -82,7 +83,8 @@ def test_eval_scores_text_on_the_graph_as_torch_does(llama_dir: tuple[Path, str]
 
 def test_the_runtime_cache_has_the_kv_heads(llama_dir: tuple[Path, str]) -> None:
     out, _ = llama_dir
-    engine = open_model(out, cache="concat").engine  # the contract graph's cache (the static one is preallocated)
+    # the contract graph's cache (the static one is preallocated)
+    engine = open_model(out, GraphChoice.parse(cache="concat")).engine
     past = engine.empty_past(3)
     assert engine.config.n_kv_head == 2 and engine.config.n_head == 4
     assert [p.shape for p in past] == [(3, 2, 0, engine.config.head_dim)] * (2 * engine.config.n_layer)

@@ -17,6 +17,7 @@ from gptport import contract, provenance
 from gptport import tokenizer as bpe
 from gptport.errors import UsageError
 from gptport.export import exporter, validate
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.loader import open_graph, ungated_warning
 from gptport.runtime.onnx_engine import file_metadata
 from gptport.training.checkpoint import load_model
@@ -94,13 +95,13 @@ def test_gated_graphs_record_it_and_open_without_a_warning(tmp_path: Path, train
         meta = file_metadata(trained_dir / name)
         assert (meta[contract.META_GATED], meta[contract.META_GATE_TEXT]) == ("true", "data/val.bin"), name
     said: list[str] = []
-    open_graph(trained_dir, "int8", say=said.append)
+    open_graph(trained_dir, GraphChoice.parse(precision="int8"), say=said.append)
     assert said == []
     d = tmp_path / "m"
     shutil.copytree(trained_dir, d)
     graph = d / "model.int8.static.onnx"
     exporter.set_metadata(graph, {**file_metadata(graph), contract.META_GATED: "false"})
-    open_graph(d, "int8", say=said.append)
+    open_graph(d, GraphChoice.parse(precision="int8"), say=said.append)
     assert said == [ungated_warning(graph)]
 
 

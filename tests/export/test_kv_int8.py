@@ -14,6 +14,7 @@ import pytest
 
 from gptport import contract
 from gptport.export import exporter, kv_quant
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.loader import open_model
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.tokenizer import load, token_bytes
@@ -42,7 +43,7 @@ def test_the_graph_holds_an_int8_cache_with_calibrated_scales(kv8_dir: Path) -> 
     nodes = [n for n in proto.graph.node if n.op_type == "GroupQueryAttention"]
     scales = {i.name: onnx.numpy_helper.to_array(i) for i in proto.graph.initializer if i.name.startswith("kv8.")}
     assert len(scales) == 2 * len(nodes) and all(np.all(s > 0) for s in scales.values())
-    model = open_model(kv8_dir, kv_dtype="int8")
+    model = open_model(kv8_dir, GraphChoice.parse(kv_dtype="int8"))
     assert model.engine.kv_dtype == np.int8 and model.cache == contract.CACHE_STATIC
 
 

@@ -21,6 +21,7 @@ from gptport import tokenizer as bpe
 from gptport.errors import ValidationError
 from gptport.export import append_check, validate
 from gptport.export.tolerance import Tolerance
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.loader import open_appender, open_model
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.sampling import Sampling
@@ -99,7 +100,7 @@ def test_waves_appended_together_give_transformers_tokens(exported: tuple[HfMode
     an earlier conversation, fresh prompts): each wave's prompts are appended to several slots in one run of
     the multi-row append graph, and every request gets transformers' greedy tokens."""
     hf, out, _ = exported
-    opened = open_model(out, cache="static")
+    opened = open_model(out, GraphChoice.parse(cache="static"))
     appender = open_appender(out, opened.engine)
     assert appender is not None
     engine = StaticSlots(opened.engine.session, opened.engine.config, 8, appender=appender.session)

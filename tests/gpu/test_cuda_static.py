@@ -15,6 +15,7 @@ import pytest
 
 from gptport import contract
 from gptport.runtime import cuda_engine
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.engine import positions
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_graph
@@ -40,8 +41,9 @@ def rows(engine: Any, steps: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_replayed_steps_give_the_captured_numbers(cuda_dir: Path, precision: str) -> None:
-    replayed = open_graph(cuda_dir, precision, "cuda")
-    plain = open_graph(cuda_dir, precision, "cuda", cuda_graph=False)
+    replayed = open_graph(cuda_dir, GraphChoice.parse(precision=precision), RunOptions.parse(provider="cuda"))
+    plain = open_graph(cuda_dir, GraphChoice.parse(precision=precision),
+                       RunOptions.parse(provider="cuda"), cuda_graph=False)
     assert isinstance(replayed, cuda_engine.DeviceModel) and replayed.graphs and not plain.graphs
     assert replayed.session.get_providers()[0] == "CUDAExecutionProvider"
     for _ in range(2):  # capture (after onnxruntime's warm-up runs), then replay
@@ -61,14 +63,15 @@ def test_replayed_steps_give_the_captured_numbers(cuda_dir: Path, precision: str
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_greedy_tokens_are_the_cpu_providers(cuda_dir: Path, precision: str) -> None:
     cpu = rows(load_cpu(cuda_dir / contract.onnx_file(precision, contract.CACHE_STATIC)), 40)
-    gpu = rows(open_graph(cuda_dir, precision, "cuda"), 40)
+    gpu = rows(open_graph(cuda_dir, GraphChoice.parse(precision=precision), RunOptions.parse(provider="cuda")), 40)
     same = float(np.mean([a == b for a, b in zip(cpu, gpu, strict=True)]))
     assert same >= (1.0 if precision == "fp32" else 2 / 3)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_replayed_bursts_give_one_step_a_runs_tokens(cuda_dir: Path, precision: str) -> None:
-    bursting, stepping = open_graph(cuda_dir, precision, "cuda"), open_graph(cuda_dir, precision, "cuda")
+    choice, cuda = GraphChoice.parse(precision=precision), RunOptions.parse(provider="cuda")
+    bursting, stepping = open_graph(cuda_dir, choice, cuda), open_graph(cuda_dir, choice, cuda)
     assert isinstance(bursting, cuda_engine.DeviceModel) and bursting.graphs and stepping.bursts == 0
     bursting.bursts = cuda_engine.BURST_STEPS
     bursting.prepare_bursts()
@@ -82,8 +85,10 @@ def test_replayed_bursts_give_one_step_a_runs_tokens(cuda_dir: Path, precision: 
 
 
 def test_serving_slots_replay_each_bucket(cuda_dir: Path) -> None:
-    replayed = open_graph(cuda_dir, "fp32", "cuda").device_slots(8)
-    plain = open_graph(cuda_dir, "fp32", "cuda", cuda_graph=False).device_slots(8)
+    replayed = open_graph(cuda_dir, GraphChoice.parse(precision="fp32"),
+                          RunOptions.parse(provider="cuda")).device_slots(8)
+    plain = open_graph(cuda_dir, GraphChoice.parse(precision="fp32"),
+                       RunOptions.parse(provider="cuda"), cuda_graph=False).device_slots(8)
     rng = np.random.default_rng(0)
     for s in range(6):
         prompt = rng.integers(1, 200, 3 + s)

@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.constraint import Grammars, Masks, Spec
 from gptport.runtime.loader import open_model
 from gptport.runtime.providers import probe
@@ -34,7 +35,7 @@ JOBS: list[tuple[str, Spec | None]] = [("ka to ri", Spec("json_schema", SCHEMA, 
 
 def decode_all(model_dir: Path, provider: str) -> tuple[list[list[int]], list[str], list[str]]:
     """The jobs' greedy tokens, texts and finish reasons through one scheduler on `provider` (4 slots)."""
-    opened: Any = open_model(model_dir, provider, cache="concat")
+    opened: Any = open_model(model_dir, GraphChoice.parse(cache="concat"), RunOptions.parse(provider=provider))
     vocab = opened.engine.config.vocab_size
     grammars = Grammars(opened.tok.json, vocab, opened.tok.eot_id)
     run = Run(open_slots(opened.engine, 4), opened.tok, masks=Masks(vocab))

@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gptport.runtime.choice import GraphChoice, RunOptions
 from tests.interop.genai_check import NEW_TOKENS, PROMPTS, SHAPE, gptport  # the same model and prompts
 
 GATE = 0.98  # export's accuracy gate: top-1 agreement with fp32
@@ -87,18 +88,20 @@ def verify_model(work: Path, name: str, expected: dict[str, object]) -> tuple[in
         failures += not same
         print(f"{'ok  ' if same else 'FAIL'} {name} fp32 {prompt!r}: {len(have)} tokens "
               f"{'equal' if same else 'differ'}")
-    cpu = open_model(model, "cpu", cache="concat")
+    cpu = open_model(model, GraphChoice.parse(cache="concat"), RunOptions.parse(provider="cpu"))
     ids = cpu.tok.encode(str(expected["heldout"]))
     n = cpu.engine.n_ctx
     windows = [ids[i:i + n] for i in range(0, len(ids) - n + 1, n)][:4]
     want_logits = logits_of(cpu.engine, windows)
-    fp32 = logits_of(open_model(model, "openvino", cache="concat").engine, windows)
+    fp32 = logits_of(open_model(model, GraphChoice.parse(cache="concat"),
+                                RunOptions.parse(provider="openvino")).engine, windows)
     checks = [compare("logits", b, a, Tolerance()) for a, b in zip(want_logits, fp32, strict=True)]
     bad = worst(checks)
     failures += not bad.ok
     print(f"{'ok  ' if bad.ok else 'FAIL'} {name} fp32 on OpenVINO against the CPU provider over {len(windows)} "
           f"windows of {n}, within the export gate's bound: {bad.describe()}")
-    int8 = logits_of(open_model(model, "openvino", "int8", cache="concat").engine, windows)
+    int8 = logits_of(open_model(model, GraphChoice.parse(precision="int8", cache="concat"),
+                                RunOptions.parse(provider="openvino")).engine, windows)
     top1 = float(np.mean([np.mean(a.argmax(-1) == b.argmax(-1)) for a, b in zip(want_logits, int8, strict=True)]))
     ok = top1 >= GATE
     failures += not ok

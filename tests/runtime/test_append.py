@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from gptport import contract
 from gptport.export.tolerance import Tolerance, compare
 from gptport.runtime import append
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.loader import open_appender, open_model
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.runtime.slots import StaticSlots
@@ -135,10 +136,11 @@ def test_a_write_past_the_cache_fails(graphs: tuple[Any, Any]) -> None:
 
 
 def test_open_appender_pairs_only_the_fp32_static_graph(trained_dir: Path) -> None:
-    opened = open_model(trained_dir, cache="static")
+    opened = open_model(trained_dir, GraphChoice.parse(cache="static"))
     appender = open_appender(trained_dir, opened.engine)  # type: ignore[arg-type]
     assert appender is not None and appender.cache == contract.CACHE_APPEND
-    assert open_appender(trained_dir, open_model(trained_dir, cache="concat").engine) is None  # type: ignore[arg-type]
-    assert open_appender(trained_dir, open_model(trained_dir, precision="int8", cache="static").engine) is None  # type: ignore[arg-type]
+    assert open_appender(trained_dir, open_model(trained_dir, GraphChoice.parse(cache="concat")).engine) is None  # type: ignore[arg-type]
+    assert open_appender(trained_dir, open_model(trained_dir,
+                                                 GraphChoice.parse(precision="int8", cache="static")).engine) is None  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="float32"):
         StaticSlots(opened.engine.session, opened.engine.config, 1, np.dtype(np.int8), appender.session)  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ import pytest
 from gptport import contract
 from gptport.errors import ArtifactError
 from gptport.runtime import cuda_engine, loader
+from gptport.runtime.choice import CacheLayout, GraphChoice
 from gptport.runtime.cuda_memory import Memory
 from gptport.runtime.cuda_slots import DeviceSlots, bucket, buckets
 from gptport.runtime.generate import generate
@@ -175,8 +176,8 @@ def test_the_scheduler_serves_device_slots_as_static_slots(cuda_dir: Path) -> No
 def test_cuda_picks_the_device_graphs(cuda_dir: Path, tmp_path: Path) -> None:
     """--provider cuda opens export --cuda's graphs (auto and static), the contract graph for a precision
     without one; the CPU provider's choices are unchanged."""
-    def name(precision: str, provider: str, cache: str = loader.CACHE_AUTO) -> str:
-        return loader.graph_path(cuda_dir, precision, provider, cache).name
+    def name(precision: str, provider: str, cache: str = CacheLayout.AUTO) -> str:
+        return loader.graph_path(cuda_dir, GraphChoice.parse(precision, cache), provider).name
 
     assert name("fp32", "cuda") == contract.onnx_file("fp32", contract.CACHE_DECODE)
     assert name("fp16", "cuda") == name("fp16", "cuda", "static") == contract.onnx_file("fp16", contract.CACHE_STATIC)
@@ -188,4 +189,4 @@ def test_cuda_picks_the_device_graphs(cuda_dir: Path, tmp_path: Path) -> None:
     bare.mkdir()
     with pytest.raises(ArtifactError, match="--cuda` first"):
         cuda_engine.graph_path(bare, "fp32", required=True)
-    assert loader.graph_path(cuda_dir, "fp16", "tensorrt").name == contract.onnx_file("fp16")
+    assert loader.graph_path(cuda_dir, GraphChoice.parse("fp16"), "tensorrt").name == contract.onnx_file("fp16")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gptport import tokenizer as bpe
 from gptport.corpus import resolve_sources
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.distill import draw_prompts
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
@@ -36,7 +37,7 @@ def test_samples_are_corpus_prompts_continued_greedily(tmp_path: Path, trained_d
     # the same draw and greedy decoding, in process: the file holds exactly these texts
     tok = bpe.load(trained_dir)
     prompts = draw_prompts(resolve_sources([corpus_file]), tok, 10, 8, random.Random(3))
-    model = open_model(trained_dir, "cpu", "fp32", 1)
+    model = open_model(trained_dir, GraphChoice.parse(precision="fp32"), RunOptions.parse(provider="cpu", threads=1))
     rows = [r for lo in range(0, 10, 4) for r in generate(model.engine, prompts[lo:lo + 4], 24, Sampling(),
                                                           tok.eot_id, overflow="stop")]
     assert got[:-1] == [tok.decode([*p, *r.new_ids]) for p, r in zip(prompts, rows, strict=True)]

@@ -13,6 +13,7 @@ import torch
 from gptport import tokenizer as bpe
 from gptport.cli.common import open_engine
 from gptport.errors import ArtifactError, UsageError
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import encode_prompts, graph_path, open_model
 from gptport.runtime.sampling import Sampling
@@ -32,7 +33,7 @@ CACHES = pytest.mark.parametrize("cache", ["static", "concat"])
 
 def run(model_dir: Path, ids: list[list[int]], n: int = 64, engine: str = "onnx", cache: str = "auto",
         **kw: object) -> list[list[int]]:
-    opened = open_engine(model_dir, engine, cache=cache)
+    opened = open_engine(model_dir, engine, GraphChoice.parse(cache=cache))
     sampling = Sampling(**kw)  # type: ignore[arg-type]
     return [r.new_ids for r in generate(opened.engine, ids, n, sampling, eot_id=-1)]
 
@@ -61,21 +62,22 @@ def test_onnx_and_torch_engines_give_identical_greedy_tokens(trained_dir: Path, 
 
 def test_auto_takes_the_static_cache_graph_on_the_cpu(trained_dir: Path, tmp_path: Path) -> None:
     assert open_model(trained_dir).cache == "static"
-    assert open_model(trained_dir, precision="int8").cache == "static"
-    assert open_model(trained_dir, precision="fp16").cache == "concat"  # no static fp16 graph is exported
-    assert graph_path(trained_dir, "fp32", "cuda").name == "model.onnx"
+    assert open_model(trained_dir, GraphChoice.parse(precision="int8")).cache == "static"
+    assert open_model(trained_dir,
+                      GraphChoice.parse(precision="fp16")).cache == "concat"  # no static fp16 graph is exported
+    assert graph_path(trained_dir, GraphChoice.parse("fp32"), "cuda").name == "model.onnx"
     d = tmp_path / "m"
     shutil.copytree(trained_dir, d, ignore=shutil.ignore_patterns("*.static.onnx"))
     assert open_model(d).cache == "concat"
     with pytest.raises(ArtifactError, match="model.static.onnx: missing"):
-        graph_path(d, "fp32", "cpu", "static")
+        graph_path(d, GraphChoice.parse("fp32", "static"), "cpu")
     with pytest.raises(UsageError, match="--kv-cache 'ring'"):
-        graph_path(d, "fp32", "cpu", "ring")
+        graph_path(d, GraphChoice.parse("fp32", "ring"), "cpu")
 
 
 @CACHES
 def test_context_overflow_slides_or_stops(trained_dir: Path, prompt_ids: list[list[int]], cache: str) -> None:
-    opened = open_model(trained_dir, cache=cache)
+    opened = open_model(trained_dir, GraphChoice.parse(cache=cache))
     n_ctx = opened.engine.n_ctx
     slid = generate(opened.engine, prompt_ids[:1], n_ctx + 20, Sampling(), eot_id=-1)[0]
     assert len(slid.new_ids) == n_ctx + 20 and slid.finish_reason == "length"

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gptport.runtime.choice import GraphChoice, RunOptions
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling, probs
@@ -43,7 +44,8 @@ def draft_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, cor
 
 @pytest.fixture(scope="module")
 def models(trained_dir: Path, draft_dir: Path) -> tuple[Any, Any]:
-    return open_model(trained_dir, "cpu", "fp32", 1), open_model(draft_dir, "cpu", "fp32", 1)
+    choice, one = GraphChoice.parse(precision="fp32"), RunOptions.parse(provider="cpu", threads=1)
+    return open_model(trained_dir, choice, one), open_model(draft_dir, choice, one)
 
 
 class WrongDrafter(ModelDrafter):

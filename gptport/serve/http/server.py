@@ -14,6 +14,7 @@ from gptport.errors import InputError, UsageError
 from gptport.model_card import read_card
 from gptport.paths import CONFIG
 from gptport.runtime import loader
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.onnx_engine import check_spin
 from gptport.runtime.providers import TRT_MAX_BATCH
 from gptport.serve.http import access_log, cors
@@ -43,7 +44,7 @@ def check(settings: Settings, limits: Limits | None = None) -> None:
     check_spin(settings.spin)
     if settings.provider == "tensorrt" and settings.slots > TRT_MAX_BATCH:
         raise UsageError(f"--slots {settings.slots}: the TensorRT engine's profiles go up to batch {TRT_MAX_BATCH}")
-    loader.graph_path(settings.model_dir, settings.precision, settings.provider, settings.kv_cache)
+    loader.graph_path(settings.model_dir, GraphChoice.parse(settings.precision, settings.kv_cache), settings.provider)
     bpe.load(settings.model_dir)
     if settings.n_ctx is not None and settings.n_ctx < 2:
         raise UsageError(f"--n-ctx {settings.n_ctx}: give at least 2 positions a slot")
@@ -70,7 +71,8 @@ def check_drafting(settings: Settings) -> None:
         raise UsageError("--draft-precision needs --draft")
     check_draft_threads(settings.draft_threads, settings.draft)
     if settings.draft is not None:  # exported, at this precision
-        loader.graph_path(settings.draft, settings.draft_precision or settings.precision, settings.provider)
+        loader.graph_path(settings.draft, GraphChoice.parse(settings.draft_precision or settings.precision),
+                          settings.provider)
         bpe.load(settings.draft)
 
 

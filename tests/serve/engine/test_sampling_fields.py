@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
@@ -20,7 +21,7 @@ from tests.support.scheduling import Opened as Run
 
 @pytest.fixture(scope="module", params=["static", "concat"])
 def opened(request: pytest.FixtureRequest, trained_dir: Path) -> Any:
-    return open_model(trained_dir, cache=request.param)
+    return open_model(trained_dir, GraphChoice.parse(cache=request.param))
 
 
 samplings = st.builds(Sampling, temperature=st.sampled_from([0.0, 0.8, 1.3]), top_k=st.sampled_from([0, 20]),

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.concat_slots import ConcatSlots
 from gptport.runtime.engine import positions
 from gptport.runtime.generate import generate
@@ -26,7 +27,7 @@ CACHES = ["static", "concat"]
 
 @pytest.fixture(scope="module", params=CACHES)
 def opened(request: pytest.FixtureRequest, trained_dir: Path) -> Any:
-    return open_model(trained_dir, cache=request.param)
+    return open_model(trained_dir, GraphChoice.parse(cache=request.param))
 
 
 def alone_logits(opened: Any, ids: list[int], steps: list[int]) -> list[np.ndarray]:
@@ -96,7 +97,7 @@ def test_slots_give_each_row_its_alone_logits(opened: Any) -> None:
 
 def test_static_slots_prefill_in_chunks(trained_dir: Path) -> None:
     """A prompt filled in chunks of 5 ends with the logits of one whole prefill (the static graph)."""
-    opened = open_model(trained_dir, cache="static")
+    opened = open_model(trained_dir, GraphChoice.parse(cache="static"))
     ids = np.random.default_rng(1).integers(1, opened.tok.vocab_size, 23)
     whole = open_slots(opened.engine, 2)
     expect = whole.append(1, ids)[-1]
@@ -112,7 +113,7 @@ def test_decode_spans_share_one_logits_buffer(trained_dir: Path) -> None:
     """Every span of slots a decode step can cover (136 at 16 slots) gets a binding made once, and all write
     their logits into one (S, 1, V) buffer (a buffer per span would hold ~S^3/6 rows of logits: 9 GB at 64
     slots and GPT-2's vocabulary); each span still returns its own rows, as the same span run afresh does."""
-    opened = open_model(trained_dir, cache="static")
+    opened = open_model(trained_dir, GraphChoice.parse(cache="static"))
     S = 16
     slots, fresh = open_slots(opened.engine, S), open_slots(opened.engine, S)
     assert isinstance(slots, StaticSlots)
@@ -242,7 +243,7 @@ def test_a_failing_model_fails_every_choice_and_frees_the_slots(opened: Any) -> 
 def test_a_failing_admission_fails_the_choice_and_keeps_its_slot(trained_dir: Path) -> None:
     """A choice whose admission fails after it took a free slot (a kept cache that cannot be read, say)
     gets a Failure like every other choice, and the slot is free again: nothing is lost silently."""
-    run = Run(open_model(trained_dir, cache="static"), 2)
+    run = Run(open_model(trained_dir, GraphChoice.parse(cache="static")), 2)
     assert run.s.prefix_cache
 
     def broken(*args: Any, **kw: Any) -> int:
@@ -260,7 +261,7 @@ def test_a_failing_admission_fails_the_choice_and_keeps_its_slot(trained_dir: Pa
 def test_prompts_prefilled_together_equal_one_by_one(trained_dir: Path) -> None:
     """StaticSlots.prefill_many (adjacent empty slots in one step) gives each prompt's logits and cache
     exactly as filling the slots one by one does; the scheduler uses it for prompts that arrive together."""
-    opened = open_model(trained_dir, cache="static")
+    opened = open_model(trained_dir, GraphChoice.parse(cache="static"))
     rng = np.random.default_rng(3)
     prompts = [rng.integers(1, opened.tok.vocab_size, n) for n in (5, 17, 9, 1)]
     together, alone = open_slots(opened.engine, 6), open_slots(opened.engine, 6)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gptport.runtime import constraint
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.constraint import Grammars, Masks, Spec
 from gptport.runtime.loader import open_model
 from gptport.runtime.sampling import Sampling
@@ -28,7 +29,7 @@ PROMPTS = ["ka to ri", "so ne ma lu", "the answer is", "ri"]
 
 @pytest.fixture(scope="module")
 def opened(structured_dir: Path) -> Any:
-    return open_model(structured_dir, cache="static")
+    return open_model(structured_dir, GraphChoice.parse(cache="static"))
 
 
 @pytest.fixture(scope="module")

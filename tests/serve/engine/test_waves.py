@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gptport.runtime.choice import GraphChoice
 from gptport.runtime.generate import generate
 from gptport.runtime.loader import open_appender, open_model
 from gptport.runtime.sampling import Sampling
@@ -24,7 +25,7 @@ from tests.support import scheduling
 
 @pytest.fixture(scope="module")
 def opened(trained_dir: Path) -> Any:
-    return open_model(trained_dir, cache="static")
+    return open_model(trained_dir, GraphChoice.parse(cache="static"))
 
 
 @pytest.fixture(scope="module")
