@@ -14,10 +14,10 @@ class Run:
     """`s` the scheduler over `slots`, `events` every (out, event) it handed over."""
 
     def __init__(self, slots: SlotEngine, tok: Any, *, observer: Any = None, masks: Any = None,
-                 **knobs: Any) -> None:
+                 drafting: Any = None, **knobs: Any) -> None:
         self.events: list[tuple[Any, Any]] = []
         self.s = Scheduler(slots, tok, self.events.extend, SchedulerSettings(**knobs), observer=observer,
-                           masks=masks)
+                           masks=masks, drafting=drafting)
 
     def step(self) -> None:
         self.events += self.s.iterate()
