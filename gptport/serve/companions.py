@@ -15,13 +15,12 @@ def appender(s: Settings, engine: Any) -> Any:
     another precision, cache or provider, or an export from before the graph was written)."""
     if not s.multi_row_append:
         return None
-    from gptport.runtime.choice import RunOptions
     from gptport.runtime.engine import Capability
     from gptport.runtime.loader import open_appender
 
     if Capability.APPEND_ROWS not in engine.capabilities:
         return None
-    return open_appender(s.model_dir, engine, RunOptions.parse(s.provider, s.threads, s.spin))
+    return open_appender(s.model_dir, engine, s.run)
 
 
 def drafting(s: Settings, opened: Any) -> tuple[Drafting | None, str]:

@@ -34,7 +34,6 @@ class State:
 
     def load(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the model and start the scheduler (in a thread: /health answers 503 meanwhile)."""
-        from gptport.runtime.choice import GraphChoice, RunOptions
         from gptport.runtime.constraint import Grammars, Masks
         from gptport.runtime.loader import open_model
         from gptport.runtime.slot_layout import open_slots
@@ -43,8 +42,7 @@ class State:
 
         s = self.settings
         try:
-            opened = open_model(s.model_dir, GraphChoice.parse(s.precision, s.kv_cache, s.kv_dtype),
-                                RunOptions.parse(s.provider, s.threads, s.spin))
+            opened = open_model(s.model_dir, s.graph, s.run)
             appender = companions.appender(s, opened.engine)
             slots = open_slots(opened.engine, s.slots, appender.session if appender is not None else None, s.n_ctx)
             self.render, template = renderer(s.model_dir)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+
+from gptport.runtime.choice import GraphChoice, RunOptions
 
 
 @dataclass
@@ -41,3 +44,14 @@ class Settings:
     n_ctx: int | None = None  # positions per slot (None: the model's n_ctx)
     on_ready: Callable[[str], None] = field(default=lambda line: None)
     on_failure: Callable[[str], None] = field(default=lambda message: None)
+
+    @cached_property
+    def graph(self) -> GraphChoice:
+        """The model's graph (precision, kv_cache, kv_dtype), parsed once when first asked (http/server.check
+        asks first: a bad word is refused before the port is bound)."""
+        return GraphChoice.parse(self.precision, self.kv_cache, self.kv_dtype)
+
+    @cached_property
+    def run(self) -> RunOptions:
+        """How to run it (provider, threads, spin), parsed once when first asked."""
+        return RunOptions.parse(self.provider, self.threads, self.spin)

@@ -44,7 +44,7 @@ def check(settings: Settings, limits: Limits | None = None) -> None:
     check_spin(settings.spin)
     if settings.provider == "tensorrt" and settings.slots > TRT_MAX_BATCH:
         raise UsageError(f"--slots {settings.slots}: the TensorRT engine's profiles go up to batch {TRT_MAX_BATCH}")
-    loader.graph_path(settings.model_dir, GraphChoice.parse(settings.precision, settings.kv_cache), settings.provider)
+    loader.graph_path(settings.model_dir, settings.graph, settings.provider)
     bpe.load(settings.model_dir)
     if settings.n_ctx is not None and settings.n_ctx < 2:
         raise UsageError(f"--n-ctx {settings.n_ctx}: give at least 2 positions a slot")
