@@ -8,11 +8,8 @@ Decode tokens/s counts generated tokens only (batch x steps after the first toke
 from __future__ import annotations
 
 import itertools
-import os
 import platform
 import statistics
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,6 +24,7 @@ from gptport.machine import describe
 from gptport.runtime.accept import Accepting
 from gptport.runtime.choice import CacheLayout, GraphChoice, RunOptions, Spin
 from gptport.runtime.engine import Bursting, Engine, bursting, positions
+from gptport.runtime.host_measures import measure_bandwidth, peak_rss_mb, peak_rss_reset, weight_bytes_per_token
 
 if TYPE_CHECKING:
     from gptport.runtime.loader import Opened
@@ -92,81 +90,6 @@ class Row:
     speedup_vs_plain: float | None = None  # decode tok/s over the plain row of the same graph and shape
 
 
-def measure_bandwidth(threads: int = 0, mib: int = 1024, tries: int = 5) -> float:
-    """Memory read bandwidth in bytes/s: `threads` threads each reducing a disjoint part of a buffer
-    far larger than the caches (numpy releases the GIL in reductions), with four reductions (float32
-    sum and max, uint64 bitwise or, BLAS dot: the first is compute-bound on some CPUs); the best of
-    `tries` runs of the fastest. The weights a decode step reads stream through the same memory."""
-    n_threads = threads or os.cpu_count() or 1
-    buf = np.ones(mib * (1 << 20) // 4, dtype=np.float32)
-    parts = np.array_split(buf, n_threads)
-    kernels: list[Callable[[np.ndarray], object]] = [  # parts are 8-byte multiples
-        np.sum, np.max, lambda p: np.bitwise_or.reduce(p.view(np.uint64)), lambda p: np.dot(p, p)]
-    best = float("inf")
-    for kernel in kernels:
-        for _ in range(tries):
-            workers = [threading.Thread(target=kernel, args=(p,)) for p in parts]
-            t0 = time.perf_counter()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            best = min(best, time.perf_counter() - t0)
-    return buf.nbytes / best
-
-
-def weight_bytes_per_token(path: Path) -> int:
-    """Bytes of weights one decode step reads: every initializer except those only gathered from
-    (the token and position tables, of which a step reads one row)."""
-    import onnx
-
-    proto = onnx.load_model(str(path), load_external_data=False)
-    consumers: dict[str, set[str]] = {}
-    for node in proto.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, set()).add(node.op_type)
-    total = 0
-    for init in proto.graph.initializer:
-        ops = consumers.get(init.name, set())
-        if ops and ops <= {"Gather", "GatherBlockQuantized"}:
-            continue
-        size = next((int(e.value) for e in init.external_data if e.key == "length"), None)
-        total += size if size is not None else len(init.raw_data) or onnx.numpy_helper.to_array(init).nbytes
-    return total
-
-
-def _peak_rss_reset() -> bool:
-    """Reset the kernel's peak-RSS mark of this process (Linux), so each row reports its own peak."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_mb(status: str = "/proc/self/status") -> float | None:
-    """This process's peak resident memory in MB (MiB): Linux's VmHWM (which _peak_rss_reset can
-    reset), else getrusage's ru_maxrss (macOS, the BSDs); None where neither exists (Windows)."""
-    try:
-        with open(status) as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    try:
-        import resource
-    except ImportError:
-        return None
-    return maxrss_mb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-
-
-def maxrss_mb(ru_maxrss: int) -> float:
-    """getrusage's ru_maxrss in MB (MiB): it counts bytes on macOS, KiB on Linux and the BSDs."""
-    return ru_maxrss / (1 << 20) if sys.platform == "darwin" else ru_maxrss / 1024
-
-
 def time_generation(engine: Engine, vocab: int, batch: int, prompt_len: int, gen_len: int, seed: int
                     ) -> tuple[float, float, list[float]]:
     """One greedy run on random ids: (prefill seconds, time to first token, per-step decode seconds). An
@@ -223,12 +146,12 @@ def _fill(row: Row, engine: Engine, vocab: int, plan: BenchPlan,
     measured before the warm-up (whose run refills the caches the probe flushed) and after the last
     run, and the row gets the mean. Peak RSS: the engine's creation and its runs, not the probe's."""
     prefill, decode, ttfts, latencies = [], [], [], []
-    peaks = [_peak_rss_mb()]  # the session's creation
+    peaks = [peak_rss_mb()]  # the session's creation
     bandwidths = [probe()] if probe is not None else []
-    _peak_rss_reset()  # forget the probe's buffer
+    peak_rss_reset()  # forget the probe's buffer
     for i in range(plan.warmup + plan.repeat):
         t_prefill, ttft, steps = time_generation(engine, vocab, row.batch, row.prompt_len, row.gen_len, seed=i)
-        peaks.append(_peak_rss_mb())
+        peaks.append(peak_rss_mb())
         if i < plan.warmup:
             continue
         prefill.append(row.batch * row.prompt_len / t_prefill)
@@ -311,7 +234,7 @@ def run(model_dir: Path, plan: BenchPlan, say: Callable[[str], None] = lambda m:
     config: dict[str, Any] = {}
     for provider, precision, cache, kv in itertools.product(plan.providers, plan.precisions, plan.kv_caches,
                                                             plan.kv_dtypes):
-        _peak_rss_reset()
+        peak_rss_reset()
         t0 = time.perf_counter()
         try:
             model = open_graph(model_dir, GraphChoice.parse(precision, cache, kv), RunOptions(provider, plan.threads),
@@ -357,7 +280,7 @@ def _torch_rows(model_dir: Path, plan: BenchPlan, say: Callable[[str], None], op
     """The same loop over the torch model from model.safetensors (needs the train extra)."""
     rows = []
     for provider in sorted({"cuda" if p in ("cuda", "tensorrt") else "cpu" for p in plan.providers}):
-        _peak_rss_reset()
+        peak_rss_reset()
         t0 = time.perf_counter()
         try:
             opened = open_torch(model_dir, provider, plan.threads)

@@ -11,7 +11,7 @@ import pytest
 
 from gptport.cli.common import open_engine
 from gptport.errors import UsageError
-from gptport.runtime import bench
+from gptport.runtime import host_measures
 from gptport.runtime.choice import RunOptions
 from tests.support.cli import assert_one_line_error, gptport
 
@@ -86,15 +86,15 @@ def test_peak_rss_is_mb_on_every_platform(monkeypatch: pytest.MonkeyPatch, tmp_p
     import resource
 
     monkeypatch.setattr(sys, "platform", platform)
-    assert bench.maxrss_mb(ru_maxrss) == 300.0
+    assert host_measures.maxrss_mb(ru_maxrss) == 300.0
     monkeypatch.setattr(resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=ru_maxrss))
-    assert bench._peak_rss_mb(status=str(tmp_path / "no-proc-status")) == 300.0  # no /proc: getrusage
+    assert host_measures.peak_rss_mb(status=str(tmp_path / "no-proc-status")) == 300.0  # no /proc: getrusage
 
 
 def test_peak_rss_reads_linux_high_water_mark(tmp_path: Path) -> None:
     status = tmp_path / "status"
     status.write_text("Name:\tpython\nVmPeak:\t 999999 kB\nVmHWM:\t  307200 kB\nVmRSS:\t 1024 kB\n")
-    assert bench._peak_rss_mb(status=str(status)) == 300.0
+    assert host_measures.peak_rss_mb(status=str(status)) == 300.0
 
 
 def test_dynamic_int8_quantizes_every_matmul(tmp_path: Path, tokenizer_dir: Path, corpus_file: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from gptport import tokenizer as bpe
 from gptport.cli.common import open_engine
 from gptport.errors import UsageError
-from gptport.runtime import bench
+from gptport.runtime import bench, host_measures
 from gptport.runtime.evaluate import evaluate
 from gptport.runtime.loader import open_model
 from gptport.runtime.providers import probe
@@ -42,8 +42,8 @@ def fp32_bytes_per_step(model_dir: Path) -> int:
 def test_weight_bytes_skip_the_tables_a_step_only_gathers_from(trained_dir: Path) -> None:
     want = fp32_bytes_per_step(trained_dir)
     for graph in ("model.onnx", "model.static.onnx"):  # the graphs add a few small constants (shapes, axes)
-        assert bench.weight_bytes_per_token(trained_dir / graph) == pytest.approx(want, rel=2e-3), graph
-    int8 = bench.weight_bytes_per_token(trained_dir / "model.int8.onnx")
+        assert host_measures.weight_bytes_per_token(trained_dir / graph) == pytest.approx(want, rel=2e-3), graph
+    int8 = host_measures.weight_bytes_per_token(trained_dir / "model.int8.onnx")
     # A byte per weight and a float scale per block, the head quantized too: 1/4 of fp32 and a little; up
     # to 1/2 here, where d_model 64 is shorter than the 128-weight block, which MatMulNBits pads out.
     assert 0.25 < int8 / want < 0.5
@@ -59,7 +59,7 @@ def test_bandwidth_probe_agrees_with_a_plain_numpy_timing() -> None:
         buf.sum()
         best = min(best, time.perf_counter() - t0)
     ours = buf.nbytes / best
-    probed = bench.measure_bandwidth(threads=1, mib=128, tries=2)
+    probed = host_measures.measure_bandwidth(threads=1, mib=128, tries=2)
     assert ours / 3 < probed < ours * 3, (probed / 1e9, ours / 1e9)
 
 
