@@ -10,16 +10,18 @@ frequencies (rope_tables).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from gptport import contract
 from gptport.config import ModelConfig
+from gptport.export.nbits import NBits, Quant, slabs
+from gptport.export.tensor_sink import InlineSink, Sink
 
 CACHE = "max_sequence"  # the cache's length dimension: n_ctx at run time (or more: the buffers' capacity)
 IR_VERSION = 10  # what onnxruntime 1.20 and later read (onnx writes newer ones by default)
@@ -51,9 +53,12 @@ class Forms:
     swiglu: str = "fused"  # fused: one MatMul of [gate | up], then Split; apart: two MatMuls
     layer: str = "apart"  # apart: Add(s) + LayerNormalization; skip: SkipLayerNormalization, the bias and the
     #                       residual sum in one node (one kernel on CUDA for three; 2x slower on the CPU)
+    gelu: str = "fused"  # fused: FastGelu / BiasGelu (com.microsoft); plain: onnx's Tanh or Erf and arithmetic
 
 
 FASTEST = Forms()
+PORTABLE = Forms(rms="plain", gelu="plain")  # the contract graph: onnx's own operators at opset 18 (plain RMSNorm:
+#                                              Pow, ReduceMean, Sqrt, Div), which onnxruntime's optimizer fuses
 
 
 def sinusoidal_table(n_ctx: int, d_model: int) -> np.ndarray:
@@ -85,8 +90,10 @@ def _i64(*values: int) -> np.ndarray:
 class Builder:
     """Nodes and initializers, with unique names; `opset`: the default domain's version its nodes need."""
 
-    def __init__(self, config: ModelConfig, forms: Forms = FASTEST) -> None:
-        self.config, self.forms = config, forms
+    def __init__(self, config: ModelConfig, forms: Forms = FASTEST, sink: Sink | None = None,
+                 nbits: NBits | None = None) -> None:
+        self.config, self.forms, self.nbits = config, forms, nbits
+        self.sink: Sink = sink or InlineSink()
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.opset = 1
@@ -97,7 +104,7 @@ class Builder:
         """An initializer; one of that name already made is used again (a shape every layer reshapes to)."""
         if name not in self._names:
             self._names.add(name)
-            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+            self.inits.append(self.sink.tensor(name, array))
         return name
 
     def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "",
@@ -111,11 +118,39 @@ class Builder:
     def matmul(self, x: str, weights: Mapping[str, np.ndarray], prefix: str, out: str | None = None
                ) -> tuple[str, str]:
         """x @ W.T and the name of the bias ("" without one), left for the next op to add. W is
-        stored (in, out), a constant MatMul weight, which is what the quantizers look for."""
-        w = self.const(f"{prefix}.weight_t", weights[f"{prefix}.weight"].T)
+        stored (in, out), a constant MatMul weight, which is what the quantizers look for; with `nbits`,
+        a MatMulNBits of W quantized (the head and the MLP's down projections as NBits.of says)."""
         bias = weights.get(f"{prefix}.bias")
-        y = self.op("MatMul", [x, w], [out] if out else 1)[0]
+        if self.nbits is not None:
+            role = "head" if prefix == "lm_head" else "down" if prefix.endswith("mlp.c_proj") else ""
+            y = self.nbits_matmul(x, weights[f"{prefix}.weight"], prefix, self.nbits.of(role), out)
+        else:
+            w = self.const(f"{prefix}.weight_t", weights[f"{prefix}.weight"].T)
+            y = self.op("MatMul", [x, w], [out] if out else 1)[0]
         return y, self.const(f"{prefix}.bias", bias) if bias is not None else ""
+
+    def nbits_matmul(self, x: str, w: np.ndarray, prefix: str, q: Quant, out: str | None = None) -> str:
+        """x @ w.T by MatMulNBits, `w` (N, K) quantized a slab of rows at a time straight into the sink."""
+        n, k = w.shape
+        packed_shape, scale_shape, zp_shape = q.shapes(n, k)
+        scales: list[np.ndarray] = []
+        zeros: list[np.ndarray] = []
+
+        def packed() -> Iterator[np.ndarray]:
+            for part, scale, zero in slabs(w, q):
+                scales.append(scale)
+                zeros.append(zero)
+                yield part
+
+        name = f"{prefix}.weight_Q{q.bits}"
+        self._names.add(name)
+        self.inits.append(self.sink.chunked(name, np.dtype(np.uint8), packed_shape, packed()))
+        inputs = [x, name, self.const(f"{prefix}.weight_scales", np.concatenate(scales).reshape(-1))]
+        if not q.symmetric:
+            inputs.append(self.const(f"{prefix}.weight_zero_points", np.concatenate(zeros).reshape(zp_shape)))
+        level = {"accuracy_level": q.accuracy_level} if q.accuracy_level else {}
+        return self.op("MatMulNBits", inputs, [out] if out else 1, domain="com.microsoft", K=k, N=n, bits=q.bits,
+                       block_size=q.block, **level)[0]
 
     def linear(self, x: str, weights: Mapping[str, np.ndarray], prefix: str, out: str | None = None) -> str:
         """x @ W.T (+ b)."""
@@ -157,6 +192,11 @@ class Builder:
     def rms_norm(self, x: str, gamma: str) -> str:
         """x / sqrt(mean(x^2) + eps) * gamma over the last axis, in float32 (Forms.rms's operator)."""
         eps = self.config.ln_eps
+        if self.forms.rms == "plain":  # x / sqrt(mean(x^2) + eps) * gamma
+            mean = self.op("ReduceMean", [self.op("Mul", [x, x])[0], self.const("last_axis", _i64(-1))],
+                           keepdims=1)[0]  # (..., 1)
+            root = self.op("Sqrt", [self.op("Add", [mean, self.const("rms_eps", np.array(eps, np.float32))])[0]])[0]
+            return self.op("Mul", [self.op("Div", [x, root])[0], gamma])[0]
         if self.forms.rms == "simplified":
             return self.op("SimplifiedLayerNormalization", [x, gamma], axis=-1, epsilon=eps, stash_type=1)[0]
         self.opset = max(self.opset, RMS_NORM_OPSET)
@@ -168,12 +208,28 @@ class Builder:
         return self.op("LayerNormalization", [x, gamma, *beta], axis=-1, epsilon=self.config.ln_eps)[0]
 
     def gelu(self, x: str, bias: str, kind: str) -> str:
-        """GELU(x + bias): FastGelu (tanh) or BiasGelu (exact), with the bias folded in."""
+        """GELU(x + bias): FastGelu (tanh) or BiasGelu (exact), with the bias folded in (Forms.gelu fused)."""
+        if self.forms.gelu == "plain":
+            return self.plain_gelu(self.op("Add", [x, bias])[0] if bias else x, kind)
         if kind == "tanh":
             return self.op("FastGelu", [x, bias] if bias else [x], domain="com.microsoft")[0]
         if bias:
             return self.op("BiasGelu", [x, bias], domain="com.microsoft")[0]
         return self.op("Gelu", [x], approximate="none")[0]
+
+    def plain_gelu(self, x: str, kind: str) -> str:
+        """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) for tanh, 0.5 x (1 + erf(x / sqrt(2))) for exact."""
+        def c(name: str, value: float) -> str:
+            return self.const(name, np.array(value, np.float32))
+
+        if kind == "tanh":
+            cube = self.op("Mul", [self.op("Mul", [x, x])[0], x])[0]
+            inner = self.op("Add", [x, self.op("Mul", [cube, c("gelu_cubic", 0.044715)])[0]])[0]
+            curve = self.op("Tanh", [self.op("Mul", [inner, c("gelu_slope", math.sqrt(2 / math.pi))])[0]])[0]
+        else:
+            curve = self.op("Erf", [self.op("Mul", [x, c("gelu_erf_scale", 1 / math.sqrt(2))])[0]])[0]
+        half = self.op("Mul", [x, c("gelu_half", 0.5)])[0]
+        return self.op("Mul", [half, self.op("Add", [curve, c("gelu_one", 1.0)])[0]])[0]
 
     def mlp(self, h: str, weights: Mapping[str, np.ndarray], prefix: str) -> tuple[str, str]:
         """The MLP of h up to its output projection's MatMul: -> (that product, its bias or "")."""
@@ -220,13 +276,34 @@ class Builder:
         return self.op("Reshape", [normed, self.const(f"by_token_{width}", _i64(0, -1, width))])[0]  # (B, S, n*hd)
 
 
-def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: Attend, forms: Forms = FASTEST
-                ) -> Builder:
+class Float32(Mapping[str, np.ndarray]):
+    """`weights` read as float32, each tensor when it is asked for (a lazy reader stays lazy)."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.weights = weights
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return np.asarray(self.weights[name], dtype=np.float32)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.weights
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.weights)
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: Attend, forms: Forms = FASTEST,
+                sink: Sink | None = None, nbits: NBits | None = None, every_position: bool = False) -> Builder:
     """The nodes and initializers of a model with this config (config.json's "model") and these weights
-    (model.safetensors as numpy, gptport's names; the head is wte.weight when the embeddings are tied), each
-    layer's attention written by `attend`; its output is contract.LOGITS (B, L, V)."""
-    w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
-    g = Builder(config, forms)
+    (model.safetensors as numpy, gptport's names, each read when its op is written; the head is wte.weight when
+    the embeddings are tied), each layer's attention written by `attend`, each initializer handed to `sink` as it
+    is made (default: inline), the MatMul weights quantized by `nbits` if given; its output is contract.LOGITS
+    (B, L, V) at the positions logits_index names, or with `every_position` at every position (B, S, V)."""
+    w = Float32(weights)
+    g = Builder(config, forms, sink, nbits)
     x = g.op("Gather", [g.const("wte.weight", w["wte.weight"]), contract.INPUT_IDS])[0]  # (B, S, D)
     delta = delta_bias = ""  # rope: nothing is added to the embeddings
     if config.pos_encoding != "rope":
@@ -242,10 +319,13 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
     if delta_bias:
         delta = g.op("Add", [delta, delta_bias])[0]
     x = g.op("Add", [x, delta])[0]  # (B, S, D)
-    index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", _i64(-1))])[0]
-    x = g.op("GatherND", [x, index], batch_dims=1)[0]  # (B, L, D): only the positions asked for
+    if not every_position:
+        index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", _i64(-1))])[0]
+        x = g.op("GatherND", [x, index], batch_dims=1)[0]  # (B, L, D): only the positions asked for
     h = g.norm(x, w, "ln_f")
-    if config.tie_embeddings:  # stored once; onnxruntime folds the Transpose when it loads the graph
+    if config.tie_embeddings and nbits is not None:  # the quantized head is a matrix of its own
+        g.nbits_matmul(h, w["wte.weight"], "lm_head", nbits.of("head"), out=contract.LOGITS)  # (B, L, V)
+    elif config.tie_embeddings:  # stored once; onnxruntime folds the Transpose when it loads the graph
         head = g.op("Transpose", ["wte.weight"], perm=[1, 0])[0]  # (D, V)
         g.op("MatMul", [h, head], [contract.LOGITS])  # (B, L, V)
     else:
