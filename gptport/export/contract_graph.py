@@ -119,11 +119,15 @@ class _Attention:
 
 
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray], sink: Sink | None = None,
-          nbits: NBits | None = None, forms: Forms = PORTABLE, opset: int = OPSET) -> onnx.ModelProto:
+          nbits: NBits | None = None, forms: Forms = PORTABLE, opset: int = OPSET, residuals: list[str] | None = None
+          ) -> onnx.ModelProto:
     """The contract graph of a model with this config and these weights (gptport's names, read as each op is
     written), its initializers handed to `sink` (default: inline), its MatMul weights quantized by `nbits` when
-    given (MatMulNBits: onnxruntime's)."""
+    given (MatMulNBits: onnxruntime's); `residuals`, if given, receives the names of the residual stream after
+    each layer (what layer_check.py taps)."""
     g = graph_body.transformer(config, weights, _Attention(config), forms, sink, nbits, every_position=True)
+    if residuals is not None:
+        residuals.extend(g.residuals)
     batch, seq, past, total = contract.BATCH, contract.SEQUENCE, contract.PAST, contract.TOTAL
     kv = [config.n_kv_head, config.head_dim]
     inputs = [helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [batch, seq]),

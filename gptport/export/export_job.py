@@ -11,8 +11,19 @@ import numpy as np
 
 from gptport import contract
 from gptport import tokenizer as bpe
-from gptport.export import calibration, validate, variants
+from gptport.export import (
+    calibration,
+    contract_graph,
+    gqa_graph,
+    graph_write,
+    layer_check,
+    scatter_graph,
+    validate,
+    variants,
+)
 from gptport.export.export_report import ExportReport
+from gptport.export.graph_files import metadata
+from gptport.export.nbits import NBits
 from gptport.export.tolerance import Tolerance
 from gptport.runtime.engine import StepFn
 from gptport.training.checkpoint import ModelCard
@@ -39,7 +50,7 @@ class Job:
 
     model_dir: Path
     tok: bpe.BPETokenizer
-    model: GPT
+    model: GPT | None  # None: a model checked layer by layer (layer_check.py), never held whole in torch
     card: ModelCard
     sources: Mapping[str, str]  # provenance.sources, hashed once before the model was loaded
     tol: Tolerance
@@ -52,6 +63,29 @@ class Job:
     passed: dict[Graph, Path] = field(default_factory=dict)  # graph -> its checked temporary file
     float64: StepFn | None = None  # the model in float64 (validate.exact_step): made once, dropped after the last check
     ranges: variants.Ranges | None = None  # the activations' ranges a smoothing scheme needs: measured once
+    weights: Mapping[str, np.ndarray] = field(default_factory=dict)  # gptport's names -> each tensor, read when asked
+    outside: bool = False  # the graphs' weights go to external data (graph_write.external)
+    opset: int = contract_graph.OPSET  # the contract graphs' default-domain opset (--opset)
+    taps: list[str] = field(default_factory=list)  # the contract graph's residual stream after each layer
+    checked: list[layer_check.Case] = field(default_factory=list)  # the layer-by-layer check's cases, with logits
+
+    def weights_bytes(self) -> int:
+        """Bytes of the weights in float32 (a tied head once)."""
+        return sum(4 * int(np.prod(self.weights[k].shape)) for k in self.weights)
+
+    def build(self, cache: str, path: Path, precision: str = "fp32", nbits: NBits | None = None,
+              gated: bool = True) -> list[str]:
+        """The graph of this cache layout written op by op from the weights to `path` (graph_write.write), its
+        MatMul weights quantized by `nbits` when given, with its metadata (`gated`: it will pass a gate). Returns
+        a contract graph's residual stream names, layer by layer (layer_check.py taps them)."""
+        cfg, taps = self.card.model, []
+        make = {contract.CACHE_CONCAT: lambda sink: contract_graph.build(cfg, self.weights, sink, nbits,
+                                                                         opset=self.opset, residuals=taps),
+                contract.CACHE_STATIC: lambda sink: gqa_graph.build(cfg, self.weights, sink=sink, nbits=nbits),
+                contract.CACHE_APPEND: lambda sink: scatter_graph.build(cfg, self.weights, sink=sink, nbits=nbits)}
+        graph_write.write(path, make[cache], metadata(self.card, precision, cache, self.sources, gated=gated),
+                          self.outside)
+        return taps
 
     def ranges_for(self, scheme: str) -> variants.Ranges | None:
         """The activations' ranges if `scheme` smooths (on every other gate window, measured on first use)."""

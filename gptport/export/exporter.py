@@ -5,7 +5,6 @@ reads top to bottom as its steps; each graph it may write is a `Graph`, what the
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -14,17 +13,30 @@ import onnx
 from gptport import atomic, contract, provenance
 from gptport import tokenizer as bpe
 from gptport.errors import ArtifactError, UsageError, ValidationError
-from gptport.export import append_check, genai, gqa_graph, heap, validate, variant_steps, variants
+from gptport.export import (
+    append_check,
+    genai,
+    gqa_graph,
+    graph_write,
+    heap,
+    layer_check,
+    validate,
+    variant_steps,
+    variants,
+)
 from gptport.export.export_job import Graph, Job
 from gptport.export.export_report import ExportReport, parse_precisions
 from gptport.export.graph_files import metadata, remove_stale, save, save_static, set_metadata, size_ratio
+from gptport.export.model_read import expected_shapes
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import write_all
 from gptport.export.tolerance import Tolerance
-from gptport.export.torch_to_onnx import to_onnx, untie_folded_head
+from gptport.export.torch_to_onnx import untie_folded_head
+from gptport.model_card import check_tokenizer, read_card
 from gptport.runtime import hugepages
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.training.checkpoint import load_model
+from gptport.weights import open_weights
 
 __all__ = ["ExportReport", "Graph", "export", "metadata", "parse_precisions", "save", "save_static", "set_metadata"]
 
@@ -74,13 +86,17 @@ def export(
         raise UsageError(f"--ort-level {ort_level!r} is unknown; choose from {', '.join(ORT_LEVELS)}")
     heap.return_large_blocks()  # a graph or session dropped goes back to the system (heap.py)
     job = _open(model_dir, gate, tol, say)
+    if job.model is None:
+        _streamed_options(job, precisions, gate, kv_dtype, ort_level)
     _plan(job, precisions, static, force, kv_dtype)
     if gate and (len(precisions) > 1 or kv_dtype == "int8"):
         _gate_text(job, heldout, sampled_text)
     try:
         with hugepages.checks_only():  # the checks' sessions run a few steps each: not on huge pages
             _check_fp32(job, opset)
-            if optimize:
+            if optimize and job.outside:
+                job.say("not optimizing: the transformer optimizer holds the whole graph in memory")
+            elif optimize:
                 _optimize_fp32(job)
             static_graphs = any(g.cache == contract.CACHE_STATIC for g in job.graphs)
             if static_graphs:
@@ -115,17 +131,45 @@ def _check_options(opset: int, gate: bool, heldout: Path | None, sampled_text: b
 
 
 def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None]) -> Job:
-    """The tokenizer, the hashes of the sources, then the model (a file replaced meanwhile fails the check); the
-    job's say() frees what the last step left (heap.release) before it announces the next."""
+    """The tokenizer, the hashes of the sources, the weights mapped and checked against config.json, then, for a
+    model small enough (graph_write.external), the torch model (a file replaced meanwhile fails the check); a
+    larger one is checked layer by layer (layer_check.py) and its weights are read tensor by tensor. The job's
+    say() frees what the last step left (heap.release) before it announces the next."""
     tok = bpe.load(model_dir)
     sources = provenance.sources(model_dir)
-    model, card = load_model(model_dir, tok)
+    card = read_card(model_dir)
+    check_tokenizer(card, tok, model_dir)
+    weights = open_weights(model_dir)
+    weights.check_shapes(expected_shapes(card.model))
+    outside = graph_write.external(weights.float32_bytes())
+    if outside:
+        provenance.check_weights(model_dir)
+        model = None
+        say(f"{weights.float32_bytes() / 2**30:.1f} GiB of float32 weights: graphs written to external data, "
+            "checked layer by layer")
+    else:
+        model, card = load_model(model_dir, tok)
 
     def step(message: str) -> None:  # each step announced after what the last one left is freed
         heap.release()
         say(message)
 
-    return Job(model_dir, tok, model, card, sources, tol, step, ExportReport(gated=gate))
+    return Job(model_dir, tok, model, card, sources, tol, step, ExportReport(gated=gate), weights=weights,
+               outside=outside)
+
+
+def _streamed_options(job: Job, precisions: Sequence[str], gate: bool, kv_dtype: str, ort_level: str | None
+                      ) -> None:
+    """What a model checked layer by layer cannot have, refused before anything is written: the variants' accuracy
+    gate, the int8 cache's and the .ort files' checks run the whole torch model."""
+    size = f"{job.model_dir}: {job.weights_bytes() / 2**30:.1f} GiB of float32 weights"
+    if gate and len(precisions) > 1:
+        raise UsageError(f"{size}; the variants' accuracy gate runs the whole torch model: pass --no-gate to write "
+                         "them unchecked (the fp32 graphs are still checked layer by layer)")
+    if kv_dtype == "int8":
+        raise UsageError(f"{size}; --kv-dtype int8 calibrates on the whole torch model: not at this size")
+    if ort_level is not None:
+        raise UsageError(f"{size}; --ort-level checks the .ort files on the whole torch model: not at this size")
 
 
 def _plan(job: Job, precisions: Sequence[str], static: bool, force: bool, kv_dtype: str = "float32") -> None:
@@ -158,15 +202,15 @@ def _gate_text(job: Job, heldout: Path | None, sampled_text: bool) -> None:
 
 
 def _write_plain(job: Job, opset: int) -> Path:
-    """The graph torch.export gives, saved under a temporary name once every weight is found stored once (the
-    graph in memory is freed on return: it is as large as the model)."""
+    """The contract graph written op by op from the weights (contract_graph.py) under a temporary name, once every
+    weight is found stored once."""
     fp32 = job.graph("fp32")
     assert fp32 is not None  # parse_precisions puts fp32 first
-    job.say("exporting fp32 graph (torch.export)")
-    proto = to_onnx(job.model, opset)
+    job.say("building the fp32 graph from the weights" + (" (external data)" if job.outside else ""))
+    job.opset = opset
     job.plain = atomic.temp_name(fp32.path)
-    job.report.size_ratio = size_ratio(proto, job.model)
-    save(proto, job.plain, metadata(job.card, "fp32", sources=job.sources))
+    job.taps = job.build(contract.CACHE_CONCAT, job.plain)
+    job.report.size_ratio = graph_write.weight_bytes(job.plain) / job.weights_bytes()
     if job.report.size_ratio > 1.01:
         raise ValidationError(f"export: model.onnx holds {job.report.size_ratio:.3f}x the parameter bytes "
                               "(a weight is stored twice); not written")
@@ -181,12 +225,29 @@ def _check_fp32(job: Job, opset: int) -> None:
     report, model, plain = job.report, job.model, _write_plain(job, opset)
     job.say("checking fp32 graph: onnx.checker, onnxruntime, parity, greedy decoding")
     onnx.checker.check_model(str(plain), full_check=True)
+    if model is None:
+        _check_fp32_by_layer(job, plain)
+        return
     onnx_model = load_cpu(plain)
     report.parity = validate.parity(model, onnx_model.step(), job.tol, exact=job.exact())
     validate.refuse("fp32 parity", report.parity)
     job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
     report.greedy_tokens = validate.greedy_match(model, onnx_model, job.prompts)
     job.passed[fp32] = job.plain
+
+
+def _check_fp32_by_layer(job: Job, plain: Path) -> None:
+    """The contract graph against the torch model run layer by layer (layer_check.py), then greedy decoding."""
+    fp32 = job.graph("fp32")
+    assert fp32 is not None
+    cfg = job.card.model
+    job.checked = layer_check.cases(cfg)
+    job.report.parity = layer_check.check_contract(plain, job.taps, cfg, job.weights, job.tol, job.checked)
+    validate.refuse("fp32 parity", job.report.parity)
+    job.prompts = validate.prompts(job.model_dir, job.tok, cfg.n_ctx, config=cfg)
+    n_new = min(validate.GREEDY_TOKENS, cfg.n_ctx - max(len(p) for p in job.prompts))
+    job.report.greedy_tokens = layer_check.greedy(load_cpu(plain), cfg, job.weights, job.prompts, n_new, job.tol)
+    job.passed[fp32] = plain
 
 
 def _optimize_fp32(job: Job) -> None:
@@ -216,9 +277,15 @@ def _static_fp32(job: Job) -> None:
     fp32 = job.graph("fp32", contract.CACHE_STATIC)
     assert fp32 is not None
     tmp = atomic.temp_name(fp32.path)
-    save_static(job.model, job.card, tmp, job.sources)
+    job.build(contract.CACHE_STATIC, tmp)
     onnx.checker.check_model(str(tmp), full_check=True)
     engine = load_cpu(tmp)
+    if job.model is None:
+        job.report.static_parity = layer_check.check_static(engine, job.checked, job.tol)
+        validate.refuse("static-cache graph parity", job.report.static_parity)
+        layer_check.greedy(engine, job.card.model, job.weights, job.prompts, validate.GREEDY_TOKENS // 2, job.tol)
+        job.passed[fp32] = tmp
+        return
     job.report.static_parity = validate.static_parity(job.model, engine, job.tol, exact=job.exact())
     validate.refuse("static-cache graph parity", job.report.static_parity)
     validate.greedy_match(job.model, engine, job.prompts)
@@ -231,9 +298,12 @@ def _append_graph(job: Job) -> None:
     static, graph = job.graph("fp32", contract.CACHE_STATIC), job.graph("fp32", contract.CACHE_APPEND)
     if graph is None or static not in job.passed:
         return
+    if job.model is None:  # append_check runs the whole torch model
+        job.say("not writing the multi-row append graph: its check runs the whole torch model")
+        return
     job.say("building the multi-row append graph (TensorScatter + Attention over the static cache's buffers)")
     tmp = atomic.temp_name(graph.path)
-    save_static(job.model, job.card, tmp, job.sources, contract.CACHE_APPEND)
+    job.build(contract.CACHE_APPEND, tmp)
     onnx.checker.check_model(str(tmp), full_check=True)
     rows = append_check.append_parity(job.model, load_cpu(job.passed[static]), load_cpu(tmp).session, job.tol,
                                       exact=job.exact())
@@ -247,11 +317,12 @@ def _rename_into_place(job: Job) -> None:
     that did not pass this time removed (report.removed)."""
     for g in job.graphs:  # contract graphs first, as _plan lists them
         if g in job.passed:
-            os.replace(job.passed[g], g.path)
+            graph_write.place(job.passed[g], g.path)
             job.report.files[g.label] = g.path
     for g in job.graphs:
         if g.path.exists() and g not in job.passed:
             g.path.unlink()
+            g.path.with_name(g.path.name + ".data").unlink(missing_ok=True)
             job.report.removed[g.path] = "an earlier export's; this one did not pass its gate"
 
 

@@ -40,6 +40,8 @@ from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.export import graph_body
 from gptport.export.graph_body import FASTEST, Builder, Forms, Qkv, sinusoidal_table
+from gptport.export.nbits import NBits
+from gptport.export.tensor_sink import Sink
 
 CACHE = graph_body.CACHE
 OPSET = 21
@@ -63,10 +65,12 @@ def refuse_unsupported(config: ModelConfig) -> None:
         raise UsageError(f"no static-cache graph: {reason}")
 
 
-def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST) -> onnx.ModelProto:
+def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST, sink: Sink | None = None,
+          nbits: NBits | None = None) -> onnx.ModelProto:
     """The static-cache graph of a model with this config (config.json's "model") and these weights
     (model.safetensors as numpy, gptport's names; the head is wte.weight when the embeddings are tied);
-    refused for a config it cannot have (unsupported). `forms`: which operators write RMSNorm and SwiGLU."""
+    refused for a config it cannot have (unsupported). `forms`: which operators write RMSNorm and SwiGLU; `sink`
+    and `nbits`: where the initializers go and how the MatMul weights are quantized (graph_body.transformer)."""
     refuse_unsupported(config)
     n_layer = config.n_layer
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
@@ -85,7 +89,7 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
                     num_heads=config.n_head, kv_num_heads=config.n_kv_head,
                     scale=1.0 / math.sqrt(config.head_dim), **rope)[0]  # (B, S, H*hd)
 
-    g = graph_body.transformer(config, weights, attend, forms)
+    g = graph_body.transformer(config, weights, attend, forms, sink, nbits)
     past_values, outputs = graph_body.cache_values(config)
     inputs = [
         *graph_body.token_inputs(),

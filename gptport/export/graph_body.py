@@ -54,11 +54,13 @@ class Forms:
     layer: str = "apart"  # apart: Add(s) + LayerNormalization; skip: SkipLayerNormalization, the bias and the
     #                       residual sum in one node (one kernel on CUDA for three; 2x slower on the CPU)
     gelu: str = "fused"  # fused: FastGelu / BiasGelu (com.microsoft); plain: onnx's Tanh or Erf and arithmetic
+    sinusoid: str = "table"  # table: sinusoidal positions gathered from n_ctx rows; computed: sin/cos of each
 
 
 FASTEST = Forms()
-PORTABLE = Forms(rms="plain", gelu="plain")  # the contract graph: onnx's own operators at opset 18 (plain RMSNorm:
-#                                              Pow, ReduceMean, Sqrt, Div), which onnxruntime's optimizer fuses
+# the contract graph: onnx's own operators at opset 18 (plain RMSNorm: Pow, ReduceMean, Sqrt, Div), which
+# onnxruntime's optimizer fuses
+PORTABLE = Forms(rms="plain", gelu="plain", sinusoid="computed")
 
 
 def sinusoidal_table(n_ctx: int, d_model: int) -> np.ndarray:
@@ -96,6 +98,7 @@ class Builder:
         self.sink: Sink = sink or InlineSink()
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
+        self.residuals: list[str] = []  # the residual stream after each layer (what a layer-by-layer check taps)
         self.opset = 1
         self._count = 0
         self._names: set[str] = set()
@@ -193,8 +196,8 @@ class Builder:
         """x / sqrt(mean(x^2) + eps) * gamma over the last axis, in float32 (Forms.rms's operator)."""
         eps = self.config.ln_eps
         if self.forms.rms == "plain":  # x / sqrt(mean(x^2) + eps) * gamma
-            mean = self.op("ReduceMean", [self.op("Mul", [x, x])[0], self.const("last_axis", _i64(-1))],
-                           keepdims=1)[0]  # (..., 1)
+            square = self.op("Pow", [x, self.const("two", np.array(2, np.float32))])[0]  # Pow: kept float32 in fp16
+            mean = self.op("ReduceMean", [square, self.const("last_axis", _i64(-1))], keepdims=1)[0]  # (..., 1)
             root = self.op("Sqrt", [self.op("Add", [mean, self.const("rms_eps", np.array(eps, np.float32))])[0]])[0]
             return self.op("Mul", [self.op("Div", [x, root])[0], gamma])[0]
         if self.forms.rms == "simplified":
@@ -216,6 +219,15 @@ class Builder:
         if bias:
             return self.op("BiasGelu", [x, bias], domain="com.microsoft")[0]
         return self.op("Gelu", [x], approximate="none")[0]
+
+    def sinusoid(self, positions: str) -> str:
+        """model.sinusoidal of (B, S) int64 positions: [sin | cos] of position * frequency, (B, S, D) float32."""
+        half = self.config.d_model // 2
+        freq = np.exp(np.arange(half, dtype=np.float32) * np.float32(-math.log(10000.0) / half))  # (D/2,)
+        pos = self.op("Unsqueeze", [self.op("Cast", [positions], to=TensorProto.FLOAT)[0],
+                                    self.const("last_axis", _i64(-1))])[0]  # (B, S, 1)
+        angles = self.op("Mul", [pos, self.const("sinusoid.inv_freq", freq)])[0]  # (B, S, D/2)
+        return self.op("Concat", [self.op("Sin", [angles])[0], self.op("Cos", [angles])[0]], axis=-1)[0]
 
     def plain_gelu(self, x: str, kind: str) -> str:
         """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) for tanh, 0.5 x (1 + erf(x / sqrt(2))) for exact."""
@@ -307,11 +319,17 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
     x = g.op("Gather", [g.const("wte.weight", w["wte.weight"]), contract.INPUT_IDS])[0]  # (B, S, D)
     delta = delta_bias = ""  # rope: nothing is added to the embeddings
     if config.pos_encoding != "rope":
-        table = w["wpe.weight"] if config.pos_encoding == "learned" else sinusoidal_table(config.n_ctx, config.d_model)
-        delta = g.op("Gather", [g.const("positions", table), contract.POSITION_IDS])[0]  # (B, S, D)
+        if config.pos_encoding == "sinusoidal" and forms.sinusoid == "computed":
+            delta = g.sinusoid(contract.POSITION_IDS)  # (B, S, D)
+        else:
+            table = (w["wpe.weight"] if config.pos_encoding == "learned"
+                     else sinusoidal_table(config.n_ctx, config.d_model))
+            delta = g.op("Gather", [g.const("positions", table), contract.POSITION_IDS])[0]  # (B, S, D)
     for i in range(config.n_layer):
         p = f"h.{i}"
         h, x = g.add_norm(x, delta, delta_bias, w, f"{p}.ln_1")  # x += delta; h = norm(x)
+        if i:
+            g.residuals.append(x)  # (B, S, D): layer i - 1's output
         attn = attend(g, i, g.qkv(h, w, f"{p}.attn"))  # (B, S, H*hd)
         delta, delta_bias = g.matmul(attn, w, f"{p}.attn.c_proj")
         h, x = g.add_norm(x, delta, delta_bias, w, f"{p}.ln_2")
@@ -319,6 +337,7 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
     if delta_bias:
         delta = g.op("Add", [delta, delta_bias])[0]
     x = g.op("Add", [x, delta])[0]  # (B, S, D)
+    g.residuals.append(x)
     if not every_position:
         index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", _i64(-1))])[0]
         x = g.op("GatherND", [x, index], batch_dims=1)[0]  # (B, L, D): only the positions asked for

@@ -46,11 +46,14 @@ from gptport import contract
 from gptport.config import ModelConfig
 from gptport.export import gqa_graph, graph_body
 from gptport.export.graph_body import FASTEST, Builder, Forms, Qkv
+from gptport.export.nbits import NBits
+from gptport.export.tensor_sink import Sink
 
 OPSET = 24  # TensorScatter and Attention with nonpad_kv_seqlen
 
 
-def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST) -> onnx.ModelProto:
+def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST, sink: Sink | None = None,
+          nbits: NBits | None = None) -> onnx.ModelProto:
     """The multi-row append graph of a model with this config and these weights (as gqa_graph.build; refused
     for the configs gqa_graph.unsupported names)."""
     gqa_graph.refuse_unsupported(config)
@@ -97,7 +100,7 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
         y = g.op("Gather", [y, contract.UNPACK_INDEX], axis=0)[0]  # (T, H*hd): back to the packed order
         return g.op("Unsqueeze", [y, g.const("first_axis", np.array([0], dtype=np.int64))], [f"h.{i}.attn"])[0]
 
-    g = graph_body.transformer(config, weights, attend, forms)
+    g = graph_body.transformer(config, weights, attend, forms, sink, nbits)
     past_values, outputs = graph_body.cache_values(config)
     batch, width = contract.BATCH, "row_tokens"
     inputs = [

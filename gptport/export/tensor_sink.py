@@ -39,7 +39,7 @@ class InlineSink:
     """Initializers inside the graph: what a small model's graphs are (one file each)."""
 
     def tensor(self, name: str, array: np.ndarray) -> TensorProto:
-        return numpy_helper.from_array(np.ascontiguousarray(array), name)
+        return numpy_helper.from_array(np.asarray(array, order="C"), name)  # (a 0-d array stays 0-d)
 
     def chunked(self, name: str, dtype: np.dtype, shape: tuple[int, ...], chunks: Iterable[np.ndarray]
                 ) -> TensorProto:
@@ -58,7 +58,7 @@ class ExternalSink:
         self.written = 0  # bytes of the file so far (alignment padding included)
 
     def tensor(self, name: str, array: np.ndarray) -> TensorProto:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")
         if array.nbytes < INLINE_BYTES:
             return numpy_helper.from_array(array, name)
         return self.chunked(name, array.dtype, array.shape, [array])

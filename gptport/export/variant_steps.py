@@ -81,8 +81,16 @@ def variant(job: Job, graph: Graph, schemes: Sequence[str], source: Path | None 
 
 
 def _made(job: Job, graph: Graph, fp32: Path, tmp: Path, scheme: str) -> bool:
-    """Whether `scheme` made the `graph` variant at `tmp`; where it does not apply, why is said and reported."""
+    """Whether `scheme` made the `graph` variant at `tmp`; where it does not apply, why is said and reported. A
+    scheme the builder can write (variants.direct) is built from the weights; the others are made from the fp32
+    graph at `fp32`, in memory, which a model of external data does not take."""
+    nbits = variants.direct(scheme) if graph.precision in variants.LADDER else None
     try:
+        if nbits is not None:
+            job.build(graph.cache, tmp, graph.precision, nbits, gated=False)
+            return True
+        if job.outside:
+            raise variants.NotApplicable("it quantizes a graph in memory, and this model's graphs are too large")
         variants.make(graph.precision, fp32, tmp, job.card.model, scheme, job.ranges_for(scheme))
     except variants.NotApplicable as e:
         job.say(f"{graph.label}: {scheme} does not apply ({e})")

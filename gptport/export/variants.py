@@ -16,6 +16,7 @@ from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.export import grid, smooth, w8a8
+from gptport.export.nbits import NBits
 
 # Kept in float32 in the fp16 variant: LayerNorm statistics and softmax overflow in float16.
 FP16_KEEP = ["LayerNormalization", "Softmax", "ReduceMean", "Pow", "Sqrt", "Div"]
@@ -168,7 +169,7 @@ def to_fp16(src: Path, dst: Path) -> None:
     """float16 weights and KV cache; LayerNorm and softmax stay float32; logits stay float32."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    proto = onnx.load(str(src))
+    proto = onnx.shape_inference.infer_shapes(onnx.load(str(src)))  # the converter casts by value_info's types
     half = convert_float_to_float16(proto, keep_io_types=[contract.LOGITS], op_block_list=FP16_KEEP,
                                     disable_shape_infer=True)
     _unique_node_names(half)
@@ -210,6 +211,17 @@ def optimize(src: Path, cfg: ModelConfig) -> tuple[Path, dict[str, int]]:
     dst = src.with_name(src.name + ".opt")
     opt.save_model_to_file(str(dst), use_external_data_format=False)
     return dst, stats
+
+
+def direct(name: str) -> NBits | None:
+    """The scheme `name` as the builder's NBits, when the builder can write it straight from the weights (a
+    MatMulNBits scheme without smoothing or a grid: the same onnxruntime kernels MatMulNBitsQuantizer calls, on
+    the same matrices); None when only quantize() can make it, from a float graph in memory."""
+    s = SCHEMES[name]
+    if s.kind != "nbits" or s.smooth or s.grid:
+        return None
+    return NBits(s.bits, s.block, s.accuracy_level, s.symmetric, s.head_bits, s.head_accuracy_level, s.fine_block,
+                 s.fine_block if s.fine_down else 0)
 
 
 def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig, scheme: str = "",

@@ -1,0 +1,69 @@
+"""A built graph to its file: the builder's initializers streamed into the graph's own external data
+(`<graph>.data`, tensor_sink.py) when the model is large, inline otherwise, then the graph itself (a few hundred
+KiB without its weights) with its metadata; and a checked graph renamed into place with its data file. No torch
+here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+
+from gptport.export.tensor_sink import EXTERNAL_FROM_BYTES, ExternalSink, InlineSink, Sink, data_name
+
+
+def external(param_bytes: int) -> bool:
+    """Whether a model whose float32 weights take `param_bytes` gets external data (default: past 256 MiB)."""
+    limit = os.environ.get("GPTPORT_EXTERNAL_FROM_BYTES")
+    return param_bytes > (int(limit) if limit else EXTERNAL_FROM_BYTES)
+
+
+def write(path: Path, build: Callable[[Sink], onnx.ModelProto], meta: dict[str, str], outside: bool) -> None:
+    """The graph `build` makes, its initializers streamed into `path`'s data file when `outside`, written to
+    `path` with `meta` as its metadata_props."""
+    sink: Sink
+    if outside:
+        sink = ExternalSink(path.with_name(data_name(path)), data_name(path))
+        proto = build(sink)
+        sink.close()
+    else:
+        proto = build(InlineSink())
+    onnx.helper.set_model_props(proto, meta)
+    onnx.save_model(proto, str(path))
+
+
+def data_of(path: Path) -> Path | None:
+    """The external data file the graph at `path` reads (None: its weights are inline)."""
+    data = path.with_name(data_name(path))
+    return data if data.is_file() else None
+
+
+def place(tmp: Path, final: Path) -> None:
+    """The checked graph at `tmp` renamed to `final`, its data file (if any) to final's, the graph's
+    references rewritten to that name; a data file an earlier export left beside `final` is removed."""
+    data = data_of(tmp)
+    old = final.with_name(data_name(final))
+    if data is None:
+        os.replace(tmp, final)
+        old.unlink(missing_ok=True)
+        return
+    proto = onnx.load(str(tmp), load_external_data=False)
+    for init in proto.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = old.name
+    onnx.save_model(proto, str(tmp))
+    os.replace(data, old)
+    os.replace(tmp, final)
+
+
+def weight_bytes(path: Path) -> int:
+    """Bytes of the graph's initializers: inline and external alike."""
+    proto = onnx.load(str(path), load_external_data=False)
+    total = 0
+    for init in proto.graph.initializer:
+        lengths = [int(e.value) for e in init.external_data if e.key == "length"]
+        total += lengths[0] if lengths else len(init.raw_data) or onnx.numpy_helper.to_array(init).nbytes
+    return total

@@ -1,0 +1,85 @@
+"""A model directory's weights read one tensor at a time: model.safetensors memory-mapped, its header checked first
+(safetensors_file.read_header), each tensor widened to float32 only when it is asked for, so that reading a model
+of any size costs about its largest tensor. What the op-by-op builder and the layer-by-layer reference read. No torch
+here: the base layer."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from gptport.errors import ArtifactError, escaped
+from gptport.safetensors_file import Entry, read_header
+
+FLOATS = ("F32", "F16", "BF16")
+
+
+def widen(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Little-endian bytes of a float tensor as float32 (bf16: its 16 bits are float32's high half)."""
+    if dtype == "F32":
+        return raw.view("<f4")
+    if dtype == "F16":
+        return raw.view("<f2").astype(np.float32)
+    return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+
+
+class ModelWeights(Mapping[str, np.ndarray]):
+    """The tensors of a safetensors file by name, as float32 arrays read when asked (a float32 tensor is a view of
+    the mapped file; bf16 and f16 are widened into memory of their own)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, Entry] = read_header(path, FLOATS)
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+        self._start = 8 + n
+        self._map = np.memmap(path, dtype=np.uint8, mode="r") if self.entries else np.zeros(0, np.uint8)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        e = self.entries[name]
+        return widen(self._map[self._start + e.begin:self._start + e.end], e.dtype).reshape(e.shape)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.entries[name].shape
+
+    def stored_bytes(self) -> int:
+        """Bytes of every tensor as the file holds them."""
+        return sum(e.end - e.begin for e in self.entries.values())
+
+    def float32_bytes(self) -> int:
+        """Bytes of every tensor widened to float32."""
+        return sum(4 * int(np.prod(e.shape, dtype=np.int64)) for e in self.entries.values())
+
+    def check_shapes(self, expected: Mapping[str, tuple[int, ...]]) -> None:
+        """Every tensor `expected` names present with that shape, and no other: an ArtifactError naming the first
+        that is not, before anything is read."""
+        for name, shape in expected.items():
+            if name not in self.entries:
+                raise ArtifactError(f"{self.path}: no tensor {escaped(name)}, which config.json's model has")
+            if self.entries[name].shape != tuple(shape):
+                raise ArtifactError(f"{self.path}: tensor {escaped(name)} has shape {list(self.entries[name].shape)},"
+                                    f" config.json's model says {list(shape)}")
+        extra = sorted(set(self.entries) - set(expected))
+        if extra:
+            raise ArtifactError(f"{self.path}: tensor {escaped(extra[0])} is not one config.json's model has")
+
+
+def open_weights(model_dir: Path) -> ModelWeights:
+    """model.safetensors of `model_dir` (paths.WEIGHTS), checked and mapped."""
+    from gptport.paths import WEIGHTS
+
+    return ModelWeights(model_dir / WEIGHTS)
+
+
