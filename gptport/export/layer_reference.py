@@ -60,7 +60,7 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
     keep = attention_mask_4d(mask, T)  # (B, 1, T, T)
     additive = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)  # (B, 1, T, T)
 
-    with torch.no_grad():
+    with torch.no_grad():  # never held across a yield: the caller's code between items keeps its grad mode
         x = _rows(weight, "wte.weight", ids, (cfg.vocab_size, cfg.d_model), dtype)  # (B, T, D)
         rope = None
         if cfg.pos_encoding == "learned":
@@ -69,16 +69,19 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
             x = x + sinusoidal(pos, cfg.d_model).to(x.dtype)
         else:  # rope: the float32 inverse frequencies, widened for float64 (as float64_copy widens the buffer)
             rope = rope_cos_sin(pos, rope_inv_freq(cfg).to(dtype), x.dtype)  # (B, T, hd) each
-        for i in range(cfg.n_layer):
+    for i in range(cfg.n_layer):
+        with torch.no_grad():
             block = _loaded(lambda: Block(cfg), f"h.{i}.", weight, dtype)
             x, (k, v) = block(x, additive, None, rope)  # (B, T, D); (B, Hkv, T, hd) each
             del block
-            yield LayerOut(i, x.numpy(), k.contiguous().numpy(), v.contiguous().numpy())
+        yield LayerOut(i, x.numpy(), k.contiguous().numpy(), v.contiguous().numpy())
+    with torch.no_grad():
         x = _loaded(lambda: make_norm(cfg, cfg.d_model), "ln_f.", weight, dtype)(x)  # (B, T, D)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
         head = "wte." if cfg.tie_embeddings else "lm_head."
-        yield _head(x, head, weight, (cfg.vocab_size, cfg.d_model), dtype).numpy()  # (B, T, V)
+        logits = _head(x, head, weight, (cfg.vocab_size, cfg.d_model), dtype)  # (B, T, V)
+    yield logits.numpy()
 
 def compare_layers(reference: Iterable[LayerOut | np.ndarray], got: Callable[[int], LayerOut],
                    got_logits: np.ndarray, tol: Tolerance, exact: Iterable[LayerOut | np.ndarray] | None = None

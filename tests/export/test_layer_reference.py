@@ -125,6 +125,7 @@ def test_weights_are_read_a_layer_at_a_time_as_the_layers_run(tmp_path: Path) ->
     steps = run_layers(model.cfg, weight, ids, mask)
     for i in range(model.cfg.n_layer):
         assert next(steps).index == i  # type: ignore[union-attr]
+        assert torch.is_grad_enabled()  # no_grad stays inside the generator
         assert {name.split(".")[1] for name in asked if name.startswith("h.")} == {str(j) for j in range(i + 1)}
     next(steps)
     layer_names = [name for name in asked if name.startswith("h.")]
