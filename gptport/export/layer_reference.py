@@ -1,0 +1,159 @@
+"""The torch model's forward one layer at a time, from weights read by name: the reference of a layer-by-layer
+parity check whose memory is the embeddings, one layer and the activations, not the whole model.
+
+`run_layers` builds each `Block` of training/model.py on the meta device, gives it that layer's weights only
+(load_state_dict(assign=True)), runs it with GPT.forward's mask and rotation, yields the layer's output and
+cache, and drops it. In float32 the operations and their order are GPT.forward's, so the numbers are the
+same; in float64 they are float64_reference.py's (its weights, mask floor and inverse frequencies widened).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gptport.config import ModelConfig
+from gptport.errors import ArtifactError, InputError
+from gptport.export.tolerance import Check, Tolerance, compare
+
+if TYPE_CHECKING:
+    import torch
+
+WeightFn = Callable[[str], np.ndarray]  # gptport's tensor name ("h.3.attn.c_attn.weight") -> float32 array
+HEAD_ROWS = 8192  # vocabulary rows of the head widened at a time when dtype is not float32 (float64: 64 MiB at d 1024)
+
+
+@dataclass(frozen=True)
+class LayerOut:
+    """Layer `index`'s outputs: the residual stream after it (the next layer's input) and its present cache."""
+
+    index: int
+    hidden: np.ndarray  # (B, T, D)
+    key: np.ndarray  # (B, Hkv, T, hd), rotated, as the model caches it
+    value: np.ndarray  # (B, Hkv, T, hd)
+
+
+def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
+               position_ids: np.ndarray | None = None, dtype: torch.dtype | None = None,
+               last_only: bool = False) -> Iterator[LayerOut | np.ndarray]:
+    """GPT.forward with no past, piece by piece: LayerOut 0 .. n_layer-1, then the logits (B, T, V), or (B, 1, V)
+    with `last_only` (every row's last position, as GPT.forward's). `dtype` float32 (the default) or float64 (the
+    exact reference). Ids, mask (B, T) and positions (B, T) are integer arrays; mask None is all ones, positions
+    None skip the left padding (default_position_ids). Logits in float64 are B*T*V*8 bytes: 64 MiB at T 64 and a
+    vocabulary of 128k, so last_only matters only for long prompts."""
+    import torch
+
+    from gptport.training.layers import make_norm, rope_cos_sin, rope_inv_freq
+    from gptport.training.model import Block, attention_mask_4d, default_position_ids, sinusoidal
+
+    dtype = dtype or torch.float32
+    ids = torch.from_numpy(np.asarray(input_ids, dtype=np.int64))  # (B, T)
+    B, T = ids.shape
+    mask = torch.ones(B, T, dtype=torch.long) if attention_mask is None else torch.from_numpy(
+        np.asarray(attention_mask, dtype=np.int64))  # (B, T)
+    pos = default_position_ids(mask, T) if position_ids is None else torch.from_numpy(
+        np.asarray(position_ids, dtype=np.int64))  # (B, T)
+    keep = attention_mask_4d(mask, T)  # (B, 1, T, T)
+    additive = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)  # (B, 1, T, T)
+
+    with torch.no_grad():  # never held across a yield: the caller's code between items keeps its grad mode
+        x = _rows(weight, "wte.weight", ids, (cfg.vocab_size, cfg.d_model), dtype)  # (B, T, D)
+        rope = None
+        if cfg.pos_encoding == "learned":
+            x = x + _rows(weight, "wpe.weight", pos, (cfg.n_ctx, cfg.d_model), dtype)
+        elif cfg.pos_encoding == "sinusoidal":
+            x = x + sinusoidal(pos, cfg.d_model).to(x.dtype)
+        else:  # rope: the float32 inverse frequencies, widened for float64 (as float64_copy widens the buffer)
+            rope = rope_cos_sin(pos, rope_inv_freq(cfg).to(dtype), x.dtype)  # (B, T, hd) each
+    for i in range(cfg.n_layer):
+        with torch.no_grad():
+            block = _loaded(lambda: Block(cfg), f"h.{i}.", weight, dtype)
+            x, (k, v) = block(x, additive, None, rope)  # (B, T, D); (B, Hkv, T, hd) each
+            del block
+        yield LayerOut(i, x.numpy(), k.contiguous().numpy(), v.contiguous().numpy())
+    with torch.no_grad():
+        x = _loaded(lambda: make_norm(cfg, cfg.d_model), "ln_f.", weight, dtype)(x)  # (B, T, D)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, D)
+        head = "wte." if cfg.tie_embeddings else "lm_head."
+        logits = _head(x, head, weight, (cfg.vocab_size, cfg.d_model), dtype)  # (B, T, V)
+    yield logits.numpy()
+
+def compare_layers(reference: Iterable[LayerOut | np.ndarray], got: Callable[[int], LayerOut],
+                   got_logits: np.ndarray, tol: Tolerance, exact: Iterable[LayerOut | np.ndarray] | None = None
+                   ) -> list[Check]:
+    """Each layer's hidden state, keys and values from `got(i)` (the graph's per-layer outputs) against run_layers'
+    `reference`, then the logits; `exact`: run_layers in float64 on the same inputs, consumed in step (so memory
+    stays one layer of each). Checks named "layer i hidden", "layer i keys", "layer i values", "logits"."""
+    checks: list[Check] = []
+    exacts = iter(exact) if exact is not None else None
+    for want in reference:
+        twin = next(exacts) if exacts is not None else None
+        if isinstance(want, np.ndarray):
+            checks.append(compare("logits", got_logits, want, tol, twin))  # type: ignore[arg-type]
+            continue
+        out = got(want.index)
+        for field, name in (("hidden", "hidden"), ("key", "keys"), ("value", "values")):
+            checks.append(compare(f"layer {want.index} {name}", getattr(out, field), getattr(want, field), tol,
+                                  None if twin is None else getattr(twin, field)))
+    return checks
+
+
+def _checked(weight: WeightFn, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """weight(name), refused in one line unless it has `shape`."""
+    w = weight(name)
+    if tuple(w.shape) != tuple(shape):
+        raise ArtifactError(f"weight {name}: shape {tuple(w.shape)}, the config asks for {tuple(shape)}")
+    return w
+
+
+def _tensor(w: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """`w` as a torch tensor of `dtype`: no copy when it is float32 already (a read-only map is only read)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(w).to(dtype)
+
+
+def _rows(weight: WeightFn, name: str, index: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype
+          ) -> torch.Tensor:
+    """An embedding's rows at `index` (B, T) -> (B, T, D), gathered before widening (the same values)."""
+    import torch
+
+    if index.numel() and not 0 <= int(index.min()) <= int(index.max()) < shape[0]:
+        raise InputError(f"weight {name}: {shape[0]} rows, asked for rows {int(index.min())}..{int(index.max())}")
+    w = _tensor(_checked(weight, name, shape), torch.float32)  # (N, D)
+    return torch.nn.functional.embedding(index, w).to(dtype)  # (B, T, D)
+
+
+def _loaded(make: Callable[[], torch.nn.Module], prefix: str, weight: WeightFn, dtype: torch.dtype) -> torch.nn.Module:
+    """The module `make` builds, on the meta device, given the weights prefix + its own names, in `dtype`, in eval
+    mode (no dropout): one module's weights in memory, each read array converted as soon as it is read."""
+    import torch
+
+    with torch.device("meta"):
+        module = make().to(dtype)
+    state = {name: _tensor(_checked(weight, prefix + name, tuple(p.shape)), dtype)
+             for name, p in module.state_dict().items()}
+    module.load_state_dict(state, assign=True)
+    return module.eval()
+
+
+def _head(x: torch.Tensor, prefix: str, weight: WeightFn, shape: tuple[int, int], dtype: torch.dtype
+          ) -> torch.Tensor:
+    """The logits x @ w.T: (B, T, D) -> (B, T, V). Float32 as GPT's lm_head, an nn.Linear over the array itself (a
+    Parameter: matmul picks its kernel by requires_grad, so a plain tensor rounds otherwise); another dtype
+    HEAD_ROWS vocabulary rows at a time, so that no widened copy of the whole matrix is made."""
+    import torch
+    import torch.nn.functional as F
+
+    if dtype == torch.float32:
+        return _loaded(lambda: torch.nn.Linear(shape[1], shape[0], bias=False), prefix, weight, dtype)(x)
+    w = _checked(weight, prefix + "weight", shape)  # (V, D)
+    return torch.cat([F.linear(x, _tensor(w[r:r + HEAD_ROWS], dtype)) for r in range(0, shape[0], HEAD_ROWS)],
+                     dim=-1)  # (B, T, V)
