@@ -1,10 +1,12 @@
-"""A model directory's weights read one tensor at a time: model.safetensors memory-mapped, its header checked first
-(safetensors_file.read_header), each tensor widened to float32 only when it is asked for, so that reading a model
-of any size costs about its largest tensor. What the op-by-op builder and the layer-by-layer reference read. No torch
+"""A model directory's weights read one tensor at a time: model.safetensors' header checked first
+(safetensors_file.read_header), each tensor read from the file (not mapped: a mapped page read once stays resident
+and counted until the map is dropped) and widened to float32 only when it is asked for, so that reading a model of
+any size costs about its largest tensor. What the op-by-op builder and the layer-by-layer reference read. No torch
 here: the base layer."""
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,8 +29,8 @@ def widen(raw: np.ndarray, dtype: str) -> np.ndarray:
 
 
 class ModelWeights(Mapping[str, np.ndarray]):
-    """The tensors of a safetensors file by name, as float32 arrays read when asked (a float32 tensor is a view of
-    the mapped file; bf16 and f16 are widened into memory of their own)."""
+    """The tensors of a safetensors file by name, as float32 arrays read when asked, each into memory of its own
+    (freed when the caller drops it)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -36,11 +38,18 @@ class ModelWeights(Mapping[str, np.ndarray]):
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
         self._start = 8 + n
-        self._map = np.memmap(path, dtype=np.uint8, mode="r") if self.entries else np.zeros(0, np.uint8)
 
     def __getitem__(self, name: str) -> np.ndarray:
         e = self.entries[name]
-        return widen(self._map[self._start + e.begin:self._start + e.end], e.dtype).reshape(e.shape)
+        raw = np.empty(e.end - e.begin, np.uint8)
+        view, offset, got = memoryview(raw), self._start + e.begin, 0
+        with open(self.path, "rb", buffering=0) as f:
+            while got < raw.size:  # a read may return less than asked (a large one, a signal)
+                n = os.preadv(f.fileno(), [view[got:]], offset + got)
+                if not n:
+                    raise ArtifactError(f"{self.path}: truncated while tensor {escaped(name)} was read")
+                got += n
+        return widen(raw, e.dtype).reshape(e.shape)
 
     def __contains__(self, name: object) -> bool:
         return name in self.entries

@@ -140,7 +140,9 @@ def export(
     for row in report.ort:
         err.print(f"{row.path.name} (level {row.level}, from {row.source.name}): {row.check}")
     for path in report.files.values():
-        err.print(f"wrote {path} ({human_bytes(path.stat().st_size)})")
+        data = path.with_name(path.name + ".data")
+        held = f" + {data.name} ({human_bytes(data.stat().st_size)})" if data.is_file() else ""
+        err.print(f"wrote {path} ({human_bytes(path.stat().st_size)}){held}")
     for path, why in report.removed.items():
         err.print(f"removed {path} ({why})")
     if cuda:

@@ -9,7 +9,7 @@ its rounding. What export checks when the model is too large to hold in torch (g
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,13 +75,20 @@ def check_contract(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: 
 
     from gptport import contract
 
+    weight, references = weights.__getitem__, []
+    for case in checked:  # the reference first, then the session: the peak is the larger of the two, not both
+        want = list(layer_reference.run_layers(cfg, weight, case.ids, case.mask, case.positions))
+        exact = list(layer_reference.run_layers(cfg, weight, case.ids, case.mask, case.positions,
+                                                dtype=torch.float64))  # (a few MiB a layer at these lengths)
+        references.append((want, exact))
+        case.logits, case.exact = want[-1], exact[-1]  # type: ignore[assignment]
     copy = tapped(graph, taps)
     try:
         session = ort.InferenceSession(str(copy), providers=["CPUExecutionProvider"])
     finally:
         copy.unlink(missing_ok=True)
     rows = []
-    for case in checked:
+    for case, (want, exact) in zip(checked, references, strict=True):
         B = case.ids.shape[0]
         empty = np.zeros((B, cfg.n_kv_head, 0, cfg.head_dim), np.float32)
         feeds = {contract.INPUT_IDS: case.ids, contract.ATTENTION_MASK: case.mask,
@@ -93,12 +100,7 @@ def check_contract(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: 
                 ) -> layer_reference.LayerOut:
             return layer_reference.LayerOut(i, hidden[i], presents[2 * i], presents[2 * i + 1])
 
-        weight = weights.__getitem__
-        want = list(layer_reference.run_layers(cfg, weight, case.ids, case.mask, case.positions))
-        exact = list(layer_reference.run_layers(cfg, weight, case.ids, case.mask, case.positions,
-                                                dtype=torch.float64))  # (a few MiB a layer at these lengths)
         checks = layer_reference.compare_layers(want, got, logits, tol, exact)
-        case.logits, case.exact = want[-1], exact[-1]  # type: ignore[assignment]
         real = case.mask.astype(bool)
         top1 = float((logits.argmax(-1) == case.logits.argmax(-1))[real].mean())
         rows.append(ParityRow(case.name, tuple(checks), top1))
@@ -114,21 +116,23 @@ def check_static(engine: OnnxModel, checked: list[Case], tol: Tolerance) -> list
     step, rows = engine.step(), []
     for case in checked:
         B = case.ids.shape[0]
-        got, _ = step(case.ids, case.mask, case.positions, static_cache.Buffers(engine.config, engine.kv_dtype).fresh(B))
+        buffers = static_cache.Buffers(engine.config, engine.kv_dtype, case.ids.shape[1])  # the case's length
+        got, _ = step(case.ids, case.mask, case.positions, buffers.fresh(B))
         real = case.mask.astype(bool)  # (B, T)
         check = compare(contract.LOGITS, got[real], case.logits[real], tol, case.exact[real])
         rows.append(ParityRow(case.name, (check,), float((got.argmax(-1) == case.logits.argmax(-1))[real].mean())))
     return rows
 
 
-def greedy(engine: Engine, cfg: ModelConfig, weights: Mapping[str, np.ndarray], prompts: list[list[int]],
-           n_new: int, tol: Tolerance) -> int:
-    """Greedy decoding on `engine`, each new token the reference's argmax on the same text or within its rounding
-    of it (the reference run once per prompt over the prompt and the tokens made). Returns the tokens compared."""
+def greedy(open_engine: Callable[[], Engine], cfg: ModelConfig, weights: Mapping[str, np.ndarray],
+           prompts: list[list[int]], n_new: int, tol: Tolerance) -> int:
+    """Greedy decoding on the engine `open_engine` opens (closed before the reference runs), each new token the
+    reference's argmax on the same text or within its rounding of it (the reference run once per prompt over the
+    prompt and the tokens made). Returns the tokens compared."""
     from gptport.runtime.generate import generate
     from gptport.runtime.sampling import Sampling
 
-    made = generate(engine, prompts, n_new, Sampling(), eot_id=-1)
+    made = generate(open_engine(), prompts, n_new, Sampling(), eot_id=-1)
     for i, (prompt, result) in enumerate(zip(prompts, made, strict=True)):
         text = np.array([prompt + list(result.new_ids[:-1])], np.int64)  # (1, T)
         *_, logits = layer_reference.run_layers(cfg, weights.__getitem__, text)

@@ -1,0 +1,140 @@
+"""Export of a model past graph_write.external's size (lowered here by GPTPORT_EXTERNAL_FROM_BYTES): graphs in
+external data, checked layer by layer against torch run one layer at a time (layer_check.py), decoding as torch
+does; and the layer-by-layer check refusing a wrong graph (a weight off by 10%, a mask off by one, rotated
+halves swapped)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptport import contract
+from gptport.config import ModelConfig
+from gptport.export import contract_graph, graph_write, layer_check
+from gptport.export.contract_graph import _Attention
+from gptport.export.graph_body import Builder
+from gptport.export.tolerance import Tolerance
+from tests.conftest import build_model_dir
+from tests.export.test_builder import random_model, weights_of
+from tests.support.cli import assert_one_line_error, gptport
+
+LLAMA = {"pos_encoding": "rope", "n_kv_head": 2, "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+         "qkv_bias": True, "tie_embeddings": False}
+
+
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
+    """A Llama-family model (random weights) exported as a model too large for torch would be."""
+    out = build_model_dir(tmp_path_factory.mktemp("streamed") / "m", tokenizer_dir, corpus_file, steps=0, **LLAMA)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPTPORT_EXTERNAL_FROM_BYTES", "1")
+    try:
+        r = gptport("export", str(out), "--precision", "fp32,int8,int4", "--no-gate")
+        assert r.returncode == 0, r.stderr
+        refused = gptport("export", str(out), "--precision", "fp32,int8", "--force")
+    finally:
+        mp.undo()
+    assert_one_line_error(refused, 2, "--no-gate", "checked layer by layer")
+    return out
+
+
+def test_every_graph_goes_to_external_data_and_nothing_else_is_left(streamed: Path) -> None:
+    names = sorted(p.name for p in streamed.iterdir() if "onnx" in p.name)
+    graphs = ["model.onnx", "model.int8.onnx", "model.int4.onnx", "model.static.onnx", "model.int8.static.onnx",
+              "model.int4.static.onnx"]
+    assert names == sorted([*graphs, *(g + ".data" for g in graphs)])
+    assert not [p for p in streamed.iterdir() if ".tmp-" in p.name or p.name.endswith(".check")]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("kv_cache", ["static", "concat"])
+def test_each_graph_decodes(streamed: Path, precision: str, kv_cache: str) -> None:
+    r = gptport("generate", str(streamed), "ka to", "--max-new-tokens", "8", "--precision", precision,
+                "--kv-cache", kv_cache, "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    assert json.loads(r.stdout.strip().splitlines()[-1])["token_ids"]
+
+
+def test_fp32_decodes_torchs_greedy_tokens(streamed: Path) -> None:
+    """generate's fp32 tokens are torch's (the whole model, here small enough to hold)."""
+    import json
+
+    from gptport import tokenizer as bpe
+    from gptport.runtime.generate import generate
+    from gptport.runtime.sampling import Sampling
+    from gptport.training.checkpoint import load_model
+    from gptport.training.torch_engine import TorchEngine
+
+    tok = bpe.load(streamed)
+    model, _ = load_model(streamed, tok)
+    ids = tok.encode("ka to ri")
+    want = generate(TorchEngine(model), [ids], 12, Sampling(), eot_id=-1)[0].new_ids
+    r = gptport("generate", str(streamed), "ka to ri", "--max-new-tokens", "12", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])["token_ids"]  # (it stops early at the end token)
+    assert got and got == list(want)[:len(got)]
+
+
+def _check(tmp_path: Path, build: Callable[..., object], weights: dict[str, np.ndarray], cfg: ModelConfig,
+           truth: dict[str, np.ndarray]) -> list[bool]:
+    """layer_check's rows (ok or not) for a graph built by `build` from `weights`, against a reference of `truth`."""
+    path = tmp_path / "model.onnx"
+    taps: list[str] = []
+    graph_write.write(path, lambda sink: contract_graph.build(cfg, weights, sink, residuals=taps), {}, True)
+    rows = layer_check.check_contract(path, taps, cfg, truth, Tolerance(), layer_check.cases(cfg))
+    return [r.ok for r in rows]
+
+
+def test_a_right_graph_passes(tmp_path: Path) -> None:
+    model = random_model(**LLAMA)
+    w = weights_of(model)
+    assert all(_check(tmp_path, contract_graph.build, w, model.cfg, w))
+
+
+def test_a_weight_off_by_ten_percent_is_refused(tmp_path: Path) -> None:
+    model = random_model(**LLAMA)
+    truth = weights_of(model)
+    wrong = {**truth, "h.1.mlp.c_fc.weight": truth["h.1.mlp.c_fc.weight"] * 1.1}
+    assert not any(_check(tmp_path, contract_graph.build, wrong, model.cfg, truth))
+
+
+def test_a_mask_off_by_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each query sees the key after it too (LessOrEqual against position + 1)."""
+    model = random_model(**LLAMA)
+    w = weights_of(model)
+    real_op = Builder.op
+
+    def op(self: Builder, op_type: str, inputs: list[str], *args: object, **kw: object) -> list[str]:
+        if op_type == "LessOrEqual":
+            one = self.const("one_more", np.array(1, np.int64))
+            inputs = [inputs[0], real_op(self, "Add", [inputs[1], one])[0]]
+        return real_op(self, op_type, inputs, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Builder, "op", op)
+    assert not all(_check(tmp_path, contract_graph.build, w, model.cfg, w))
+
+
+def test_rotated_halves_swapped_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model(**LLAMA)
+    w = weights_of(model)
+    rotate = _Attention._rotate
+
+    def swapped(self: _Attention, g: Builder, x: str) -> str:
+        half = self.config.head_dim // 2
+        x1, x2 = g.op("Split", [x, g.const("rope_halves", np.array([half, half], np.int64))], 2, axis=-1)
+        return rotate(self, g, g.op("Concat", [x2, x1], axis=-1)[0])
+
+    monkeypatch.setattr(_Attention, "_rotate", swapped)
+    assert not all(_check(tmp_path, contract_graph.build, w, model.cfg, w))
+
+
+def test_taps_name_each_layers_output(tmp_path: Path) -> None:
+    model = random_model(**LLAMA)
+    taps: list[str] = []
+    contract_graph.build(model.cfg, weights_of(model), residuals=taps)
+    assert len(taps) == model.cfg.n_layer and contract.LOGITS not in taps
