@@ -97,7 +97,7 @@ def export(
                                  force=force, say=lambda msg: status.update(msg), gate=gate, heldout=heldout,
                                  sampled_text=gate_on_sampled_text, ort_level=ort_level if ort_format else None,
                                  kv_dtype=kv_dtype)
-    err.print(_parity_table(report.parity, "case (batch, seq, past)", "fp32 parity against torch", tol))
+    err.print(_parity_table(report.parity, "case (batch, seq, past)", f"{report.parity_of} parity against torch", tol))
     if report.static_parity:
         err.print(_parity_table(report.static_parity, "case (batch, prompt) + decode steps",
                                 "static-cache graph (model.static.onnx) against torch", tol))
@@ -106,8 +106,9 @@ def export(
                                 "multi-row append graph (model.append.onnx) against torch", tol))
     if report.static_skipped:
         err.print(f"[yellow]no static-cache graph:[/] {report.static_skipped}; generate uses model.onnx")
-    err.print(f"greedy decoding: {report.greedy_tokens} tokens identical in torch and ONNX; "
-              f"weights stored {report.size_ratio:.3f}x the parameter bytes")
+    if report.greedy_tokens:
+        err.print(f"greedy decoding: {report.greedy_tokens} tokens identical in torch and ONNX; "
+                  f"weights stored {report.size_ratio:.3f}x the parameter bytes")
     if report.fused:
         err.print("fused operators: " + ", ".join(f"{k} {v}" for k, v in report.fused.items()))
     if report.gates:
@@ -134,7 +135,7 @@ def export(
                        f"{k.bpb_fp32:.4f} → {k.bpb_int8:.4f} ({k.bpb_change:+.2%})", str(k.positions),
                        f"{k.step_ms_fp32:.2f} → {k.step_ms:.2f} ms", "✓" if k.ok else "✗")
         err.print(kv)
-    if not report.gated and len(precisions) > 1:
+    if not report.gated and any(p != "fp32" for p in precisions):
         err.print("[yellow]warning:[/] --no-gate: the variants were written without the accuracy gate "
                   "(gptport.gated = false); generate, eval and bench will say so")
     for row in report.ort:

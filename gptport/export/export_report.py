@@ -18,6 +18,7 @@ class ExportReport:
     files: dict[str, Path] = field(default_factory=dict)
     parity: list[validate.ParityRow] = field(default_factory=list)
     greedy_tokens: int = 0
+    parity_of: str = "fp32"  # what report.parity checked: the fp32 graph, or "the first 2 layers" (a slice)
     gates: list[validate.GateRow] = field(default_factory=list)  # every scheme tried, in order
     not_applied: list[tuple[str, str, str]] = field(default_factory=list)  # (variant, scheme, why) not tried
     schemes: dict[str, str] = field(default_factory=dict)  # written variant ("int8", "int8 static") -> scheme
@@ -42,10 +43,11 @@ class ExportReport:
 
 
 def parse_precisions(text: str) -> list[str]:
-    """'fp32,int8' -> ['fp32', 'int8']; fp32 always comes first (the variants are made from it)."""
+    """'int8,fp32' -> ['fp32', 'int8']: each once, fp32 first where asked (the exporter adds it where the variants
+    need it: exporter.export)."""
     asked = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in asked if p not in contract.PRECISIONS]
     if bad or not asked:
         raise UsageError(f"--precision {text!r}: unknown {', '.join(bad) or 'empty'}; choose from "
                          f"{', '.join(contract.PRECISIONS)}")
-    return ["fp32", *[p for p in dict.fromkeys(asked) if p != "fp32"]]
+    return sorted(dict.fromkeys(asked), key=lambda p: p != "fp32")

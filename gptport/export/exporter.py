@@ -19,7 +19,7 @@ from gptport.export import (
     gqa_graph,
     graph_write,
     heap,
-    layer_check,
+    streamed_steps,
     validate,
     variant_steps,
     variants,
@@ -34,7 +34,7 @@ from gptport.export.tolerance import Tolerance
 from gptport.export.torch_to_onnx import untie_folded_head
 from gptport.model_card import check_tokenizer, read_card
 from gptport.runtime import hugepages
-from gptport.runtime.onnx_engine import OnnxModel, load_cpu
+from gptport.runtime.onnx_engine import load_cpu
 from gptport.training.checkpoint import load_model
 from gptport.weights import open_weights
 
@@ -42,7 +42,6 @@ __all__ = ["ExportReport", "Graph", "export", "metadata", "parse_precisions", "s
 
 STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU runs float32
 DEFAULT_TOL = Tolerance()  # the parity gate's bound of each quantity, relative to its magnitude (tolerance.py)
-CHECK_POSITIONS = 64  # the static cache a layer-by-layer check's decoding needs: prompts of <= 16, 32 new tokens
 
 
 def export(
@@ -88,19 +87,24 @@ def export(
     heap.return_large_blocks()  # a graph or session dropped goes back to the system (heap.py)
     job = _open(model_dir, gate, tol, say)
     if job.model is None:
-        _streamed_options(job, precisions, gate, kv_dtype, ort_level)
+        streamed_steps.refuse_options(job, precisions, gate, kv_dtype, ort_level)
+    else:  # the variants of a model held in torch are checked against fp32's (and some made from its graph)
+        precisions = ["fp32", *(p for p in precisions if p != "fp32")]
     _plan(job, precisions, static, force, kv_dtype)
     if gate and (len(precisions) > 1 or kv_dtype == "int8"):
         _gate_text(job, heldout, sampled_text)
     try:
         with hugepages.checks_only():  # the checks' sessions run a few steps each: not on huge pages
-            _check_fp32(job, opset)
+            if job.graph("fp32") is not None:
+                _check_fp32(job, opset)
+            else:
+                streamed_steps.check_slice(job)
             if optimize and job.outside:
                 job.say("not optimizing: the transformer optimizer holds the whole graph in memory")
             elif optimize:
                 _optimize_fp32(job)
             static_graphs = any(g.cache == contract.CACHE_STATIC for g in job.graphs)
-            if static_graphs:
+            if job.graph("fp32", contract.CACHE_STATIC) is not None:
                 _static_fp32(job)
                 _append_graph(job)
             job.float64 = None  # the last parity check is done: free the float64 copy before the variants
@@ -108,8 +112,12 @@ def export(
                 if g.cache == contract.CACHE_CONCAT and g.precision != "fp32":
                     job.say(f"making the {g.precision} variant")
                     variant_steps.variant(job, g, variants.LADDER.get(g.precision, ("",)))
-            if static_graphs:
+            if static_graphs and job.model is None:
+                streamed_steps.build_static_variants(job)
+            elif static_graphs:
                 variant_steps.static_variants(job)
+            if job.model is None and job.graph("fp32") is None:
+                streamed_steps.decodes(job)
             if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
                 variant_steps.kv8_graphs(job)
             _rename_into_place(job)
@@ -159,18 +167,6 @@ def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None
                outside=outside)
 
 
-def _streamed_options(job: Job, precisions: Sequence[str], gate: bool, kv_dtype: str, ort_level: str | None
-                      ) -> None:
-    """What a model checked layer by layer cannot have, refused before anything is written: the variants' accuracy
-    gate, the int8 cache's and the .ort files' checks run the whole torch model."""
-    size = f"{job.model_dir}: {job.weights_bytes() / 2**30:.1f} GiB of float32 weights"
-    if gate and len(precisions) > 1:
-        raise UsageError(f"{size}; the variants' accuracy gate runs the whole torch model: pass --no-gate to write "
-                         "them unchecked (the fp32 graphs are still checked layer by layer)")
-    if kv_dtype == "int8":
-        raise UsageError(f"{size}; --kv-dtype int8 calibrates on the whole torch model: not at this size")
-    if ort_level is not None:
-        raise UsageError(f"{size}; --ort-level checks the .ort files on the whole torch model: not at this size")
 
 
 def _plan(job: Job, precisions: Sequence[str], static: bool, force: bool, kv_dtype: str = "float32") -> None:
@@ -183,7 +179,8 @@ def _plan(job: Job, precisions: Sequence[str], static: bool, force: bool, kv_dty
         job.graphs += [Graph(p, contract.CACHE_STATIC, job.model_dir / contract.onnx_file(p, contract.CACHE_STATIC))
                        for p in precisions if p in STATIC_PRECISIONS]
         append = contract.CACHE_APPEND  # its multi-row append twin (fp32, float32 cache)
-        job.graphs.append(Graph("fp32", append, job.model_dir / contract.onnx_file("fp32", append)))
+        if "fp32" in precisions:
+            job.graphs.append(Graph("fp32", append, job.model_dir / contract.onnx_file("fp32", append)))
         if kv_dtype == "int8":
             job.graphs += [Graph(g.precision, contract.CACHE_STATIC_KV8,
                                  job.model_dir / contract.onnx_file(g.precision, contract.CACHE_STATIC_KV8))
@@ -227,7 +224,7 @@ def _check_fp32(job: Job, opset: int) -> None:
     job.say("checking fp32 graph: onnx.checker, onnxruntime, parity, greedy decoding")
     onnx.checker.check_model(str(plain), full_check=True)
     if model is None:
-        _check_fp32_by_layer(job, plain)
+        streamed_steps.check_fp32(job, plain)
         return
     onnx_model = load_cpu(plain)
     report.parity = validate.parity(model, onnx_model.step(), job.tol, exact=job.exact())
@@ -235,21 +232,6 @@ def _check_fp32(job: Job, opset: int) -> None:
     job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
     report.greedy_tokens = validate.greedy_match(model, onnx_model, job.prompts)
     job.passed[fp32] = job.plain
-
-
-def _check_fp32_by_layer(job: Job, plain: Path) -> None:
-    """The contract graph against the torch model run layer by layer (layer_check.py), then greedy decoding."""
-    fp32 = job.graph("fp32")
-    assert fp32 is not None
-    cfg = job.card.model
-    job.checked = layer_check.cases(cfg)
-    job.report.parity = layer_check.check_contract(plain, job.taps, cfg, job.weights, job.tol, job.checked)
-    validate.refuse("fp32 parity", job.report.parity)
-    job.prompts = validate.prompts(job.model_dir, job.tok, cfg.n_ctx, config=cfg)
-    n_new = min(validate.GREEDY_TOKENS, cfg.n_ctx - max(len(p) for p in job.prompts))
-    job.report.greedy_tokens = layer_check.greedy(lambda: load_cpu(plain), cfg, job.weights, job.prompts, n_new,
-                                                  job.tol)
-    job.passed[fp32] = plain
 
 
 def _optimize_fp32(job: Job) -> None:
@@ -282,7 +264,7 @@ def _static_fp32(job: Job) -> None:
     job.build(contract.CACHE_STATIC, tmp)
     onnx.checker.check_model(str(tmp), full_check=True)
     if job.model is None:
-        _check_static_by_layer(job, tmp)
+        streamed_steps.check_static(job, tmp)
         job.passed[fp32] = tmp
         return
     engine = load_cpu(tmp)
@@ -290,19 +272,6 @@ def _static_fp32(job: Job) -> None:
     validate.refuse("static-cache graph parity", job.report.static_parity)
     validate.greedy_match(job.model, engine, job.prompts)
     job.passed[fp32] = tmp
-
-
-def _check_static_by_layer(job: Job, path: Path) -> None:
-    """The static-cache graph's logits against the reference's of the contract graph's check, then greedy decoding;
-    its cache sized to the checks' short texts, not n_ctx (805 MB a row at Qwen2.5-0.5B's 32k)."""
-    def engine() -> OnnxModel:
-        opened = load_cpu(path)
-        opened.cache_positions = CHECK_POSITIONS
-        return opened
-
-    job.report.static_parity = layer_check.check_static(engine(), job.checked, job.tol)
-    validate.refuse("static-cache graph parity", job.report.static_parity)
-    layer_check.greedy(engine, job.card.model, job.weights, job.prompts, validate.GREEDY_TOKENS // 2, job.tol)
 
 
 def _append_graph(job: Job) -> None:

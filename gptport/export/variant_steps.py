@@ -55,8 +55,7 @@ def variant(job: Job, graph: Graph, schemes: Sequence[str], source: Path | None 
     temporary name, made with the first of `schemes` that passes the accuracy gate on job.windows (each
     try recorded in the report); nothing, and nothing left behind, if none does. Without windows
     (--no-gate): the first scheme that applies, unchecked, recorded as ungated."""
-    fp32 = source or job.plain
-    assert fp32 is not None
+    fp32 = source or job.plain  # None: a model checked by slice, whose variants are all built (variants.direct)
     report, card, tmp = job.report, job.card, atomic.temp_name(graph.path)
     if job.windows is None:
         scheme = next((s for s in schemes if _made(job, graph, fp32, tmp, s)), None)
@@ -80,7 +79,7 @@ def variant(job: Job, graph: Graph, schemes: Sequence[str], source: Path | None 
     tmp.unlink(missing_ok=True)
 
 
-def _made(job: Job, graph: Graph, fp32: Path, tmp: Path, scheme: str) -> bool:
+def _made(job: Job, graph: Graph, fp32: Path | None, tmp: Path, scheme: str) -> bool:
     """Whether `scheme` made the `graph` variant at `tmp`; where it does not apply, why is said and reported. A
     scheme the builder can write (variants.direct) is built from the weights; the others are made from the fp32
     graph at `fp32`, in memory, which a model of external data does not take."""
@@ -89,7 +88,7 @@ def _made(job: Job, graph: Graph, fp32: Path, tmp: Path, scheme: str) -> bool:
         if nbits is not None:
             job.build(graph.cache, tmp, graph.precision, nbits, gated=False)
             return True
-        if job.outside:
+        if job.outside or fp32 is None:
             raise variants.NotApplicable("it quantizes a graph in memory, and this model's graphs are too large")
         variants.make(graph.precision, fp32, tmp, job.card.model, scheme, job.ranges_for(scheme))
     except variants.NotApplicable as e:

@@ -196,7 +196,8 @@ def test_cli_export_prints_the_parity_table(tmp_path: Path, trained_dir: Path) -
 
 
 def test_parse_precisions() -> None:
-    assert exporter.parse_precisions("int8,fp16") == ["fp32", "int8", "fp16"]
+    assert exporter.parse_precisions("int8,fp16") == ["int8", "fp16"]
+    assert exporter.parse_precisions("int8,fp32,int8") == ["fp32", "int8"]
     with pytest.raises(UsageError):
         exporter.parse_precisions("bf16")
     with pytest.raises(ArtifactError):

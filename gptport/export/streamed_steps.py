@@ -1,0 +1,118 @@
+"""The export steps of a model too large to hold in torch (graph_write.external): its graphs checked against the
+torch model run layer by layer (layer_check.py), never the whole model at once.
+
+- With fp32 asked, the fp32 contract graph itself is checked layer by layer and by greedy decoding, and the
+  static-cache graph against the same reference.
+- Without it (int8 / int4 alone, --no-gate), no fp32 graph of the model is written at all: the builder is checked
+  on a slice of it, the fp32 contract graph of its first SLICE_LAYERS layers with its embeddings, final norm and
+  head (every operator and every shape the full graph has, one layer apart), against the reference cut the same
+  way; each quantized graph is then opened and decodes (decodes()).
+What needs the whole torch model (the variants' accuracy gate, the int8 cache's calibration, .ort checks, the
+multi-row append graph's check) is refused or skipped with its reason."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from gptport import atomic, contract
+from gptport.errors import UsageError, ValidationError
+from gptport.export import contract_graph, graph_write, layer_check, validate
+from gptport.export.export_job import Job
+from gptport.runtime.onnx_engine import OnnxModel, load_cpu
+
+CHECK_POSITIONS = 64  # the static cache a check's decoding needs: prompts of <= 16 tokens, 32 new ones
+SLICE_LAYERS = 2  # layers of the slice the builder is checked on when no fp32 graph is written
+DECODE_TOKENS = 4  # tokens each quantized graph of a model checked by slice decodes
+
+
+def refuse_options(job: Job, precisions: Sequence[str], gate: bool, kv_dtype: str, ort_level: str | None) -> None:
+    """What a model checked layer by layer cannot have, refused before anything is written: the variants' accuracy
+    gate, the int8 cache's and the .ort files' checks run the whole torch model."""
+    size = f"{job.model_dir}: {job.weights_bytes() / 2**30:.1f} GiB of float32 weights"
+    if gate and [p for p in precisions if p != "fp32"]:
+        raise UsageError(f"{size}; the variants' accuracy gate runs the whole torch model: pass --no-gate to write "
+                         "them unchecked (their graphs are still checked layer by layer)")
+    if kv_dtype == "int8":
+        raise UsageError(f"{size}; --kv-dtype int8 calibrates on the whole torch model: not at this size")
+    if ort_level is not None:
+        raise UsageError(f"{size}; --ort-level checks the .ort files on the whole torch model: not at this size")
+
+
+def check_fp32(job: Job, plain: Path) -> None:
+    """The fp32 contract graph against the torch model run layer by layer (layer_check.py), then greedy decoding."""
+    fp32 = job.graph("fp32")
+    assert fp32 is not None
+    cfg = job.card.model
+    job.checked = layer_check.cases(cfg)
+    job.report.parity = layer_check.check_contract(plain, job.taps, cfg, job.weights, job.tol, job.checked)
+    validate.refuse("fp32 parity", job.report.parity)
+    job.prompts = validate.prompts(job.model_dir, job.tok, cfg.n_ctx, config=cfg)
+    n_new = min(validate.GREEDY_TOKENS, cfg.n_ctx - max(len(p) for p in job.prompts))
+    job.report.greedy_tokens = layer_check.greedy(lambda: load_cpu(plain), cfg, job.weights, job.prompts, n_new,
+                                                  job.tol)
+    job.passed[fp32] = plain
+
+
+def check_slice(job: Job) -> None:
+    """No fp32 graph asked: the builder's fp32 contract graph of the model's first SLICE_LAYERS layers (with its
+    embeddings, final norm and head) checked against the reference cut the same way, then removed."""
+    cfg = replace(job.card.model, n_layer=min(SLICE_LAYERS, job.card.model.n_layer))
+    job.say(f"checking the builder on the model's first {cfg.n_layer} layers (fp32, layer by layer)")
+    tmp, taps = atomic.temp_name(job.model_dir / "model.slice.onnx"), []
+    try:
+        graph_write.write(tmp, lambda sink: contract_graph.build(cfg, job.weights, sink, opset=job.opset,
+                                                                 residuals=taps), {}, True)
+        job.report.parity_of = f"the builder's fp32 graph of the first {cfg.n_layer} layers:"
+        job.report.parity = layer_check.check_contract(tmp, taps, cfg, job.weights, job.tol, layer_check.cases(cfg))
+        validate.refuse(f"fp32 parity of the first {cfg.n_layer} layers", job.report.parity)
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)
+    job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
+
+
+def check_static(job: Job, path: Path) -> None:
+    """The fp32 static-cache graph's logits against the reference's of the contract graph's check, then greedy
+    decoding; its cache sized to the checks' short texts, not n_ctx (805 MB a row at Qwen2.5-0.5B's 32k)."""
+    job.report.static_parity = layer_check.check_static(_engine(path), job.checked, job.tol)
+    validate.refuse("static-cache graph parity", job.report.static_parity)
+    layer_check.greedy(lambda: _engine(path), job.card.model, job.weights, job.prompts, validate.GREEDY_TOKENS // 2,
+                       job.tol)
+
+
+def build_static_variants(job: Job) -> None:
+    """The quantized static-cache graphs, built straight from the weights with the scheme their contract twin
+    shipped (no fp32 static graph needed: variants.direct)."""
+    from gptport.export import variant_steps, variants
+
+    for g in job.graphs:
+        twin = job.graph(g.precision)
+        if g.cache != contract.CACHE_STATIC or g.precision == "fp32" or twin not in job.passed:
+            continue
+        job.say(f"making the {g.precision} static-cache variant")
+        ladder = variants.LADDER[g.precision]
+        variant_steps.variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):])
+
+
+def decodes(job: Job) -> None:
+    """Each quantized graph of a model checked by slice opened and decoding DECODE_TOKENS tokens of the first
+    prompt; one that cannot is not written (a ValidationError naming it)."""
+    from gptport.runtime.generate import generate
+    from gptport.runtime.sampling import Sampling
+
+    for g, path in list(job.passed.items()):
+        if g.precision == "fp32":
+            continue
+        job.say(f"decoding with the {g.label} graph")
+        made = generate(_engine(path), job.prompts[:1], DECODE_TOKENS, Sampling(), eot_id=-1)
+        if len(made[0].new_ids) != DECODE_TOKENS:
+            raise ValidationError(f"export: the {g.label} graph made {len(made[0].new_ids)} of {DECODE_TOKENS} tokens")
+
+
+def _engine(path: Path) -> OnnxModel:
+    """The graph at `path` on the CPU, a static cache sized to the checks' texts."""
+    opened = load_cpu(path)
+    opened.cache_positions = CHECK_POSITIONS
+    return opened
