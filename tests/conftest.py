@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,35 +17,21 @@ SYLLABLES = ["ka", "to", "ri", "men", "sol", "ve", "qua", "lin", "dor", "ex", "p
              "ing", "er", "straß", "café", "наш", "日本", "語", "🙂", "ü", "ñ"]
 
 
-TRACE_CACHE = "GPTPORT_TRACE_CACHE"  # gptport/export/trace_cache.py's ENV (not imported here: it loads torch)
 THREADS = "GPTPORT_THREADS"  # gptport/runtime/onnx_engine.py's THREADS_ENV
-_TRACES = pytest.StashKey[str]()  # the folder this process made, removed at the end
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """In the controlling process, before the xdist workers start (they and the CLI's subprocesses inherit
-    the environment): one cache of torch -> ONNX traces for the session (trace_cache.py; many tests export
-    the same seeded model, and each distinct model is traced once), and each worker's share of the cores for
-    onnxruntime (GPTPORT_THREADS) and torch (OMP_NUM_THREADS): pools of every core in each worker spin
-    against each other. A variable set before the run is left as it is."""
+    the environment): each worker's share of the cores for onnxruntime (GPTPORT_THREADS) and torch
+    (OMP_NUM_THREADS): pools of every core in each worker spin against each other. A variable set before the
+    run is left as it is."""
     if hasattr(config, "workerinput"):
         return
-    if TRACE_CACHE not in os.environ:
-        path = tempfile.mkdtemp(prefix="gptport-traces-")
-        os.environ[TRACE_CACHE] = path
-        config.stash[_TRACES] = path
     workers = config.getoption("numprocesses", None) or 0
     if isinstance(workers, int) and workers > 1:
         share = str(max(1, (os.cpu_count() or 1) // workers))
         os.environ.setdefault(THREADS, share)
         os.environ.setdefault("OMP_NUM_THREADS", share)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    path = config.stash.get(_TRACES, None)
-    if path is not None:
-        shutil.rmtree(path, ignore_errors=True)
-        os.environ.pop(TRACE_CACHE, None)
 
 
 def make_text(n_lines: int, seed: int = 0) -> str:
@@ -82,7 +67,6 @@ def tok(tokenizer_dir: Path) -> bpe.BPETokenizer:
 
 def build_model_dir(out: Path, tokenizer_dir: Path, corpus: Path, steps: int, **model: object) -> Path:
     """A model directory holding a small GPT trained for `steps` steps (0: only initialised)."""
-    import shutil
 
     from gptport.config import ModelConfig, TrainConfig
     from gptport.training import shards as data

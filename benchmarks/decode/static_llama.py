@@ -177,19 +177,19 @@ def forms_rows(run: Run, shape: str) -> list[dict[str, Any]]:
 def graphs(run: Run, shape: str, tmp: Path, args: Any) -> None:
     from gptport import contract
     from gptport.errors import GptportError
-    from gptport.export import gqa_graph, variants
-    from gptport.export.torch_to_onnx import to_onnx
+    from gptport.export import contract_graph, gqa_graph, variants
 
     model = random_model(shape)
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     paths = {"static": save(gqa_graph.build(model.cfg, weights), tmp / f"{shape}-static.onnx", model.cfg,
                             contract.CACHE_STATIC)}
-    plain = save(to_onnx(model, 18), tmp / f"{shape}-plain.onnx", model.cfg, contract.CACHE_CONCAT)
+    plain = save(contract_graph.build(model.cfg, weights), tmp / f"{shape}-plain.onnx", model.cfg,
+                 contract.CACHE_CONCAT)
     try:  # what export writes as model.onnx by default
         optimized, _ = variants.optimize(plain, model.cfg)
         paths["contract"] = optimized
     except (GptportError, ValueError, IndexError, KeyError) as e:
-        say(f"{shape}: the transformer optimizer failed ({e}); the contract graph is torch.export's")
+        say(f"{shape}: the transformer optimizer failed ({e}); the contract graph is the builder's plain one")
         paths["contract"] = plain
     del model, weights
     held = held_positions(shape, args)

@@ -60,8 +60,7 @@ def positions_off_by_one(step: Callable) -> Callable:
 def graphs(model_dir: Path, work: Path) -> dict[str, Path]:
     """The plain, optimized, static and broken graphs of the model, made once under `work`."""
     from gptport import tokenizer as bpe
-    from gptport.export import exporter, variants
-    from gptport.export.torch_to_onnx import to_onnx
+    from gptport.export import contract_graph, exporter, variants
     from gptport.training.checkpoint import load_model
 
     out = {n: work / f"{n}.onnx" for n in ("plain", "optimized", "static", "broken")}
@@ -69,7 +68,8 @@ def graphs(model_dir: Path, work: Path) -> dict[str, Path]:
         return out
     model, card = load_model(model_dir, bpe.load(model_dir))
     meta = exporter.metadata(card, "fp32")
-    exporter.save(to_onnx(model, 18), out["plain"], meta)
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    exporter.save(contract_graph.build(model.cfg, weights), out["plain"], meta)
     made, _ = variants.optimize(out["plain"], card.model)
     made.replace(out["optimized"])
     exporter.set_metadata(out["optimized"], meta)

@@ -1,4 +1,4 @@
-"""The export: the fp32 graph under the I/O contract (torch_to_onnx.py), validated against the torch
+"""The export: the fp32 graph under the I/O contract (contract_graph.py), validated against the torch
 model before it is renamed into place, then the requested variants and static-cache graphs. `export`
 reads top to bottom as its steps; each graph it may write is a `Graph`, what they share a `Job`."""
 
@@ -26,12 +26,19 @@ from gptport.export import (
 )
 from gptport.export.export_job import Graph, Job
 from gptport.export.export_report import ExportReport, parse_precisions
-from gptport.export.graph_files import metadata, remove_stale, save, save_static, set_metadata, size_ratio
+from gptport.export.graph_files import (
+    metadata,
+    remove_stale,
+    save,
+    save_static,
+    set_metadata,
+    size_ratio,
+    untie_folded_head,
+)
 from gptport.export.model_read import expected_shapes
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import write_all
 from gptport.export.tolerance import Tolerance
-from gptport.export.torch_to_onnx import untie_folded_head
 from gptport.model_card import check_tokenizer, read_card
 from gptport.runtime import hugepages
 from gptport.runtime.onnx_engine import load_cpu

@@ -8,11 +8,12 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from gptport import __version__, contract, provenance
 from gptport.config import model_config_to_dict
-from gptport.errors import ArtifactError
+from gptport.errors import ArtifactError, ValidationError
 from gptport.export import gqa_graph, scatter_graph
 from gptport.runtime.onnx_engine import file_metadata
 from gptport.training.checkpoint import ModelCard
@@ -89,3 +90,25 @@ def size_ratio(proto: onnx.ModelProto, model: GPT) -> float:
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     stored = sum(len(i.raw_data) or onnx.numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
     return stored / n_bytes
+
+
+def untie_folded_head(proto: onnx.ModelProto) -> None:
+    """Store the tied embedding once after onnxruntime's transformer optimizer, which folds the head's
+    Transpose(embedding) into a second copy of the embedding; in the latter
+    case the copy is dropped and a Transpose node, which onnxruntime folds when it loads, takes its place."""
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    head = next((n for n in graph.node if contract.LOGITS in n.output and n.op_type == "MatMul"), None)
+    gather = next((n for n in graph.node if n.op_type == "Gather" and n.input[1] == contract.INPUT_IDS), None)
+    if head is None or gather is None or gather.input[0] not in inits:
+        raise ValidationError("export: unexpected graph (no head MatMul or token Gather); cannot check tied weights")
+    if head.input[1] not in inits:
+        return  # computed from the embedding: stored once
+    folded = onnx.numpy_helper.to_array(inits[head.input[1]])
+    wte = onnx.numpy_helper.to_array(inits[gather.input[0]])
+    if folded.shape != wte.T.shape or not np.array_equal(folded, wte.T):
+        return
+    graph.initializer.remove(inits[head.input[1]])
+    transpose = onnx.helper.make_node("Transpose", [gather.input[0]], [head.input[1]], perm=[1, 0],
+                                      name="tied_head_transpose")
+    graph.node.insert(list(graph.node).index(head), transpose)

@@ -14,8 +14,8 @@ import pytest
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.export import calibration, gqa_graph, smooth, validate, variants
+from gptport.export import contract_graph as builder
 from gptport.export.tolerance import Tolerance
-from gptport.export.torch_to_onnx import to_onnx
 from gptport.runtime.onnx_engine import OnnxModel
 from gptport.training.model import GPT
 
@@ -65,7 +65,7 @@ def test_smoothed_contract_graph_is_the_same_function(change: dict[str, object])
     model = wide_model(change)
     ranges = calibration.activation_ranges(model, windows(model))
     assert expected(model) <= set(ranges)
-    proto = variants.materialize_head(to_onnx(model, 18))
+    proto = variants.materialize_head(_graph(model))
     done = smooth.smooth(proto, ranges, 0.5)
     assert set(done) == expected(model), sorted(done)
     rows = validate.parity(model, contract_graph(model, proto).step(), Tolerance())
@@ -89,7 +89,7 @@ def test_a_tied_head_is_left_alone() -> None:
     """A head that shares the embedding's weight (not materialized) cannot be rescaled: ln_f is not smoothed."""
     model = wide_model({**LLAMA, "tie_embeddings": True})
     ranges = calibration.activation_ranges(model, windows(model))
-    proto = to_onnx(model, 18)
+    proto = _graph(model)
     done = smooth.smooth(proto, ranges, 0.5)
     assert "ln_f" not in done and "h.0.ln_1" in done
     rows = validate.parity(model, contract_graph(model, proto).step(), Tolerance())
@@ -103,7 +103,7 @@ def test_smoothing_brings_int8_closer_to_torch(tmp_path: object) -> None:
     model = wide_model(LLAMA)
     calib, held = windows(model, seed=0), windows(model, seed=1)
     fp32 = d / "fp32.onnx"
-    onnx.save_model(to_onnx(model, 18), str(fp32))
+    onnx.save_model(_graph(model), str(fp32))
     ranges = calibration.activation_ranges(model, calib)
     errors = {}
     for name in ("nbits8-b32-acc4", "nbits8-b32-acc4-smooth"):
@@ -127,6 +127,11 @@ def test_a_smoothing_scheme_without_ranges_is_refused(tmp_path: object) -> None:
 
     model = wide_model(LLAMA)
     fp32 = Path(str(tmp_path)) / "fp32.onnx"
-    onnx.save_model(to_onnx(model, 18), str(fp32))
+    onnx.save_model(_graph(model), str(fp32))
     with pytest.raises(ValueError, match="nbits8-b32-acc4-smooth: smoothing needs"):
         variants.quantize(fp32, fp32.with_name("q.onnx"), variants.SCHEMES["nbits8-b32-acc4-smooth"])
+
+
+def _graph(model: GPT) -> onnx.ModelProto:
+    """The contract graph of `model`, built from its weights as export builds it."""
+    return builder.build(model.cfg, {k: v.detach().numpy() for k, v in model.state_dict().items()})
