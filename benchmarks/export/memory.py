@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import cli, results
+from benchmarks.harness.hf_shapes import CHATML, QWEN_SPECIALS, byte_level_bpe
 from benchmarks.harness.models import SHAKESPEARE, WORK
 from benchmarks.harness.run import Run, say
 
@@ -41,8 +42,6 @@ QWEN = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, 
         "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1e6,
         "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "use_sliding_window": False}
 QWEN_TOKENS = 151643  # ordinary tokens of Qwen2.5's tokenizer (three specials follow)
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
 def measured(args: list[str]) -> dict[str, Any]:
@@ -97,37 +96,15 @@ def build_qwen(out: Path) -> None:
     with Qwen's three special tokens and ChatML template."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    alphabet.sort()
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    merges = []
-    for a in alphabet:
-        for b in alphabet:
-            vocab[a + b] = len(vocab)
-            merges.append((a, b))
-    for a in alphabet:
-        for b in alphabet:
-            for c in alphabet:
-                if len(vocab) == QWEN_TOKENS:
-                    break
-                vocab[a + b + c] = len(vocab)
-                merges.append((a + b, c))
-    backend = Tokenizer(models.BPE(vocab, merges))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
-                                                pad_token="<|endoftext|>")
-    fast.chat_template = CHATML
+    out.mkdir(parents=True, exist_ok=True)
+    byte_level_bpe(QWEN_TOKENS, QWEN_SPECIALS, CHATML, None, "<|im_end|>", out)
+    fast = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
     torch.manual_seed(0)
     config = transformers.Qwen2Config(bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
                                       eos_token_id=fast.eos_token_id, **QWEN)
     model = transformers.Qwen2ForCausalLM(config).eval().to(torch.bfloat16)
-    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
-    fast.save_pretrained(str(out))
 
 
 def main() -> None:
