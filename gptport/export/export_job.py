@@ -66,26 +66,28 @@ class Job:
     weights: Mapping[str, np.ndarray] = field(default_factory=dict)  # gptport's names -> each tensor, read when asked
     outside: bool = False  # the graphs' weights go to external data (graph_write.external)
     opset: int = contract_graph.OPSET  # the contract graphs' default-domain opset (--opset)
-    taps: list[str] = field(default_factory=list)  # the contract graph's residual stream after each layer
+    taps: dict[str, list[str]] = field(default_factory=dict)  # cache layout -> its residual stream after each layer
     checked: list[layer_check.Case] = field(default_factory=list)  # the layer-by-layer check's cases, with logits
+    chosen: tuple[list[int], np.ndarray] | None = None  # the reference's greedy tokens (layer_check.reference_greedy)
 
     def weights_bytes(self) -> int:
         """Bytes of the weights in float32 (a tied head once)."""
         return sum(4 * int(np.prod(self.weights[k].shape)) for k in self.weights)
 
     def build(self, cache: str, path: Path, precision: str = "fp32", nbits: NBits | None = None,
-              gated: bool = True) -> list[str]:
+              gated: bool = True) -> None:
         """The graph of this cache layout written op by op from the weights to `path` (graph_write.write), its
-        MatMul weights quantized by `nbits` when given, with its metadata (`gated`: it will pass a gate). Returns
-        a contract graph's residual stream names, layer by layer (layer_check.py taps them)."""
-        cfg, taps = self.card.model, []
+        MatMul weights quantized by `nbits` when given, with its metadata (`gated`: it will pass a gate); the names
+        of its residual stream after each layer kept in taps[cache] (layer_check.py cuts there)."""
+        cfg, taps = self.card.model, self.taps.setdefault(cache, [])
+        taps.clear()
         make = {contract.CACHE_CONCAT: lambda sink: contract_graph.build(cfg, self.weights, sink, nbits,
                                                                          opset=self.opset, residuals=taps),
-                contract.CACHE_STATIC: lambda sink: gqa_graph.build(cfg, self.weights, sink=sink, nbits=nbits),
+                contract.CACHE_STATIC: lambda sink: gqa_graph.build(cfg, self.weights, sink=sink, nbits=nbits,
+                                                                    residuals=taps),
                 contract.CACHE_APPEND: lambda sink: scatter_graph.build(cfg, self.weights, sink=sink, nbits=nbits)}
         graph_write.write(path, make[cache], metadata(self.card, precision, cache, self.sources, gated=gated),
                           self.outside)
-        return taps
 
     def ranges_for(self, scheme: str) -> variants.Ranges | None:
         """The activations' ranges if `scheme` smooths (on every other gate window, measured on first use)."""

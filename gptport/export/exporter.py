@@ -214,7 +214,7 @@ def _write_plain(job: Job, opset: int) -> Path:
     job.say("building the fp32 graph from the weights" + (" (external data)" if job.outside else ""))
     job.opset = opset
     job.plain = atomic.temp_name(fp32.path)
-    job.taps = job.build(contract.CACHE_CONCAT, job.plain)
+    job.build(contract.CACHE_CONCAT, job.plain)
     job.report.size_ratio = graph_write.weight_bytes(job.plain) / job.weights_bytes()
     if job.report.size_ratio > 1.01:
         raise ValidationError(f"export: model.onnx holds {job.report.size_ratio:.3f}x the parameter bytes "

@@ -66,7 +66,7 @@ def refuse_unsupported(config: ModelConfig) -> None:
 
 
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST, sink: Sink | None = None,
-          nbits: NBits | None = None) -> onnx.ModelProto:
+          nbits: NBits | None = None, residuals: list[str] | None = None) -> onnx.ModelProto:
     """The static-cache graph of a model with this config (config.json's "model") and these weights
     (model.safetensors as numpy, gptport's names; the head is wte.weight when the embeddings are tied);
     refused for a config it cannot have (unsupported). `forms`: which operators write RMSNorm and SwiGLU; `sink`
@@ -90,6 +90,8 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
                     scale=1.0 / math.sqrt(config.head_dim), **rope)[0]  # (B, S, H*hd)
 
     g = graph_body.transformer(config, weights, attend, forms, sink, nbits)
+    if residuals is not None:  # the residual stream after each layer (a layer-by-layer check cuts there)
+        residuals.extend(g.residuals)
     past_values, outputs = graph_body.cache_values(config)
     inputs = [
         *graph_body.token_inputs(),

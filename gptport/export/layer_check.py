@@ -1,31 +1,32 @@
 """Parity that scales: a built graph checked against the torch model run one layer at a time (layer_reference.py),
-so the check holds one layer of torch weights and its float64 twin, never the model. The graph under check is the
-file itself, opened once with each layer's residual stream added to its outputs (a copy of the graph's few hundred
-KiB beside it, reading the same external data); each layer's output, keys and values and the logits are compared
-within the relative bounds of tolerance.py (record 0031) on a few lengths, left padding included. Greedy decoding
-on the graph is then checked token by token against the reference's own choice on the same text (one reference
-pass per prompt, teacher-forced), a disagreement accepted only where the reference's two candidates lie within
-its rounding. What export checks when the model is too large to hold in torch (graph_write.external)."""
+so the check holds one layer of torch weights and its float64 twin, never the model, and the graph is run as a
+chain of pieces cut from its file (chunked.py), never more than CHUNK_BYTES of its weights at once.
+
+- check_contract: on a few lengths, left padding included, each layer's output, keys and values and the logits
+  within the relative bounds of tolerance.py (record 0031).
+- check_static: the static-cache graph's logits against the same reference.
+- greedy: the reference's greedy continuation of a prompt, token by token; the graph prefilled with the prompt
+  and stepped through those tokens on its own cache (past in, present out) must choose each of them, or one
+  the reference scores within its rounding of it.
+The reference runs before the graph's pieces open: the peak is the larger of the two, not both."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
+from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import ValidationError
-from gptport.export import layer_reference
+from gptport.export import chunked, layer_reference
 from gptport.export.tolerance import Tolerance, compare
 from gptport.export.validate import ParityRow
-from gptport.runtime.engine import Engine
-from gptport.runtime.onnx_engine import OnnxModel
 
 CHECK_SPAN = 32  # tokens of the unpadded case (fewer where n_ctx is smaller)
+GREEDY_STEPS = 8  # tokens of the greedy check: each a pass of the reference over the whole model
 
 
 @dataclass
@@ -54,92 +55,130 @@ def cases(cfg: ModelConfig, seed: int = 0) -> list[Case]:
     return out
 
 
-def tapped(graph: Path, taps: Sequence[str]) -> Path:
-    """A copy of the graph at `graph` (its external data read in place, not copied) whose outputs add `taps`, the
-    residual stream after each layer (graph_body.Builder.residuals)."""
-    proto = onnx.load(str(graph), load_external_data=False)
-    proto.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in taps)
-    out = graph.with_name(graph.name + ".check")
-    onnx.save_model(proto, str(out))
-    return out
+def pieces(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray],
+           budget: int = chunked.CHUNK_BYTES) -> chunked.Chunked:
+    """The graph at `graph` cut into pieces of at most `budget` bytes of float32 layer weights."""
+    spans = chunked.ranges(cfg.n_layer, chunked.layer_bytes(weights), budget)
+    return chunked.Chunked(graph, taps, cfg.n_layer, spans)
 
 
 def check_contract(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray],
-                   tol: Tolerance, checked: list[Case]) -> list[ParityRow]:
+                   tol: Tolerance, checked: list[Case], budget: int = chunked.CHUNK_BYTES) -> list[ParityRow]:
     """The contract graph at `graph` against the layer-by-layer reference on `checked` (cases()): per case, each
     layer's output, keys and values, then the logits, each within `tol` of its magnitude and of the reference's
     own float32 error (the float64 run); their top-1 agreement at the real positions. Stores each case's
     reference logits in it."""
-    import onnxruntime as ort
     import torch
 
-    from gptport import contract
-
     weight, references = weights.__getitem__, []
-    for case in checked:  # the reference first, then the session: the peak is the larger of the two, not both
+    for case in checked:
         want = list(layer_reference.run_layers(cfg, weight, case.ids, case.mask, case.positions))
         exact = list(layer_reference.run_layers(cfg, weight, case.ids, case.mask, case.positions,
                                                 dtype=torch.float64))  # (a few MiB a layer at these lengths)
         references.append((want, exact))
         case.logits, case.exact = want[-1], exact[-1]  # type: ignore[assignment]
-    copy = tapped(graph, taps)
+    cut = pieces(graph, taps, cfg, weights, budget)
     try:
-        session = ort.InferenceSession(str(copy), providers=["CPUExecutionProvider"])
+        rows = []
+        for case, (want, exact) in zip(checked, references, strict=True):
+            B = case.ids.shape[0]
+            empty = np.zeros((B, cfg.n_kv_head, 0, cfg.head_dim), np.float32)
+            feeds = {contract.INPUT_IDS: case.ids, contract.ATTENTION_MASK: case.mask,
+                     contract.POSITION_IDS: case.positions}
+            [(logits, hidden, presents)] = cut.run([feeds], [empty] * (2 * cfg.n_layer))
+
+            def got(i: int, presents: list[np.ndarray] = presents, hidden: list[np.ndarray] = hidden
+                    ) -> layer_reference.LayerOut:
+                return layer_reference.LayerOut(i, hidden[i], presents[2 * i], presents[2 * i + 1])
+
+            checks = layer_reference.compare_layers(want, got, logits, tol, exact)
+            real = case.mask.astype(bool)
+            top1 = float((logits.argmax(-1) == case.logits.argmax(-1))[real].mean())
+            rows.append(ParityRow(case.name, tuple(checks), top1))
+        return rows
     finally:
-        copy.unlink(missing_ok=True)
-    rows = []
-    for case, (want, exact) in zip(checked, references, strict=True):
-        B = case.ids.shape[0]
-        empty = np.zeros((B, cfg.n_kv_head, 0, cfg.head_dim), np.float32)
-        feeds = {contract.INPUT_IDS: case.ids, contract.ATTENTION_MASK: case.mask,
-                 contract.POSITION_IDS: case.positions, **{n: empty for n in contract.past_names(cfg.n_layer)}}
-        outs = session.run(None, feeds)
-        logits, presents, hidden = outs[0], outs[1:1 + 2 * cfg.n_layer], outs[1 + 2 * cfg.n_layer:]
-
-        def got(i: int, presents: list[np.ndarray] = presents, hidden: list[np.ndarray] = hidden
-                ) -> layer_reference.LayerOut:
-            return layer_reference.LayerOut(i, hidden[i], presents[2 * i], presents[2 * i + 1])
-
-        checks = layer_reference.compare_layers(want, got, logits, tol, exact)
-        real = case.mask.astype(bool)
-        top1 = float((logits.argmax(-1) == case.logits.argmax(-1))[real].mean())
-        rows.append(ParityRow(case.name, tuple(checks), top1))
-    return rows
+        cut.close()
 
 
-def check_static(engine: OnnxModel, checked: list[Case], tol: Tolerance) -> list[ParityRow]:
-    """The static-cache graph's logits on the cases check_contract ran, against the reference's kept there, at the
-    real positions (its cache is checked by decoding: greedy)."""
-    from gptport import contract
-    from gptport.runtime import static_cache
+def static_calls(ids: np.ndarray, steps: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """The static-cache graph's inputs (but the cache) for a prefill of `ids` (B, T), unpadded, then one call per
+    token of `steps` for every row."""
+    B, T = ids.shape
+    calls = [{contract.INPUT_IDS: ids, contract.POSITION_IDS: np.tile(np.arange(T, dtype=np.int64), (B, 1)),
+              contract.SEQLENS_K: np.full(B, T - 1, np.int32), contract.TOTAL_SEQUENCE_LENGTH: np.array(T, np.int32),
+              contract.LOGITS_INDEX: np.tile(np.arange(T, dtype=np.int64), (B, 1))}]
+    for j, token in enumerate(steps):
+        calls.append({contract.INPUT_IDS: np.full((B, 1), token, np.int64),
+                      contract.POSITION_IDS: np.full((B, 1), T + j, np.int64),
+                      contract.SEQLENS_K: np.full(B, T + j, np.int32),
+                      contract.TOTAL_SEQUENCE_LENGTH: np.array(T + j + 1, np.int32),
+                      contract.LOGITS_INDEX: np.zeros((B, 1), np.int64)})
+    return calls
 
-    step, rows = engine.step(), []
-    for case in checked:
-        B = case.ids.shape[0]
-        buffers = static_cache.Buffers(engine.config, engine.kv_dtype, case.ids.shape[1])  # the case's length
-        got, _ = step(case.ids, case.mask, case.positions, buffers.fresh(B))
-        real = case.mask.astype(bool)  # (B, T)
-        check = compare(contract.LOGITS, got[real], case.logits[real], tol, case.exact[real])
-        rows.append(ParityRow(case.name, (check,), float((got.argmax(-1) == case.logits.argmax(-1))[real].mean())))
-    return rows
+
+def contract_calls(ids: np.ndarray, steps: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """The contract graph's inputs (but the cache) for a prefill of `ids` (B, T), unpadded, then each of `steps`."""
+    B, T = ids.shape
+    calls = [{contract.INPUT_IDS: ids, contract.ATTENTION_MASK: np.ones((B, T), np.int64),
+              contract.POSITION_IDS: np.tile(np.arange(T, dtype=np.int64), (B, 1))}]
+    for j, token in enumerate(steps):
+        calls.append({contract.INPUT_IDS: np.full((B, 1), token, np.int64),
+                      contract.ATTENTION_MASK: np.ones((B, T + j + 1), np.int64),
+                      contract.POSITION_IDS: np.full((B, 1), T + j, np.int64)})
+    return calls
 
 
-def greedy(open_engine: Callable[[], Engine], cfg: ModelConfig, weights: Mapping[str, np.ndarray],
-           prompts: list[list[int]], n_new: int, tol: Tolerance) -> int:
-    """Greedy decoding on the engine `open_engine` opens (closed before the reference runs), each new token the
-    reference's argmax on the same text or within its rounding of it (the reference run once per prompt over the
-    prompt and the tokens made). Returns the tokens compared."""
-    from gptport.runtime.generate import generate
-    from gptport.runtime.sampling import Sampling
+def check_static(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray],
+                 checked: list[Case], tol: Tolerance, budget: int = chunked.CHUNK_BYTES) -> list[ParityRow]:
+    """The static-cache graph's logits on the unpadded cases check_contract ran, against the reference's kept there
+    (its cache is checked by the greedy steps)."""
+    cut = pieces(graph, taps, cfg, weights, budget)
+    try:
+        rows = []
+        for case in (c for c in checked if c.mask.all()):
+            B, T = case.ids.shape
+            empty = np.zeros((B, cfg.n_kv_head, T, cfg.head_dim), np.float32)  # a cache of the case's length
+            [(got, _, _)] = cut.run(static_calls(case.ids, []), [empty] * (2 * cfg.n_layer))
+            check = compare(contract.LOGITS, got, case.logits, tol, case.exact)
+            rows.append(ParityRow(case.name, (check,), float((got.argmax(-1) == case.logits.argmax(-1)).mean())))
+        return rows
+    finally:
+        cut.close()
 
-    made = generate(open_engine(), prompts, n_new, Sampling(), eot_id=-1)
-    for i, (prompt, result) in enumerate(zip(prompts, made, strict=True)):
-        text = np.array([prompt + list(result.new_ids[:-1])], np.int64)  # (1, T)
-        *_, logits = layer_reference.run_layers(cfg, weights.__getitem__, text)
-        want = np.asarray(logits)[0, len(prompt) - 1:]  # (n_new, V): the reference's scores of each new token
-        for j, token in enumerate(result.new_ids):
-            best = float(want[j].max())
-            if want[j, token] < best - tol.bound(float(np.abs(want[j]).max())):
-                raise ValidationError(f"export: greedy decoding differs from torch for prompt {i} at new token {j} "
-                                      f"(the graph chose {token}, torch {int(want[j].argmax())})")
-    return n_new * len(prompts)
+
+def reference_greedy(cfg: ModelConfig, weights: Mapping[str, np.ndarray], prompt: Sequence[int], n: int
+                     ) -> tuple[list[int], np.ndarray]:
+    """The reference's greedy continuation of `prompt`: n tokens and the scores each was chosen from (n, V)."""
+    tokens: list[int] = []
+    scores = []
+    for _ in range(n):
+        *_, logits = layer_reference.run_layers(cfg, weights.__getitem__, np.array([[*prompt, *tokens]]),
+                                                last_only=True)
+        scores.append(np.asarray(logits)[0, -1])  # (V,)
+        tokens.append(int(scores[-1].argmax()))
+    return tokens, np.stack(scores)
+
+
+def greedy(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], static: bool,
+           prompt: Sequence[int], chosen: tuple[list[int], np.ndarray], tol: Tolerance,
+           budget: int = chunked.CHUNK_BYTES) -> int:
+    """The graph prefilled with `prompt`, then stepped through the reference's greedy tokens (`chosen`:
+    reference_greedy's) on its own cache: each of its choices the reference's or within the reference's rounding
+    of it. Returns the tokens compared."""
+    tokens, scores = chosen
+    ids = np.array([prompt], np.int64)
+    capacity = ids.shape[1] + len(tokens)
+    width = capacity if static else 0
+    past = [np.zeros((1, cfg.n_kv_head, width, cfg.head_dim), np.float32)] * (2 * cfg.n_layer)
+    calls = (static_calls if static else contract_calls)(ids, tokens[:-1])
+    cut = pieces(graph, taps, cfg, weights, budget)
+    try:
+        made = cut.run(calls, past)
+    finally:
+        cut.close()
+    for j, (logits, _, _) in enumerate(made):
+        choice = int(logits[0, -1].argmax())
+        if scores[j, choice] < scores[j].max() - tol.bound(float(np.abs(scores[j]).max())):
+            raise ValidationError(f"export: greedy decoding differs from torch at new token {j} (the graph chose "
+                                  f"{choice}, torch {tokens[j]})")
+    return len(tokens)

@@ -16,13 +16,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from gptport import atomic, contract
+from gptport.config import ModelConfig
 from gptport.errors import UsageError, ValidationError
 from gptport.export import contract_graph, graph_write, layer_check, validate
 from gptport.export.export_job import Job
 from gptport.runtime.onnx_engine import OnnxModel, load_cpu
 
-CHECK_POSITIONS = 64  # the static cache a check's decoding needs: prompts of <= 16 tokens, 32 new ones
+CHECK_POSITIONS = 64  # the static cache a quantized graph's decoding needs here: a prompt of <= 16 tokens, 4 new
 SLICE_LAYERS = 2  # layers of the slice the builder is checked on when no fp32 graph is written
 DECODE_TOKENS = 4  # tokens each quantized graph of a model checked by slice decodes
 
@@ -44,13 +47,12 @@ def check_fp32(job: Job, plain: Path) -> None:
     """The fp32 contract graph against the torch model run layer by layer (layer_check.py), then greedy decoding."""
     fp32 = job.graph("fp32")
     assert fp32 is not None
-    cfg = job.card.model
+    cfg, taps = job.card.model, job.taps[contract.CACHE_CONCAT]
     job.checked = layer_check.cases(cfg)
-    job.report.parity = layer_check.check_contract(plain, job.taps, cfg, job.weights, job.tol, job.checked)
+    job.report.parity = layer_check.check_contract(plain, taps, cfg, job.weights, job.tol, job.checked)
     validate.refuse("fp32 parity", job.report.parity)
-    job.prompts = validate.prompts(job.model_dir, job.tok, cfg.n_ctx, config=cfg)
-    n_new = min(validate.GREEDY_TOKENS, cfg.n_ctx - max(len(p) for p in job.prompts))
-    job.report.greedy_tokens = layer_check.greedy(lambda: load_cpu(plain), cfg, job.weights, job.prompts, n_new,
+    job.chosen = _chosen(job, cfg)
+    job.report.greedy_tokens = layer_check.greedy(plain, taps, cfg, job.weights, False, job.prompts[0], job.chosen,
                                                   job.tol)
     job.passed[fp32] = plain
 
@@ -60,26 +62,28 @@ def check_slice(job: Job) -> None:
     embeddings, final norm and head) checked against the reference cut the same way, then removed."""
     cfg = replace(job.card.model, n_layer=min(SLICE_LAYERS, job.card.model.n_layer))
     job.say(f"checking the builder on the model's first {cfg.n_layer} layers (fp32, layer by layer)")
-    tmp, taps = atomic.temp_name(job.model_dir / "model.slice.onnx"), []
+    tmp, taps = atomic.temp_name(job.model_dir / "model.slice.onnx"), list[str]()
     try:
         graph_write.write(tmp, lambda sink: contract_graph.build(cfg, job.weights, sink, opset=job.opset,
                                                                  residuals=taps), {}, True)
         job.report.parity_of = f"the builder's fp32 graph of the first {cfg.n_layer} layers:"
         job.report.parity = layer_check.check_contract(tmp, taps, cfg, job.weights, job.tol, layer_check.cases(cfg))
         validate.refuse(f"fp32 parity of the first {cfg.n_layer} layers", job.report.parity)
+        job.report.greedy_tokens = layer_check.greedy(tmp, taps, cfg, job.weights, False, job.prompts[0],
+                                                      _chosen(job, cfg), job.tol)
     finally:
         tmp.unlink(missing_ok=True)
         tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)
-    job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
 
 
 def check_static(job: Job, path: Path) -> None:
-    """The fp32 static-cache graph's logits against the reference's of the contract graph's check, then greedy
-    decoding; its cache sized to the checks' short texts, not n_ctx (805 MB a row at Qwen2.5-0.5B's 32k)."""
-    job.report.static_parity = layer_check.check_static(_engine(path), job.checked, job.tol)
+    """The fp32 static-cache graph's logits against the reference's of the contract graph's check, then the greedy
+    steps; its cache sized to the checks' short texts, not n_ctx (805 MB a row at Qwen2.5-0.5B's 32k)."""
+    cfg, taps = job.card.model, job.taps[contract.CACHE_STATIC]
+    job.report.static_parity = layer_check.check_static(path, taps, cfg, job.weights, job.checked, job.tol)
     validate.refuse("static-cache graph parity", job.report.static_parity)
-    layer_check.greedy(lambda: _engine(path), job.card.model, job.weights, job.prompts, validate.GREEDY_TOKENS // 2,
-                       job.tol)
+    assert job.chosen is not None  # check_fp32 ran
+    layer_check.greedy(path, taps, cfg, job.weights, True, job.prompts[0], job.chosen, job.tol)
 
 
 def build_static_variants(job: Job) -> None:
@@ -109,6 +113,14 @@ def decodes(job: Job) -> None:
         made = generate(_engine(path), job.prompts[:1], DECODE_TOKENS, Sampling(), eot_id=-1)
         if len(made[0].new_ids) != DECODE_TOKENS:
             raise ValidationError(f"export: the {g.label} graph made {len(made[0].new_ids)} of {DECODE_TOKENS} tokens")
+
+
+def _chosen(job: Job, cfg: ModelConfig) -> tuple[list[int], np.ndarray]:
+    """The greedy check's prompt (job.prompts) and the reference's greedy tokens after it, for the model `cfg`."""
+    job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
+    n = min(layer_check.GREEDY_STEPS, cfg.n_ctx - len(job.prompts[0]))
+    job.say(f"the reference's greedy continuation ({n} tokens, the model read layer by layer once each)")
+    return layer_check.reference_greedy(cfg, job.weights, job.prompts[0], n)
 
 
 def _engine(path: Path) -> OnnxModel:

@@ -138,3 +138,26 @@ def test_taps_name_each_layers_output(tmp_path: Path) -> None:
     taps: list[str] = []
     contract_graph.build(model.cfg, weights_of(model), residuals=taps)
     assert len(taps) == model.cfg.n_layer and contract.LOGITS not in taps
+
+
+def test_a_graph_checked_in_pieces_of_one_layer_passes_and_decodes(tmp_path: Path) -> None:
+    """Each layer its own piece (a budget of one byte): the contract and static-cache graphs pass, and both choose
+    the reference's greedy tokens stepping their own caches."""
+    from gptport.export import gqa_graph
+
+    model = random_model(**LLAMA)
+    w, cfg = weights_of(model), model.cfg
+    paths, taps = {"contract": tmp_path / "model.onnx", "static": tmp_path / "model.static.onnx"}, {}
+    for kind, build in (("contract", contract_graph.build), ("static", gqa_graph.build)):
+        taps[kind] = []
+        graph_write.write(paths[kind], lambda sink, b=build, t=taps[kind]: b(cfg, w, sink=sink, residuals=t), {},
+                          True)
+    checked = layer_check.cases(cfg)
+    rows = layer_check.check_contract(paths["contract"], taps["contract"], cfg, w, Tolerance(), checked, budget=1)
+    rows += layer_check.check_static(paths["static"], taps["static"], cfg, w, checked, Tolerance(), budget=1)
+    assert len(rows) == 3 and all(r.ok and r.top1 == 1.0 for r in rows)
+    chosen = layer_check.reference_greedy(cfg, w, [1, 2, 3], 6)
+    for kind in ("contract", "static"):
+        assert layer_check.greedy(paths[kind], taps[kind], cfg, w, kind == "static", [1, 2, 3], chosen, Tolerance(),
+                                  budget=1) == 6
+    assert not [p for p in tmp_path.iterdir() if ".piece" in p.name]

@@ -1,0 +1,83 @@
+"""A built graph run as a chain of sessions, each over a run of its layers, so that checking a graph never holds
+more than CHUNK_BYTES of its weights: each piece is cut from the graph file itself (onnx's Extractor on the graph
+without its data: the nodes between the residual stream entering the run and the one leaving it, the pieces
+reading the graph's own external data file in place), opened, run and closed in turn, the residual stream and
+each layer's cache handed from one to the next. The first piece holds the embeddings, the last the final norm and
+the head. What layer_check.py runs the fp32 graphs of a model too large for one session in. No torch here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from gptport import contract
+
+CHUNK_BYTES = 2**30  # float32 weight bytes of the layers one piece holds (at least one layer)
+
+
+def ranges(n_layer: int, layer_bytes: int, budget: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+    """Runs [a, b) of layers whose weights (`layer_bytes` a layer) fit `budget`, one layer at the least."""
+    per = max(1, budget // max(layer_bytes, 1))
+    return [(a, min(a + per, n_layer)) for a in range(0, n_layer, per)]
+
+
+def layer_bytes(weights: Mapping[str, np.ndarray]) -> int:
+    """float32 bytes of layer 0's weights (each layer's are the same)."""
+    return sum(4 * int(np.prod(weights[k].shape)) for k in weights if k.startswith("h.0."))
+
+
+class Chunked:
+    """The graph at `graph` cut into pieces over `spans` of its layers at `taps` (the residual stream after each
+    layer); the pieces are files beside it until close()."""
+
+    def __init__(self, graph: Path, taps: Sequence[str], n_layer: int, spans: list[tuple[int, int]]) -> None:
+        from onnx.utils import Extractor
+
+        proto = onnx.load(str(graph), load_external_data=False)
+        known = {v.name for v in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output]}
+        proto.graph.value_info.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
+                                      for t in taps if t not in known)  # cut at them (behind contrib operators)
+        pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
+        shared = [i.name for i in proto.graph.input if i.name not in pasts]  # ids, mask, positions, lengths...
+        head = [o.name for o in proto.graph.output if o.name not in presents]  # the logits
+        cut = Extractor(proto)
+        self.pieces: list[tuple[Path, tuple[int, int]]] = []
+        for k, (a, b) in enumerate(spans):
+            inputs = [*shared, *([taps[a - 1]] if a else []), *pasts[2 * a:2 * b]]
+            outputs = [*(head if b == n_layer else []), *taps[a:b], *presents[2 * a:2 * b]]
+            piece = cut.extract_model(inputs, outputs)
+            path = graph.with_name(f"{graph.name}.piece{k}")
+            onnx.save_model(piece, str(path))
+            self.pieces.append((path, (a, b)))
+        self.taps, self.pasts, self.presents = list(taps), pasts, presents
+
+    def run(self, calls: Sequence[Mapping[str, np.ndarray]], past: Sequence[np.ndarray]
+            ) -> list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]]:
+        """Calls of the whole graph in order, each piece opened once for all of them: `calls` the inputs of each
+        but the cache, `past` each layer's key and value before the first (each later call reads the one before's
+        present) -> per call (the logits, the residual stream after each layer, each layer's present)."""
+        import onnxruntime as ort
+
+        out: list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]] = [
+            (np.zeros(0, np.float32), [], []) for _ in calls]
+        for path, (a, b) in self.pieces:
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            names, outputs = {i.name for i in session.get_inputs()}, [o.name for o in session.get_outputs()]
+            cache = list(past[2 * a:2 * b])
+            for c, feeds in enumerate(calls):
+                logits, hidden, present = out[c]
+                given = {**feeds, **({self.taps[a - 1]: hidden[-1]} if a else {}), **dict(zip(self.pasts[2 * a:2 * b],
+                                                                                            cache, strict=True))}
+                got = dict(zip(outputs, session.run(None, {k: v for k, v in given.items() if k in names}),
+                               strict=True))
+                cache = [got[n] for n in self.presents[2 * a:2 * b]]
+                out[c] = (got.get(contract.LOGITS, logits), hidden + [got[t] for t in self.taps[a:b]], present + cache)
+            del session  # its weights go before the next piece's come
+        return out
+
+    def close(self) -> None:
+        for path, _ in self.pieces:
+            path.unlink(missing_ok=True)
