@@ -2,8 +2,9 @@
 more than CHUNK_BYTES of its weights: each piece is cut from the graph file itself (onnx's Extractor on the graph
 without its data: the nodes between the residual stream entering the run and the one leaving it, the pieces
 reading the graph's own external data file in place), opened, run and closed in turn, the residual stream and
-each layer's cache handed from one to the next. The first piece holds the embeddings, the last the final norm and
-the head. What layer_check.py runs the fp32 graphs of a model too large for one session in. No torch here."""
+each layer's cache handed from one to the next. The first piece holds the embeddings; the final norm and the head
+are a piece of their own. What layer_check.py runs the fp32 graphs of a model too large for one session in. No torch
+here."""
 
 from __future__ import annotations
 
@@ -45,13 +46,13 @@ class Chunked:
         head = [o.name for o in proto.graph.output if o.name not in presents]  # the logits
         cut = Extractor(proto)
         self.pieces: list[tuple[Path, tuple[int, int]]] = []
-        for k, (a, b) in enumerate(spans):
-            inputs = [*shared, *([taps[a - 1]] if a else []), *pasts[2 * a:2 * b]]
-            outputs = [*(head if b == n_layer else []), *taps[a:b], *presents[2 * a:2 * b]]
-            piece = cut.extract_model(inputs, outputs)
+        cuts = [([*shared, *([taps[a - 1]] if a else []), *pasts[2 * a:2 * b]], [*taps[a:b], *presents[2 * a:2 * b]],
+                 (a, b)) for a, b in spans]
+        cuts.append(([*shared, taps[n_layer - 1]], head, (n_layer, n_layer)))  # the head alone: a tied one is
+        for k, (inputs, outputs, span) in enumerate(cuts):  # folded to a copy of the embeddings when opened
             path = graph.with_name(f"{graph.name}.piece{k}")
-            onnx.save_model(piece, str(path))
-            self.pieces.append((path, (a, b)))
+            onnx.save_model(cut.extract_model(inputs, outputs), str(path))
+            self.pieces.append((path, span))
         self.taps, self.pasts, self.presents = list(taps), pasts, presents
 
     def run(self, calls: Sequence[Mapping[str, np.ndarray]], past: Sequence[np.ndarray]
@@ -71,6 +72,8 @@ class Chunked:
                 logits, hidden, present = out[c]
                 given = {**feeds, **({self.taps[a - 1]: hidden[-1]} if a else {}), **dict(zip(self.pasts[2 * a:2 * b],
                                                                                             cache, strict=True))}
+                if a == b:  # the head's piece reads the last layer's output
+                    given[self.taps[-1]] = hidden[-1]
                 got = dict(zip(outputs, session.run(None, {k: v for k, v in given.items() if k in names}),
                                strict=True))
                 cache = [got[n] for n in self.presents[2 * a:2 * b]]
