@@ -66,6 +66,7 @@ class Job:
     weights: Mapping[str, np.ndarray] = field(default_factory=dict)  # gptport's names -> each tensor, read when asked
     outside: bool = False  # the graphs' weights go to external data (graph_write.external)
     opset: int = contract_graph.OPSET  # the contract graphs' default-domain opset (--opset)
+    tell: Callable[[str], None] = lambda message: None  # progress within a step (say() without freeing first)
     taps: dict[str, list[str]] = field(default_factory=dict)  # cache layout -> its residual stream after each layer
     checked: list[layer_check.Case] = field(default_factory=list)  # the layer-by-layer check's cases, with logits
     chosen: tuple[list[int], np.ndarray] | None = None  # the reference's greedy tokens (layer_check.reference_greedy)
@@ -86,8 +87,9 @@ class Job:
                 contract.CACHE_STATIC: lambda sink: gqa_graph.build(cfg, self.weights, sink=sink, nbits=nbits,
                                                                     residuals=taps),
                 contract.CACHE_APPEND: lambda sink: scatter_graph.build(cfg, self.weights, sink=sink, nbits=nbits)}
+        label = f"the {precision} {cache} graph"
         graph_write.write(path, make[cache], metadata(self.card, precision, cache, self.sources, gated=gated),
-                          self.outside)
+                          self.outside, lambda k, n: self.tell(f"writing {label}: {k} tensors, {n / 2**30:.2f} GiB"))
 
     def ranges_for(self, scheme: str) -> variants.Ranges | None:
         """The activations' ranges if `scheme` smooths (on every other gate window, measured on first use)."""

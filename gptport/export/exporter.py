@@ -5,6 +5,7 @@ reads top to bottom as its steps; each graph it may write is a `Graph`, what the
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -171,7 +172,7 @@ def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None
         say(message)
 
     return Job(model_dir, tok, model, card, sources, tol, step, ExportReport(gated=gate), weights=weights,
-               outside=outside)
+               outside=outside, tell=say)
 
 
 
@@ -197,6 +198,19 @@ def _plan(job: Job, precisions: Sequence[str], static: bool, force: bool, kv_dty
     existing = [str(g.path) for g in job.graphs if g.path.exists()]
     if existing and not force:
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")
+    _check_disk(job)
+
+
+def _check_disk(job: Job) -> None:
+    """The bytes the planned graphs will write (graph_write.estimate) against the model directory's free disk,
+    before anything is written; the graphs this export replaces count as free."""
+    need = sum(graph_write.estimate(job.weights, g.precision, job.card.model.vocab_size) for g in job.graphs)
+    replaced = sum(p.stat().st_size for g in job.graphs for p in (g.path, g.path.with_name(g.path.name + ".data"))
+                   if p.is_file())
+    free = shutil.disk_usage(job.model_dir).free + replaced
+    if need > free:
+        raise UsageError(f"{job.model_dir}: export writes about {need / 2**30:.1f} GiB ({len(job.graphs)} graphs), "
+                         f"and its disk has {free / 2**30:.1f} GiB free")
 
 
 def _gate_text(job: Job, heldout: Path | None, sampled_text: bool) -> None:

@@ -6,9 +6,10 @@ here."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from gptport.export.tensor_sink import EXTERNAL_FROM_BYTES, ExternalSink, InlineSink, Sink, data_name
@@ -20,18 +21,35 @@ def external(param_bytes: int) -> bool:
     return param_bytes > (int(limit) if limit else EXTERNAL_FROM_BYTES)
 
 
-def write(path: Path, build: Callable[[Sink], onnx.ModelProto], meta: dict[str, str], outside: bool) -> None:
-    """The graph `build` makes, its initializers streamed into `path`'s data file when `outside`, written to
-    `path` with `meta` as its metadata_props."""
+def write(path: Path, build: Callable[[Sink], onnx.ModelProto], meta: dict[str, str], outside: bool,
+          progress: Callable[[int, int], None] | None = None) -> None:
+    """The graph `build` makes, its initializers streamed into `path`'s data file when `outside` (`progress` told
+    the tensors and bytes written after each), written to `path` with `meta` as its metadata_props."""
     sink: Sink
     if outside:
-        sink = ExternalSink(path.with_name(data_name(path)), data_name(path))
+        sink = ExternalSink(path.with_name(data_name(path)), data_name(path), progress)
         proto = build(sink)
         sink.close()
     else:
         proto = build(InlineSink())
     onnx.helper.set_model_props(proto, meta)
     onnx.save_model(proto, str(path))
+
+
+def estimate(weights: Mapping[str, np.ndarray], precision: str, vocab_rows: int) -> int:
+    """Bytes a graph of `precision` writes for `weights` (the builder's layout): float32 for fp32, the embeddings
+    and norms; MatMulNBits' bits plus a float32 scale a block of 32 for the matrices of int8 and int4; fp16 half
+    of fp32. An estimate for the disk check, within a few percent."""
+    total = 0
+    for name in weights:
+        count = int(np.prod(weights[name].shape))
+        matrix = len(weights[name].shape) == 2 and name != "wte.weight" and name != "wpe.weight"
+        if precision in ("int8", "int4") and matrix:
+            total += count * (8 if precision == "int8" else 4) // 8 + count // 32 * 4
+        else:
+            total += count * (2 if precision == "fp16" else 4)
+    tied_head = "lm_head.weight" not in weights and precision in ("int8", "int4")
+    return total + (vocab_rows * weights["wte.weight"].shape[1] * 1 if tied_head else 0)  # its own 8-bit matrix
 
 
 def data_of(path: Path) -> Path | None:

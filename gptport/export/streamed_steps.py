@@ -69,8 +69,9 @@ def check_slice(job: Job) -> None:
         job.report.parity_of = f"the builder's fp32 graph of the first {cfg.n_layer} layers:"
         job.report.parity = layer_check.check_contract(tmp, taps, cfg, job.weights, job.tol, layer_check.cases(cfg))
         validate.refuse(f"fp32 parity of the first {cfg.n_layer} layers", job.report.parity)
-        job.report.greedy_tokens = layer_check.greedy(tmp, taps, cfg, job.weights, False, job.prompts[0],
-                                                      _chosen(job, cfg), job.tol)
+        chosen = _chosen(job, cfg)
+        job.report.greedy_tokens = layer_check.greedy(tmp, taps, cfg, job.weights, False, job.prompts[0], chosen,
+                                                      job.tol)
     finally:
         tmp.unlink(missing_ok=True)
         tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -52,10 +52,11 @@ class ExternalSink:
     multiple of ALIGN; the graph records `location`, the data file's name beside it. A full disk is an
     ArtifactError naming the file."""
 
-    def __init__(self, data: Path, location: str) -> None:
-        self.data, self.location = data, location
+    def __init__(self, data: Path, location: str, progress: Callable[[int, int], None] | None = None) -> None:
+        self.data, self.location, self.progress = data, location, progress
         self._file: BinaryIO | None = None
         self.written = 0  # bytes of the file so far (alignment padding included)
+        self.tensors = 0  # tensors written to it so far
 
     def tensor(self, name: str, array: np.ndarray) -> TensorProto:
         array = np.asarray(array, order="C")
@@ -76,6 +77,9 @@ class ExternalSink:
         expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if length != expected:
             raise ValueError(f"{name}: {length} bytes written, its shape {shape} holds {expected}")
+        self.tensors += 1
+        if self.progress is not None:
+            self.progress(self.tensors, self.written)
         proto = TensorProto(name=name, dims=list(shape),
                             data_type=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
         proto.data_location = TensorProto.EXTERNAL

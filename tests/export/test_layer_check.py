@@ -161,3 +161,37 @@ def test_a_graph_checked_in_pieces_of_one_layer_passes_and_decodes(tmp_path: Pat
         assert layer_check.greedy(paths[kind], taps[kind], cfg, w, kind == "static", [1, 2, 3], chosen, Tolerance(),
                                   budget=1) == 6
     assert not [p for p in tmp_path.iterdir() if ".piece" in p.name]
+
+
+def test_int4_alone_writes_no_fp32_graph_and_checks_a_slice(streamed: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """--precision int4 of a large model: the builder checked on its first layers, no fp32 graph written, the
+    int4 graphs decode."""
+    import shutil
+
+    out = tmp_path / "m"
+    shutil.copytree(streamed, out, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data"))
+    monkeypatch.setenv("GPTPORT_EXTERNAL_FROM_BYTES", "1")
+    r = gptport("export", str(out), "--precision", "int4", "--no-gate")
+    assert r.returncode == 0, r.stderr
+    assert "the first 2 layers" in r.stderr
+    assert sorted(p.name for p in out.glob("*.onnx")) == ["model.int4.onnx", "model.int4.static.onnx"]
+    g = gptport("generate", str(out), "ka to", "--max-new-tokens", "4", "--precision", "int4")
+    assert g.returncode == 0, g.stderr
+
+
+def test_a_disk_too_small_is_refused_before_anything_is_written(streamed: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    from gptport.errors import UsageError
+    from gptport.export import exporter
+
+    out = tmp_path / "m"
+    shutil.copytree(streamed, out, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data"))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(exporter.shutil, "disk_usage", lambda path: usage(1 << 40, 1 << 40, 1000))
+    with pytest.raises(UsageError, match=r"export writes about .* GiB \(\d+ graphs\), and its disk has 0.0 GiB free"):
+        exporter.export(out, ["fp32", "int4"], gate=False)
+    assert not list(out.glob("*.onnx*"))
