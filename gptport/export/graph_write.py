@@ -16,7 +16,7 @@ from gptport.export.tensor_sink import EXTERNAL_FROM_BYTES, ExternalSink, Inline
 
 
 def external(param_bytes: int) -> bool:
-    """Whether a model whose float32 weights take `param_bytes` gets external data (default: past 256 MiB)."""
+    """Whether a model whose float32 weights take `param_bytes` gets external data (default: past 1 GiB)."""
     limit = os.environ.get("GPTPORT_EXTERNAL_FROM_BYTES")
     return param_bytes > (int(limit) if limit else EXTERNAL_FROM_BYTES)
 

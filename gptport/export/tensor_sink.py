@@ -19,7 +19,8 @@ from gptport.errors import ArtifactError
 
 ALIGN = 64 * 1024  # onnxruntime maps external data whose offset is a multiple of the allocation granularity
 INLINE_BYTES = 1024  # smaller tensors stay in the graph (onnx's own size_threshold): shapes, norms' gammas
-EXTERNAL_FROM_BYTES = 256 * 2**20  # auto: a model's weights past this size go to external data
+EXTERNAL_FROM_BYTES = 2**30  # a model's float32 weights past this go to external data, checked layer by layer:
+#                               SmolLM2-135M (538 MB) is held in torch and gated, Qwen2.5-0.5B (1.8 GiB) is not
 
 
 class Sink(Protocol):
