@@ -2,9 +2,9 @@
 header length set to extremes, the header's JSON rewritten — offsets, shapes and dtypes changed or swapped, a key
 twice, an array, deep nesting, bytes that are no UTF-8 — bytes flipped, the file cut short or grown), each read by
 the numpy reader (gptport/safetensors_file.py: export-hf's and export-gguf's read) and by import-hf's (headers,
-then each tensor by its offsets). Every case must be read or refused in one line naming the file; anything else is a crash, counted with its
-first example. Also counted: cases the header check passed that the safetensors library then refused (the check
-looser than the library), and the peak RSS of the run and the slowest case.
+then each tensor by its offsets). Every case must be read or refused in one line naming the file; anything else
+is a crash, counted with its first example. Also counted: cases the header check passed that the safetensors
+library then refused (the check looser than the library), and the peak RSS of the run and the slowest case.
 
     python -m benchmarks.stress.fuzz_safetensors [--cases 10000] [--seed 0]
 """

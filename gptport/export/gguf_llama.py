@@ -59,9 +59,9 @@ def llama3_factors(cfg: ModelConfig) -> np.ndarray:
 
 
 def tensors(state: dict[str, np.ndarray], cfg: ModelConfig, arch_name: str) -> list[tuple[str, np.ndarray]]:
-    """gptport's tensors (popped from `state` as they are taken) under the architecture's GGUF names, its family's
-    plan split back (c_attn into attn_q, attn_k and attn_v, permuted for `llama`), rope_freqs.weight for Llama 3's
-    scaling (where the architecture applies it)."""
+    """gptport's tensors (popped from `state` as they are taken) under the architecture's GGUF names (GPT-2's `gpt2`
+    too), its family's plan split back (c_attn into attn_q, attn_k and attn_v, permuted for `llama`; GPT-2's kept
+    whole as attn_qkv), rope_freqs.weight for Llama 3's scaling (where the architecture applies it)."""
     family = arch.from_gguf(arch_name)
     if family is None:
         raise InputError(f"llama.cpp's {arch_name} is no architecture gptport writes")

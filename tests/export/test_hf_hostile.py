@@ -72,8 +72,11 @@ def test_an_index_that_lies_is_refused(case: str, change: Callable[[dict[str, st
     (tmp_path / "secret.safetensors").write_bytes(safetensors_fuzz.seed_bytes())
     with_index(hf_dir, change)
     with pytest.raises(ArtifactError) as e:
-        hf_files.read_weights(hf_dir)
+        hf_files.read_headers(hf_dir)
     assert says in str(e.value) and "\n" not in str(e.value), (case, str(e.value))
+    with pytest.raises(ArtifactError) as e:  # import-hf reads the headers so, before anything is written
+        hf.import_hf(hf_dir, tmp_path / "out")
+    assert says in str(e.value) and not (tmp_path / "out").exists()
 
 
 def test_import_hf_refuses_a_hostile_shard_in_one_line_and_writes_nothing(sharded: Path, tmp_path: Path) -> None:

@@ -166,7 +166,7 @@ def test_a_tensor_config_json_contradicts_is_named_with_its_shard(tmp_path: Path
     assert _nothing_written(tmp_path)
 
 
-def test_a_tensor_left_over_or_missing_is_named(tmp_path: Path, hf_tokenizer_dir: Path) -> None:
+def test_a_tensor_left_over_missing_or_not_a_float_is_named(tmp_path: Path, hf_tokenizer_dir: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     hf_dir = make_hf("llama", tmp_path / "hf", hf_tokenizer_dir, _vocab(hf_tokenizer_dir))
@@ -174,10 +174,13 @@ def test_a_tensor_left_over_or_missing_is_named(tmp_path: Path, hf_tokenizer_dir
     save_file({**state, "model.layers.0.mlp.extra.weight": torch.zeros(2)}, str(hf_dir / "model.safetensors"))
     assert_one_line_error(gptport("import-hf", str(hf_dir), "--out", str(tmp_path / "out")), 1,
                           "tensor model.layers.0.mlp.extra.weight is not one this config.json's model has")
-    del state["model.norm.weight"]
+    norm = state.pop("model.norm.weight")
     save_file(state, str(hf_dir / "model.safetensors"))
     assert_one_line_error(gptport("import-hf", str(hf_dir), "--out", str(tmp_path / "out")), 1,
                           "no tensor model.norm.weight, which this config.json's model has")
+    save_file({**state, "model.norm.weight": norm.to(torch.int32)}, str(hf_dir / "model.safetensors"))
+    assert_one_line_error(gptport("import-hf", str(hf_dir), "--out", str(tmp_path / "out")), 1,
+                          f"{hf_dir / 'model.safetensors'}: tensor model.norm.weight is I32, not a float")
     assert _nothing_written(tmp_path)
 
 
