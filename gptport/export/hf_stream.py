@@ -77,10 +77,10 @@ def outs(family: Family, cfg: ModelConfig, vocab_rows: int, held: dict[str, Held
         dtype = out_dtype([by_name[p.name].entry.dtype for p in planned.parts])
         out.append(Out(planned.name, dtype, planned.shape,
                        lambda p=planned, d=dtype: _chunks(p, d, by_name)))  # type: ignore[misc]
-    head = family.hf_layout.globals["lm_head"] + ".weight"
+    head = family.hf_layout.globals["lm_head"] + ".weight"  # a tied head saved anyway: read past (wte is kept)
     left = sorted(n for n in set(by_name) - used
                   if not n.endswith(family.hf_skipped) and not (cfg.tie_embeddings and n == head))
-    if left:  # a tied head saved anyway is read past: the embedding is the one kept
+    if left:
         raise ArtifactError(f"{by_name[left[0]].path}: tensor {escaped(by_name[left[0]].entry.name)} is not one "
                             "this config.json's model has")
     return ordered(out)
