@@ -157,14 +157,37 @@ def read_header(path: Path, dtypes: Collection[str] = DTYPE_BITS.keys()) -> dict
     return {e.name: e for e in entries}
 
 
-def read_numpy(path: Path, dtypes: Collection[str] = NUMPY_DTYPES) -> dict[str, np.ndarray]:
-    """Every tensor of the file as a numpy array (the safetensors library's numpy API), its header checked first
-    (read_header); what the library still refuses is an ArtifactError naming the file too."""
-    read_header(path, dtypes)
+def data_start(path: Path) -> int:
+    """The file offset where the data section starts (8 + the header's length): a tensor's data_offsets count
+    from it. For a file read_header has checked."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+    except (OSError, struct.error) as e:
+        raise ArtifactError(f"{path}: unreadable ({first_line(e)})") from e
+    return 8 + n
+
+
+def read_numpy(path: Path, dtypes: Collection[str] = NUMPY_DTYPES | {"BF16"}) -> dict[str, np.ndarray]:
+    """Every tensor of the file as a numpy array (the safetensors library's numpy API; BF16, which numpy lacks, read
+    by its offsets and widened to float32), its header checked first (read_header); what the library still refuses
+    is an ArtifactError naming the file too."""
+    entries = read_header(path, dtypes)
+    import numpy as np
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="np") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+            out = {k: f.get_tensor(k) for k in f.keys() if entries[k].dtype != "BF16"}  # noqa: SIM118 (no dict)
+        start = data_start(path)
+        with open(path, "rb") as f:
+            for e in (e for e in entries.values() if e.dtype == "BF16"):
+                f.seek(start + e.begin)
+                raw = f.read(e.end - e.begin)
+                if len(raw) != e.end - e.begin:
+                    raise ArtifactError(f"{path}: truncated while tensor {escaped(e.name)} was read")
+                bits = np.frombuffer(raw, "<u2").astype(np.uint32) << 16  # bf16: float32's high half
+                out[e.name] = bits.view(np.float32).reshape(e.shape)
     except (SafetensorError, OSError, TypeError, ValueError) as e:
         raise unreadable(path, e) from e
+    return out

@@ -1,8 +1,9 @@
 """A model directory's weights read one tensor at a time: model.safetensors' header checked first
 (safetensors_file.read_header), each tensor read from the file (not mapped: a mapped page read once stays resident
 and counted until the map is dropped) and widened to float32 only when it is asked for, so that reading a model of
-any size costs about its largest tensor. What the op-by-op builder and the layer-by-layer reference read. No torch
-here: the base layer."""
+any size costs about its largest tensor (rows() reads a block of a tensor's rows: less still). What the op-by-op
+builder and the layer-by-layer reference read; an imported model's weights may be bf16 or fp16 (import-hf keeps its
+source's type). No torch here: the base layer."""
 
 from __future__ import annotations
 
@@ -39,17 +40,47 @@ class ModelWeights(Mapping[str, np.ndarray]):
             (n,) = struct.unpack("<Q", f.read(8))
         self._start = 8 + n
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        e = self.entries[name]
-        raw = np.empty(e.end - e.begin, np.uint8)
-        view, offset, got = memoryview(raw), self._start + e.begin, 0
+    @classmethod
+    def open(cls, model_dir: Path) -> ModelWeights:
+        """model.safetensors of `model_dir` (paths.WEIGHTS), its header checked."""
+        from gptport.paths import WEIGHTS
+
+        return cls(model_dir / WEIGHTS)
+
+    def _read(self, e: Entry, begin: int, size: int) -> np.ndarray:
+        """`size` bytes of tensor `e` from its byte `begin`, into memory of their own."""
+        raw = np.empty(size, np.uint8)
+        view, offset, got = memoryview(raw), self._start + e.begin + begin, 0
         with open(self.path, "rb", buffering=0) as f:
             while got < raw.size:  # a read may return less than asked (a large one, a signal)
                 n = os.preadv(f.fileno(), [view[got:]], offset + got)
                 if not n:
-                    raise ArtifactError(f"{self.path}: truncated while tensor {escaped(name)} was read")
+                    raise ArtifactError(f"{self.path}: truncated while tensor {escaped(e.name)} was read")
                 got += n
-        return widen(raw, e.dtype).reshape(e.shape)
+        return raw
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        e = self.entries[name]
+        return widen(self._read(e, 0, e.end - e.begin), e.dtype).reshape(e.shape)
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows start:stop of a tensor (clipped to its rows, as a slice is) as float32, reading only them: a huge
+        embedding quantized a block of rows at a time."""
+        e = self.entries[name]
+        if not e.shape:
+            raise ValueError(f"tensor {name} is a scalar: it has no rows")
+        start, stop, _ = slice(start, stop).indices(e.shape[0])
+        n = max(0, stop - start)
+        row = (e.end - e.begin) // e.shape[0] if e.shape[0] else 0
+        return widen(self._read(e, start * row, n * row), e.dtype).reshape(n, *e.shape[1:])
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def dtype(self, name: str) -> str:
+        """The tensor's type as the file holds it: F32, F16 or BF16 (get() and rows() give float32 whatever it is)."""
+        return self.entries[name].dtype
 
     def __contains__(self, name: object) -> bool:
         return name in self.entries
@@ -86,9 +117,7 @@ class ModelWeights(Mapping[str, np.ndarray]):
 
 
 def open_weights(model_dir: Path) -> ModelWeights:
-    """model.safetensors of `model_dir` (paths.WEIGHTS), checked and mapped."""
-    from gptport.paths import WEIGHTS
-
-    return ModelWeights(model_dir / WEIGHTS)
+    """model.safetensors of `model_dir` (paths.WEIGHTS), its header checked."""
+    return ModelWeights.open(model_dir)
 
 

@@ -1,10 +1,10 @@
 """The safetensors readers fuzzed: seeded mutations of a small valid file (tests/support/safetensors_fuzz.py: the
 header length set to extremes, the header's JSON rewritten — offsets, shapes and dtypes changed or swapped, a key
 twice, an array, deep nesting, bytes that are no UTF-8 — bytes flipped, the file cut short or grown), each read by
-the numpy reader (gptport/safetensors_file.py: export-hf's and export-gguf's read) and by import-hf's (torch,
-shards). Every case must be read or refused in one line naming the file; anything else is a crash, counted with its
-first example. Also counted: cases the header check passed that the safetensors library then refused (the check
-looser than the library), and the peak RSS of the run and the slowest case.
+the numpy reader (gptport/safetensors_file.py: export-hf's and export-gguf's read) and by import-hf's (headers,
+then each tensor by its offsets). Every case must be read or refused in one line naming the file; anything else
+is a crash, counted with its first example. Also counted: cases the header check passed that the safetensors
+library then refused (the check looser than the library), and the peak RSS of the run and the slowest case.
 
     python -m benchmarks.stress.fuzz_safetensors [--cases 10000] [--seed 0]
 """
@@ -53,7 +53,7 @@ def fuzz(cases: int, seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gptport-fuzz-") as tmp:
         path = Path(tmp) / "model.safetensors"
         path.write_bytes(original)
-        for read in READERS.values():  # the valid file, read once: imports (torch's) are not a case's time
+        for read in READERS.values():  # the valid file, read once: imports are not a case's time
             read(path)
         for i in range(seed, seed + cases):
             path.write_bytes(safetensors_fuzz.mutate(original, random.Random(i)))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -17,6 +18,7 @@ from gptport.runtime.choice import DEFAULT_GRAPH, DEFAULT_RUN, GraphChoice, RunO
 
 if TYPE_CHECKING:
     from gptport.runtime.loader import Opened
+    from gptport.safetensors_stream import Written
 
 # Status, progress and tables go to stderr; stdout carries only the payload (text, JSON).
 # Not a terminal (CI logs, pipes): 160 columns rather than rich's 80, so that tables stay readable.
@@ -40,6 +42,24 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def write_progress(verb: str) -> Iterator[Callable[[Written], None]]:
+    """A progress bar for a model.safetensors written tensor by tensor (safetensors_stream.Written): tensor k of n,
+    bytes written of the whole; the bytes it needs said in a line when it starts."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn(verb), BarColumn(), MofNCompleteColumn(), TextColumn("tensors, {task.fields[bytes]}"),
+                  TextColumn("{task.description}"), console=err, transient=True) as bar:
+        task = bar.add_task("", total=None, bytes="")
+
+        def update(w: Written) -> None:
+            if w.done == 0:
+                err.print(f"{verb} model.safetensors: {w.total} tensors, {human_bytes(w.bytes_total)}")
+            bar.update(task, completed=w.done, total=w.total, description=w.name,
+                       bytes=f"{human_bytes(w.bytes_done)} of {human_bytes(w.bytes_total)}")
+        yield update
 
 
 def open_engine(model_dir: Path, engine: str = "onnx", choice: GraphChoice = DEFAULT_GRAPH,

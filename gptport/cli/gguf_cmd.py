@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from gptport.cli.common import Force, ModelDir, err, human_bytes
+from gptport.cli.common import Force, ModelDir, err, human_bytes, write_progress
 
 EXAMPLES = """Examples:
 
@@ -61,16 +61,11 @@ def import_gguf(
     force: Force = False,
 ) -> None:
     """Turn a GGUF file into a gptport model directory: weights dequantized to float32, the tokenizer rebuilt."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from gptport.cli.hf_cmd import _next
     from gptport.export.gguf_import import import_gguf as run
 
-    with Progress(TextColumn("dequantizing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  console=err, transient=True) as bar:
-        task = bar.add_task("", total=None)
-        s = run(gguf_file, out, force, lambda done, total, name: bar.update(task, completed=done, total=total,
-                                                                             description=name))
+    with write_progress("dequantizing into") as progress:
+        s = run(gguf_file, out, force, progress)
     cfg = s.cfg
     types = ", ".join(f"{n} {t}" for t, n in s.tensor_types.items())
     err.print(f"wrote {out}: {cfg.n_params() / 1e6:.1f}M parameters ({s.architecture}; {types} in the file), "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gptport.cli.common import Force, ModelDir, err
+from gptport.cli.common import Force, ModelDir, err, write_progress
 
 if TYPE_CHECKING:
     from gptport.config import ModelConfig
@@ -44,10 +44,13 @@ def import_hf(
     out: Annotated[Path, typer.Option("--out", help="gptport model directory to create.")],
     force: Force = False,
 ) -> None:
-    """Turn a local transformers checkpoint (GPT-2 or the Llama family) into a gptport model directory."""
+    """Turn a local transformers checkpoint (GPT-2 or the Llama family) into a gptport model directory: the weights
+    streamed tensor by tensor in their own type (bf16, fp16 or fp32), after every check (the shards against their
+    index and config.json, the disk's room)."""
     from gptport.export.hf import import_hf as run
 
-    cfg = run(hf_dir, out, force)
+    with write_progress("writing") as progress:
+        cfg = run(hf_dir, out, force, progress)
     err.print(f"wrote {out}: {cfg.n_params() / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}, n_ctx {cfg.n_ctx}, "
               f"{cfg.n_head} heads ({cfg.n_kv_head} key/value); next: {_next(cfg, out)}")
 

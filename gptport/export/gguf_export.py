@@ -19,37 +19,19 @@ import gguf
 import numpy as np
 
 from gptport import atomic
+from gptport.arch.gpt2 import mismatches
 from gptport.config import ModelConfig
 from gptport.errors import InputError, UsageError
 from gptport.export import gguf_llama, gguf_vocab, hf_llama_export
-from gptport.export.hf import mismatches
 from gptport.export.model_read import ModelFiles, read_model, read_weights
 from gptport.paths import CONFIG
 
 ARCH = "gpt2"
 OUTTYPES = ("f32", "f16", "q8_0")
 
-# gptport (= GPT-2) module names -> GGUF tensor names of llama.cpp's gpt2 (gguf.TENSOR_NAMES)
-GLOBAL_NAMES = {"wte": "token_embd", "wpe": "position_embd", "ln_f": "output_norm", "lm_head": "output"}
-BLOCK_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
-               "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
-
-
 def default_out(model_dir: Path, outtype: str) -> Path:
     """Where export-gguf writes without --out: MODEL_DIR/model.<outtype>.gguf."""
     return model_dir / f"model.{outtype}.gguf"
-
-
-def gguf_name(name: str) -> str:
-    """The GGUF name of a gptport tensor: 'h.3.attn.c_attn.weight' -> 'blk.3.attn_qkv.weight'."""
-    module, _, kind = name.rpartition(".")
-    if module in GLOBAL_NAMES:
-        return f"{GLOBAL_NAMES[module]}.{kind}"
-    head, _, rest = module.partition(".")
-    block, _, sub = rest.partition(".")
-    if head == "h" and block.isdecimal() and sub in BLOCK_NAMES:
-        return f"blk.{int(block)}.{BLOCK_NAMES[sub]}.{kind}"
-    raise KeyError(name)
 
 
 @dataclass(frozen=True)
@@ -125,8 +107,7 @@ def export_gguf(model_dir: Path, outtype: str = "f32", out: Path | None = None, 
     vocab = gguf_vocab.read_vocab(files)
     state = read_weights(model_dir, cfg)
     n_params = sum(int(v.size) for v in state.values())
-    named = (sorted((gguf_name(k), v) for k, v in state.items()) if arch == ARCH
-             else gguf_llama.tensors(state, cfg, arch))
+    named = gguf_llama.tensors(state, cfg, arch)  # the family's GGUF names (gptport/arch/)
     state.clear()
     named.reverse()
     tensors = []

@@ -8,14 +8,11 @@ import-hf does; config.json records the source file's name and sha256 under "imp
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
-import struct
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,16 +21,18 @@ import numpy as np
 
 from gptport import atomic, model_card, provenance
 from gptport import tokenizer as bpe
+from gptport.arch.base import Planned, take
 from gptport.config import ModelConfig
 from gptport.errors import ArtifactError, InputError
-from gptport.export.gguf_config import Planned, architecture, model_config, plan, unpermute
+from gptport.export.gguf_config import architecture, model_config, plan
 from gptport.export.gguf_file import GGUFFile
 from gptport.export.gguf_tokenizer import Rebuilt, rebuild
 from gptport.export.hf_files import CHAT_TEMPLATE
 from gptport.paths import CONFIG, WEIGHTS
+from gptport.safetensors_stream import Out, Progress, check_disk, file_size, write
 
 IMPORTED_FROM = "imported_from"  # config.json: the GGUF file the model came from
-Progress = Callable[[int, int, str], None]  # (tensors done, tensors in all, the last one's name)
+METADATA = {"format": "pt", "step": "0"}
 CHUNK = 1 << 22  # float32 values dequantized at a time (16 MiB) where a tensor's rows can come in pieces
 
 
@@ -61,45 +60,20 @@ def _pieces(f: GGUFFile, planned: Planned) -> Iterator[np.ndarray]:
         for start in range(0, rows, step):
             yield f.dequantize(parts[0].name, start, min(rows, start + step))
         return
-    arrays = []
-    for part in parts:
-        a = f.dequantize(part.name)[: part.rows]
-        arrays.append(a if part.heads is None else unpermute(a, part.heads))
-    yield arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    for part in parts:  # [q | k | v] stacked: written one after another
+        yield take(part, f.dequantize(part.name))
 
 
-def write_weights(path: Path, f: GGUFFile, planned: list[Planned], progress: Progress | None = None) -> str:
-    """model.safetensors written tensor by tensor (safetensors' layout: the header's length, its JSON, the
-    tensors' bytes in order), hashed as it is written; its sha256."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "step": "0"}}
-    offset = 0
-    for p in planned:
-        size = 4 * int(np.prod(p.shape))
-        header[p.name] = {"dtype": "F32", "shape": list(p.shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    blob += b" " * (-len(blob) % 8)  # the tensors start 8-byte aligned
-    digest = hashlib.sha256()
-    with open(path, "wb") as out:
-        for chunk in (struct.pack("<Q", len(blob)), blob):
-            out.write(chunk)
-            digest.update(chunk)
-        for i, p in enumerate(planned, 1):
-            written = 0
-            for piece in _pieces(f, p):
-                if not np.isfinite(piece).all():
-                    raise ArtifactError(f"{f.path}: tensor {p.parts[0].name} holds NaN or infinite values")
-                data = memoryview(np.ascontiguousarray(piece, dtype="<f4")).cast("B")
-                out.write(data)
-                digest.update(data)
-                written += len(data)
-            if written != 4 * int(np.prod(p.shape)):
-                raise ArtifactError(f"{f.path}: gptport's {p.name} came out {written} bytes, not {p.shape}'s")
-            if progress is not None:
-                progress(i, len(planned), p.name)
-        out.flush()
-        os.fsync(out.fileno())
-    return digest.hexdigest()
+def _finite(f: GGUFFile, planned: Planned) -> Iterator[np.ndarray]:
+    for piece in _pieces(f, planned):
+        if not np.isfinite(piece).all():
+            raise ArtifactError(f"{f.path}: tensor {planned.parts[0].name} holds NaN or infinite values")
+        yield np.ascontiguousarray(piece, dtype="<f4")
+
+
+def weights(f: GGUFFile, planned: list[Planned]) -> list[Out]:
+    """model.safetensors' tensors (float32, gptport's names), each dequantized when its turn to be written comes."""
+    return [Out(p.name, "F32", p.shape, lambda p=p: _finite(f, p)) for p in planned]  # type: ignore[misc]
 
 
 def _write_config(model_dir: Path, cfg: ModelConfig, tok: bpe.BPETokenizer, sha: str, source: dict[str, Any]) -> None:
@@ -131,23 +105,25 @@ def import_gguf(path: Path, out: Path, force: bool = False, progress: Progress |
     """Turn the GGUF file at `path` into a gptport model directory `out` (see the module's docstring)."""
     check_out(out, force)
     f = GGUFFile(path)
-    arch = architecture(f)
+    family = architecture(f)
+    arch = str(family.gguf_arch)
     f.check_types()
     rebuilt = rebuild(f)
-    cfg = model_config(f, arch, rebuilt.tokenizer.vocab_size, rebuilt.specials)
-    planned = plan(f, arch, cfg)
+    cfg = model_config(f, family, rebuilt.tokenizer.vocab_size, rebuilt.specials)
+    planned = weights(f, plan(f, family, cfg))
     types = dict(sorted(Counter(f.type_name(n) for n in f.tensors).items()))
     source = {"format": "gguf", "file": path.name, "sha256": provenance.file_digest(path),
               "bytes": path.stat().st_size, "architecture": arch, "tensor_types": types}
 
     whole = not out.exists() or not any(out.iterdir())
     parent = out.parent if whole else out
+    check_disk(parent, file_size(planned, METADATA), f"importing into {out}")
     parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=parent))
     try:
         _stage_tokenizer(stage, rebuilt)
         staged = stage / WEIGHTS
-        sha = write_weights(staged, f, planned, progress)
+        sha = write(staged, planned, METADATA, progress)
         if whole:
             _write_config(stage, cfg, rebuilt.tokenizer, sha, source)
             atomic.replace_dir(stage, out)

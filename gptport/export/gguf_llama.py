@@ -1,10 +1,9 @@
 """The Llama family as llama.cpp's GGUF architectures, as its convert_hf_to_gguf.py writes them: `llama` (Llama,
 Mistral, SmolLM, a model trained here with --preset llama-tiny; biases where the model has them), `qwen2` (q/k/v
-biases alone) and `qwen3` (q/k norm). For `llama`, each q and k head's rows are permuted from halves order
-(transformers' and gptport's rotation) to interleaved pairs (llama.cpp's rotation of that architecture), biases
-too; qwen2 and qwen3 rotate halves, as gptport does. Llama 3's rope scaling goes in as the frequency factors of
-rope_freqs.weight, computed as the converter computes them; linear scaling as rope.scaling.type and factor. No
-torch."""
+biases alone) and `qwen3` (q/k norm). The tensors are the family's GGUF plan split back (gptport/arch/: for
+`llama`, each q and k head's rows permuted from halves order to interleaved pairs, biases too). Llama 3's rope
+scaling goes in as the frequency factors of rope_freqs.weight, computed as the converter computes them; linear
+scaling as rope.scaling.type and factor. No torch."""
 
 from __future__ import annotations
 
@@ -13,14 +12,12 @@ import math
 import gguf
 import numpy as np
 
+from gptport import arch
+from gptport.arch.base import split
 from gptport.config import ModelConfig
 from gptport.errors import InputError
 
-ARCHS = ("llama", "qwen2", "qwen3")
 ROPE_FREQS = "rope_freqs.weight"
-BLOCK = {"ln_1.weight": "attn_norm.weight", "ln_2.weight": "ffn_norm.weight", "attn.c_proj": "attn_output",
-         "attn.q_norm.weight": "attn_q_norm.weight", "attn.k_norm.weight": "attn_k_norm.weight",
-         "mlp.c_gate": "ffn_gate", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 
 
 def architecture(cfg: ModelConfig) -> str:
@@ -46,11 +43,6 @@ def architecture(cfg: ModelConfig) -> str:
     return arch
 
 
-def permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's LlamaModel.permute: each head's rows from halves order to interleaved pairs."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def llama3_factors(cfg: ModelConfig) -> np.ndarray:
     """rope_freqs.weight: Llama 3's frequency factors, as LlamaModel.generate_extra_tensors computes them (llama.cpp
     divides each frequency by its factor)."""
@@ -66,31 +58,20 @@ def llama3_factors(cfg: ModelConfig) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def tensors(state: dict[str, np.ndarray], cfg: ModelConfig, arch: str) -> list[tuple[str, np.ndarray]]:
-    """gptport's tensors (popped from `state` as they are taken) under the architecture's GGUF names: c_attn
-    split into attn_q, attn_k and attn_v (permuted for `llama`), rope_freqs.weight for Llama 3's scaling."""
-    out = [("token_embd.weight", state.pop("wte.weight")), ("output_norm.weight", state.pop("ln_f.weight"))]
-    if not cfg.tie_embeddings:
-        out.append(("output.weight", state.pop("lm_head.weight")))
-    if cfg.rope_scaling == "llama3":
+def tensors(state: dict[str, np.ndarray], cfg: ModelConfig, arch_name: str) -> list[tuple[str, np.ndarray]]:
+    """gptport's tensors (popped from `state` as they are taken) under the architecture's GGUF names (GPT-2's `gpt2`
+    too), its family's plan split back (c_attn into attn_q, attn_k and attn_v, permuted for `llama`; GPT-2's kept
+    whole as attn_qkv), rope_freqs.weight for Llama 3's scaling (where the architecture applies it)."""
+    family = arch.from_gguf(arch_name)
+    if family is None:
+        raise InputError(f"llama.cpp's {arch_name} is no architecture gptport writes")
+    out = []
+    if cfg.rope_scaling == "llama3" and family.rope_freqs:
         out.append((ROPE_FREQS, llama3_factors(cfg)))
-    q, kv = cfg.q_width, cfg.kv_width
-    for i in range(cfg.n_layer):
-        ours, blk = f"h.{i}.", f"blk.{i}."
-        for kind in ("weight", "bias"):
-            w = state.pop(f"{ours}attn.c_attn.{kind}", None)
-            if w is None:
-                continue
-            parts = {"attn_q": (w[:q], cfg.n_head), "attn_k": (w[q:q + kv], cfg.n_kv_head), "attn_v": (w[q + kv:], 0)}
-            for name, (part, heads) in parts.items():
-                out.append((f"{blk}{name}.{kind}", permute(part, heads) if heads and arch == "llama" else part))
-        for name in sorted(k for k in state if k.startswith(ours)):
-            sub = name[len(ours):]
-            module, _, kind = sub.rpartition(".")
-            gguf_name = BLOCK[sub] if sub in BLOCK else f"{BLOCK[module]}.{kind}"
-            out.append((blk + gguf_name, state.pop(name)))
+    for planned in family.gguf_plan(cfg, cfg.vocab_size):
+        out += split(planned, state.pop(planned.name))
     if state:
-        raise InputError(f"tensor {sorted(state)[0]} has no place in llama.cpp's {arch} architecture")
+        raise InputError(f"tensor {sorted(state)[0]} has no place in llama.cpp's {arch_name} architecture")
     return [(name, np.ascontiguousarray(a, dtype=np.float32)) for name, a in out]
 
 

@@ -1,5 +1,6 @@
-"""Reading a local transformers model directory for import-hf: its weights (model.safetensors, or the shards
-model.safetensors.index.json lists; bf16 and fp16 widened to float32; pickles refused), its tokenizer.json
+"""Reading a local transformers model directory for import-hf: its weights' headers (model.safetensors, or the
+shards model.safetensors.index.json lists, checked against it; bf16, fp16 and fp32; pickles refused) and each
+tensor's bytes read by its offsets, never a whole shard; its tokenizer.json
 as `tokenizers` reads it, its special tokens (tokenizer_config.json, generation_config.json, config.json)
 and the files a gptport model directory keeps as they are (tokenizer_config.json with its chat template,
 chat_template.jinja and the named templates transformers 5 saves in additional_chat_templates/,
@@ -7,27 +8,30 @@ generation_config.json)."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, BinaryIO
 
-from safetensors import SafetensorError
+import numpy as np
 
 from gptport import safetensors_file
 from gptport import tokenizer as bpe
+from gptport.arch.base import Specials
 from gptport.config import read_json
 from gptport.errors import ArtifactError, InputError, escaped
 from gptport.paths import CHAT_TEMPLATES_DIR
+from gptport.safetensors_file import Entry
 
-if TYPE_CHECKING:
-    import torch
+__all__ = ["Held", "Specials", "check_index", "kept_files", "read_bytes", "read_headers", "read_tokenizer_json",
+           "read_weights", "specials", "weight_files", "weight_map"]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 GENERATION_CONFIG = "generation_config.json"
 CHAT_TEMPLATE = "chat_template.jinja"
 KEPT = (bpe.HF_CONFIG_FILE, CHAT_TEMPLATE, GENERATION_CONFIG)  # copied byte for byte when present
-WIDENED = ("BF16", "F16", "F32")  # the float types read (and widened to float32)
+WIDENED = ("BF16", "F16", "F32")  # the float types read
 
 
 def weight_files(hf_dir: Path) -> list[Path]:
@@ -73,33 +77,60 @@ def check_index(hf_dir: Path, held: dict[str, Path]) -> None:
         raise ArtifactError(f"{held[unlisted[0]]}: holds tensor {escaped(unlisted[0])}, which {INDEX} does not name")
 
 
-def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors, float32, each file's header checked first
-    (safetensors_file.read_header); a tensor in two shards, one the index misplaces, or of a type that is no
-    float (a quantized checkpoint), is refused naming it."""
-    import torch
-    from safetensors import safe_open
+@dataclass(frozen=True)
+class Held:
+    """One tensor of a shard: its header entry, and where the shard's data section starts."""
 
-    state: dict[str, torch.Tensor] = {}
-    held: dict[str, Path] = {}
-    files = weight_files(hf_dir)
-    for path in files:
-        for name, entry in safetensors_file.read_header(path).items():
+    path: Path
+    entry: Entry
+    start: int  # the file offset of the data section (entry's offsets count from it)
+
+
+def read_headers(hf_dir: Path) -> dict[str, Held]:
+    """Every tensor of the directory's safetensors, by name, each file's header checked against the file
+    (safetensors_file.read_header); a tensor in two shards, one the index misplaces or leaves out, or one of a
+    type that is no float (a quantized checkpoint), is refused naming it. Headers only: no weight is read."""
+    held: dict[str, Held] = {}
+    for path in weight_files(hf_dir):
+        entries = safetensors_file.read_header(path)
+        start = safetensors_file.data_start(path)
+        for name, entry in entries.items():
             if entry.dtype not in WIDENED:
                 raise InputError(f"{path}: tensor {escaped(name)} is {entry.dtype}, not a float (a quantized "
                                  "checkpoint?); gptport imports bf16, fp16 and fp32 weights")
             if name in held:
                 raise ArtifactError(f"{path}: tensor {escaped(name)} is in another shard too")
-            held[name] = path
-    check_index(hf_dir, held)  # every header read and the index checked before a tensor is
-    for path in files:
-        try:
-            with safe_open(str(path), "pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is no dict)
-                    state[name] = f.get_tensor(name).to(torch.float32)
-        except (SafetensorError, OSError) as e:
-            raise safetensors_file.unreadable(path, e) from e
-    return state
+            held[name] = Held(path, entry, start)
+    check_index(hf_dir, {name: h.path for name, h in held.items()})
+    return held
+
+
+def read_bytes(held: Held, begin: int, size: int, f: BinaryIO | None = None) -> np.ndarray:
+    """`size` bytes of a tensor from its byte `begin` (uint8), read from the shard (`f`: the shard, opened)."""
+    out = np.empty(size, np.uint8)
+    view, got = memoryview(out), 0
+    try:
+        with nullcontext(f) if f is not None else open(held.path, "rb", buffering=0) as file:
+            file.seek(held.start + held.entry.begin + begin)
+            while got < size:  # a read may return less than asked
+                n = file.readinto(view[got:])
+                if not n:
+                    raise ArtifactError(f"{held.path}: truncated while tensor {escaped(held.entry.name)} was read")
+                got += n
+    except OSError as e:
+        raise ArtifactError(f"{held.path}: unreadable ({e.strerror or e})") from None
+    return out
+
+
+def read_weights(hf_dir: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the directory's safetensors as float32 numpy arrays (read_headers' checks first), in memory:
+    for tests and the fuzzer; import-hf streams them instead (hf_stream.py)."""
+    from gptport.weights import widen
+
+    out = {}
+    for name, h in read_headers(hf_dir).items():
+        out[name] = widen(read_bytes(h, 0, h.entry.end - h.entry.begin), h.entry.dtype).reshape(h.entry.shape)
+    return out
 
 
 def read_tokenizer_json(hf_dir: Path) -> tuple[Any, str]:
@@ -113,16 +144,6 @@ def read_tokenizer_json(hf_dir: Path) -> tuple[Any, str]:
         raise InputError(f"{path}: a {kind} tokenizer; gptport imports BPE tokenizers (byte-level or with byte "
                          "fallback)")
     return backend, text
-
-
-@dataclass(frozen=True)
-class Specials:
-    """The special tokens a transformers directory declares, as ids of its tokenizer."""
-
-    bos_id: int | None
-    add_bos: bool  # the tokenizer starts every encoding with bos_id
-    eos_ids: tuple[int, ...]  # every end-of-sequence id: generation_config's, config.json's, the tokenizer's
-    eot_id: int  # the one that ends a document in gptport's data (tokenizer_config's eos_token first)
 
 
 def _ids(value: object) -> list[int]:

@@ -2,7 +2,8 @@
 family, export-gguf): config.json (its format version, the model, the tokenizer it was trained with, where it
 was imported from), the tokenizer checked against it, and model.safetensors as float32 numpy arrays, checked
 name by name and shape by shape against what the config implies (the names gptport's torch model gives its
-tensors, the tied head stored once as wte.weight)."""
+tensors, the tied head stored once as wte.weight); bf16 and fp16 weights (an import keeps its source's type)
+widened."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from gptport import provenance, safetensors_file
 from gptport import tokenizer as bpe
+from gptport.arch.base import gptport_shapes
 from gptport.config import ModelConfig, read_json
 from gptport.errors import ArtifactError, InputError
 from gptport.model_card import check_tokenizer, read_card
@@ -44,39 +46,12 @@ def read_model(model_dir: Path) -> ModelFiles:
     return ModelFiles(model_dir, card.model, tok, source if isinstance(source, dict) else {})
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The tensors model.safetensors holds for `cfg`, by gptport name: GPT-2's layers or the Llama family's
-    (RMSNorm without bias, SwiGLU's gate, q/k norms, each bias where the config has it)."""
-    d, f, v, q, kv = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.q_width, cfg.kv_width
-    norm_bias = cfg.norm == "layernorm" and cfg.bias
-    out: dict[str, tuple[int, ...]] = {"wte.weight": (v, d), "ln_f.weight": (d,)}
-    if cfg.pos_encoding == "learned":
-        out["wpe.weight"] = (cfg.n_ctx, d)
-    if norm_bias:
-        out["ln_f.bias"] = (d,)
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = (v, d)
-    mlp = {"mlp.c_fc": (f, d), "mlp.c_proj": (d, f), **({"mlp.c_gate": (f, d)} if cfg.mlp == "swiglu" else {})}
-    for i in range(cfg.n_layer):
-        block = {"ln_1.weight": (d,), "ln_2.weight": (d,), "attn.c_attn.weight": (q + 2 * kv, d),
-                 "attn.c_proj.weight": (d, q), **{f"{k}.weight": s for k, s in mlp.items()}}
-        if norm_bias:
-            block.update({"ln_1.bias": (d,), "ln_2.bias": (d,)})
-        if cfg.has_qkv_bias:
-            block["attn.c_attn.bias"] = (q + 2 * kv,)
-        if cfg.has_out_bias:
-            block["attn.c_proj.bias"] = (d,)
-        if cfg.has_mlp_bias:
-            block.update({f"{k}.bias": (s[0],) for k, s in mlp.items()})
-        if cfg.qk_norm:
-            block.update({"attn.q_norm.weight": (cfg.head_dim,), "attn.k_norm.weight": (cfg.head_dim,)})
-        out.update({f"h.{i}.{k}": s for k, s in block.items()})
-    return out
+expected_shapes = gptport_shapes  # the tensors model.safetensors holds for a config (gptport/arch/base.py)
 
 
 def read_weights(model_dir: Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """model.safetensors as float32 numpy arrays (its sha256 checked against config.json), checked name by
-    name and shape by shape."""
+    """model.safetensors as float32 numpy arrays (bf16 and fp16 widened; its sha256 checked against config.json),
+    checked name by name and shape by shape."""
     path = model_dir / WEIGHTS
     if not path.is_file():
         raise ArtifactError(f"{model_dir}: no {WEIGHTS}; train a model first (`gptport train`)")

@@ -89,7 +89,7 @@ CASES: dict[str, tuple[bytes, str]] = {  # each hostile file and what its refusa
                         "tensor a is not an object with dtype, shape and data_offsets"),
     "a name with a newline": (changed(_rename("a", "x\ny", dtype="Q9")), "tensor x\\ny has dtype 'Q9'"),
     "a type numpy cannot hold": (changed(_set("b", dtype="F4", shape=[48])),
-                                 "tensor b is F4, which this reader does not take (BOOL, C64, F16, F32, F64"),
+                                 "tensor b is F4, which this reader does not take (BF16, BOOL, C64, F16, F32, F64"),
     "truncated": (SEED[:-3], "tensor c ends at byte 100 of the data, which holds 97 (truncated?)"),
     "bytes after the last tensor": (SEED + b"\0" * 4, "the tensors end at byte 100 of the data, which holds 104"),
 }

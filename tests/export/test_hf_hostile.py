@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gptport.arch.gpt2 import GPT2_FAMILY
 from gptport.errors import ArtifactError, GptportError, InputError
 from gptport.export import hf, hf_files
 from gptport.export.hf_files import INDEX
@@ -71,8 +72,11 @@ def test_an_index_that_lies_is_refused(case: str, change: Callable[[dict[str, st
     (tmp_path / "secret.safetensors").write_bytes(safetensors_fuzz.seed_bytes())
     with_index(hf_dir, change)
     with pytest.raises(ArtifactError) as e:
-        hf_files.read_weights(hf_dir)
+        hf_files.read_headers(hf_dir)
     assert says in str(e.value) and "\n" not in str(e.value), (case, str(e.value))
+    with pytest.raises(ArtifactError) as e:  # import-hf reads the headers so, before anything is written
+        hf.import_hf(hf_dir, tmp_path / "out")
+    assert says in str(e.value) and not (tmp_path / "out").exists()
 
 
 def test_import_hf_refuses_a_hostile_shard_in_one_line_and_writes_nothing(sharded: Path, tmp_path: Path) -> None:
@@ -146,7 +150,7 @@ def test_an_absurd_gpt2_config_is_refused_by_its_own_key(case: str, change: dict
     """GPT-2's config.json keys mapped to a ModelConfig (import-hf's GPT-2 path), ModelConfig's refusals said
     with GPT-2's key names."""
     where = Path("hf") / "config.json"
-    assert hf._model_config(GPT2, 300, where).d_model == 64
+    assert GPT2_FAMILY.model_config(GPT2, 300, None, where).d_model == 64
     with pytest.raises(InputError) as e:
-        hf._model_config({**GPT2, **change}, 300, where)
+        GPT2_FAMILY.model_config({**GPT2, **change}, 300, None, where)
     assert str(e.value).startswith(f"{where}: ") and says in str(e.value) and "model." not in str(e.value), case

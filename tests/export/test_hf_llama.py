@@ -324,8 +324,11 @@ MISTRAL_V01 = {  # Mistral 7B v0.1's: a 4096-token sliding window
 
 def test_released_configs_map_to_the_model_they_describe() -> None:
     """config.json of released checkpoints (4.x's key layout) read without their weights."""
-    from gptport.export.hf_files import Specials
-    from gptport.export.hf_llama import model_config
+    from gptport.arch import family
+    from gptport.arch.base import Specials
+
+    def model_config(hf: dict[str, Any], model_type: str, vocab: int, tokens: Specials, where: Path) -> Any:
+        return family(model_type).model_config(hf, vocab, tokens, where)
 
     tokens = Specials(None, False, (2,), 2)
     llama = model_config(LLAMA31_8B, "llama", 128256, tokens, Path("config.json"))

@@ -17,8 +17,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gptport"
 # and writes OpenAI's answers (serve/api/responses translates the Responses API onto that chat path);
 # serve itself holds the loaded model (settings, model host, metrics); serve/http is the HTTP surface over
 # all of them; serve/ray runs that surface on Ray Serve; load, the client side, knows the server only by
-# its HTTP API; export checks the torch side against the runtime, so it sits above both; the CLI picks
-# between them.
+# its HTTP API; arch, the architecture families (names, layouts, config translation), sits on base alone,
+# below export's importers and writers that read it; export checks the torch side against the runtime, so it
+# sits above both; the CLI picks between them.
 BELOW: dict[str, frozenset[str]] = {
     "base": frozenset(),
     "runtime": frozenset({"base"}),
@@ -30,10 +31,11 @@ BELOW: dict[str, frozenset[str]] = {
     "serve/ray": frozenset({"base", "runtime", "serve/engine", "serve/api", "serve/api/responses", "serve",
                             "serve/http"}),
     "load": frozenset({"base"}),
+    "arch": frozenset({"base"}),
     "training": frozenset({"base", "runtime"}),
-    "export": frozenset({"base", "runtime", "training"}),
+    "export": frozenset({"base", "arch", "runtime", "training"}),
     "cli": frozenset({"base", "runtime", "serve/engine", "serve/api", "serve/api/responses", "serve", "serve/http",
-                      "serve/ray", "load", "training", "export"}),
+                      "serve/ray", "load", "arch", "training", "export"}),
 }
 TORCH_SIDE = frozenset({"training", "export"})  # every other layer is torch-free
 

@@ -1,0 +1,52 @@
+"""weights.py's ModelWeights: a model directory's tensors by name, each read alone and widened to float32 whatever
+the file holds (F32, F16, BF16, as an import keeps its source's type); rows() reads a block of a tensor's rows only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptport import safetensors_stream as ss
+from gptport.paths import WEIGHTS
+from gptport.weights import ModelWeights, open_weights
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """float32 values cut to bf16's bits (their high halves)."""
+    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    tensors = {"emb": rng.standard_normal((9, 4)).astype(np.float32), "half": rng.standard_normal(5).astype(np.float16),
+               "bf": _bf16(rng.standard_normal((6, 3)))}
+    dtypes = {"emb": "F32", "half": "F16", "bf": "BF16"}
+    outs = [ss.Out(n, dtypes[n], a.shape, lambda a=a: [a]) for n, a in tensors.items()]
+    ss.write(tmp_path / WEIGHTS, ss.ordered(outs), {})
+    for name in ("emb", "bf"):
+        np.save(tmp_path / f"{name}.npy", tensors[name])
+    return tmp_path
+
+
+def test_each_tensor_read_alone_and_widened(model_dir: Path) -> None:
+    w = ModelWeights.open(model_dir)
+    assert sorted(w.names) == ["bf", "emb", "half"] and len(open_weights(model_dir)) == 3
+    assert (w.dtype("bf"), w.dtype("half"), w.dtype("emb")) == ("BF16", "F16", "F32")
+    assert w.shape("bf") == (6, 3) and w.get("missing") is None
+    emb = w.get("emb")
+    assert emb is not None and emb.dtype == np.float32 and np.array_equal(emb, np.load(model_dir / "emb.npy"))
+    bf, half = w["bf"], w["half"]
+    assert bf.dtype == half.dtype == np.float32
+    assert np.array_equal(_bf16(bf), np.load(model_dir / "bf.npy"))  # the file's 16 bits, widened exactly
+    assert not (bf.view(np.uint32) & 0xFFFF).any()
+    assert np.array_equal(half.astype(np.float16).astype(np.float32), half)
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 9), (2, 5), (7, 20), (4, 4)])
+def test_rows_read_only_a_block(model_dir: Path, start: int, stop: int) -> None:
+    w = ModelWeights.open(model_dir)
+    assert np.array_equal(w.rows("emb", start, stop), w["emb"][start:stop])
+    assert np.array_equal(w.rows("bf", start, stop), w["bf"][start:stop])
