@@ -67,7 +67,7 @@ class Job:
     outside: bool = False  # the graphs' weights go to external data (graph_write.external)
     opset: int = contract_graph.OPSET  # the contract graphs' default-domain opset (--opset)
     tell: Callable[[str], None] = lambda message: None  # progress within a step (say() without freeing first)
-    taps: dict[str, list[str]] = field(default_factory=dict)  # cache layout -> its residual stream after each layer
+    taps: dict[str, list[str]] = field(default_factory=dict)  # "int4 static" -> its residual stream after each layer
     checked: list[layer_check.Case] = field(default_factory=list)  # the layer-by-layer check's cases, with logits
     chosen: tuple[list[int], np.ndarray] | None = None  # the reference's greedy tokens (layer_check.reference_greedy)
 
@@ -79,8 +79,8 @@ class Job:
               gated: bool = True) -> None:
         """The graph of this cache layout written op by op from the weights to `path` (graph_write.write), its
         MatMul weights quantized by `nbits` when given, with its metadata (`gated`: it will pass a gate); the names
-        of its residual stream after each layer kept in taps[cache] (layer_check.py cuts there)."""
-        cfg, taps = self.card.model, self.taps.setdefault(cache, [])
+        of its residual stream after each layer kept in taps["precision cache"] (layer_check.py cuts there)."""
+        cfg, taps = self.card.model, self.taps.setdefault(f"{precision} {cache}", [])
         taps.clear()
         make = {contract.CACHE_CONCAT: lambda sink: contract_graph.build(cfg, self.weights, sink, nbits,
                                                                          opset=self.opset, residuals=taps),

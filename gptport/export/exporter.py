@@ -124,7 +124,7 @@ def export(
                 streamed_steps.build_static_variants(job)
             elif static_graphs:
                 variant_steps.static_variants(job)
-            if job.model is None and job.graph("fp32") is None:
+            if job.model is None:
                 streamed_steps.decodes(job)
             if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
                 variant_steps.kv8_graphs(job)

@@ -159,6 +159,21 @@ def reference_greedy(cfg: ModelConfig, weights: Mapping[str, np.ndarray], prompt
     return tokens, np.stack(scores)
 
 
+def decode(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], static: bool,
+           prompt: Sequence[int], steps: Sequence[int], budget: int = chunked.CHUNK_BYTES) -> list[np.ndarray]:
+    """The graph in pieces prefilled with `prompt`, then stepped through `steps` on its own cache: each call's
+    logits of its last position (V,)."""
+    ids = np.array([prompt], np.int64)
+    width = ids.shape[1] + len(steps) + 1 if static else 0
+    past = [np.zeros((1, cfg.n_kv_head, width, cfg.head_dim), np.float32)] * (2 * cfg.n_layer)
+    cut = pieces(graph, taps, cfg, weights, budget)
+    try:
+        made = cut.run((static_calls if static else contract_calls)(ids, steps), past)
+    finally:
+        cut.close()
+    return [logits[0, -1] for logits, _, _ in made]
+
+
 def greedy(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], static: bool,
            prompt: Sequence[int], chosen: tuple[list[int], np.ndarray], tol: Tolerance,
            budget: int = chunked.CHUNK_BYTES) -> int:

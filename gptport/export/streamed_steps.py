@@ -6,7 +6,9 @@ torch model run layer by layer (layer_check.py), never the whole model at once.
 - Without it (int8 / int4 alone, --no-gate), no fp32 graph of the model is written at all: the builder is checked
   on a slice of it, the fp32 contract graph of its first SLICE_LAYERS layers with its embeddings, final norm and
   head (every operator and every shape the full graph has, one layer apart), against the reference cut the same
-  way; each quantized graph is then opened and decodes (decodes()).
+  way.
+Each quantized graph (--no-gate: it is built by the checked code, not gated) then runs in pieces through a prompt
+and a few steps on its own cache (decodes()).
 What needs the whole torch model (the variants' accuracy gate, the int8 cache's calibration, .ort checks, the
 multi-row append graph's check) is refused or skipped with its reason."""
 
@@ -23,11 +25,9 @@ from gptport.config import ModelConfig
 from gptport.errors import UsageError, ValidationError
 from gptport.export import contract_graph, graph_write, layer_check, validate
 from gptport.export.export_job import Job
-from gptport.runtime.onnx_engine import OnnxModel, load_cpu
 
-CHECK_POSITIONS = 64  # the static cache a quantized graph's decoding needs here: a prompt of <= 16 tokens, 4 new
 SLICE_LAYERS = 2  # layers of the slice the builder is checked on when no fp32 graph is written
-DECODE_TOKENS = 4  # tokens each quantized graph of a model checked by slice decodes
+DECODE_TOKENS = 4  # steps each quantized graph decodes on its own cache
 
 
 def refuse_options(job: Job, precisions: Sequence[str], gate: bool, kv_dtype: str, ort_level: str | None) -> None:
@@ -47,7 +47,7 @@ def check_fp32(job: Job, plain: Path) -> None:
     """The fp32 contract graph against the torch model run layer by layer (layer_check.py), then greedy decoding."""
     fp32 = job.graph("fp32")
     assert fp32 is not None
-    cfg, taps = job.card.model, job.taps[contract.CACHE_CONCAT]
+    cfg, taps = job.card.model, job.taps[f"fp32 {contract.CACHE_CONCAT}"]
     job.checked = layer_check.cases(cfg)
     job.report.parity = layer_check.check_contract(plain, taps, cfg, job.weights, job.tol, job.checked)
     validate.refuse("fp32 parity", job.report.parity)
@@ -80,7 +80,7 @@ def check_slice(job: Job) -> None:
 def check_static(job: Job, path: Path) -> None:
     """The fp32 static-cache graph's logits against the reference's of the contract graph's check, then the greedy
     steps; its cache sized to the checks' short texts, not n_ctx (805 MB a row at Qwen2.5-0.5B's 32k)."""
-    cfg, taps = job.card.model, job.taps[contract.CACHE_STATIC]
+    cfg, taps = job.card.model, job.taps[f"fp32 {contract.CACHE_STATIC}"]
     job.report.static_parity = layer_check.check_static(path, taps, cfg, job.weights, job.checked, job.tol)
     validate.refuse("static-cache graph parity", job.report.static_parity)
     assert job.chosen is not None  # check_fp32 ran
@@ -102,18 +102,19 @@ def build_static_variants(job: Job) -> None:
 
 
 def decodes(job: Job) -> None:
-    """Each quantized graph of a model checked by slice opened and decoding DECODE_TOKENS tokens of the first
-    prompt; one that cannot is not written (a ValidationError naming it)."""
-    from gptport.runtime.generate import generate
-    from gptport.runtime.sampling import Sampling
-
+    """Each quantized graph run in pieces (chunked.py, a layer's weights at a time) over
+    the first prompt and DECODE_TOKENS steps on its own cache; one whose logits are not all finite is not written
+    (a ValidationError naming it)."""
+    cfg, prompt = job.card.model, job.prompts[0]
+    steps = [prompt[j % len(prompt)] for j in range(DECODE_TOKENS)]  # any tokens: what is checked is the running
     for g, path in list(job.passed.items()):
         if g.precision == "fp32":
             continue
-        job.say(f"decoding with the {g.label} graph")
-        made = generate(_engine(path), job.prompts[:1], DECODE_TOKENS, Sampling(), eot_id=-1)
-        if len(made[0].new_ids) != DECODE_TOKENS:
-            raise ValidationError(f"export: the {g.label} graph made {len(made[0].new_ids)} of {DECODE_TOKENS} tokens")
+        job.say(f"decoding with the {g.label} graph, in pieces")
+        logits = layer_check.decode(path, job.taps[f"{g.precision} {g.cache}"], cfg, job.weights,
+                                    g.cache == contract.CACHE_STATIC, prompt, steps)
+        if not all(np.isfinite(x).all() for x in logits):
+            raise ValidationError(f"export: the {g.label} graph's logits are not all finite")
 
 
 def _chosen(job: Job, cfg: ModelConfig) -> tuple[list[int], np.ndarray]:
@@ -122,10 +123,3 @@ def _chosen(job: Job, cfg: ModelConfig) -> tuple[list[int], np.ndarray]:
     n = min(layer_check.GREEDY_STEPS, cfg.n_ctx - len(job.prompts[0]))
     job.say(f"the reference's greedy continuation ({n} tokens, the model read layer by layer once each)")
     return layer_check.reference_greedy(cfg, job.weights, job.prompts[0], n)
-
-
-def _engine(path: Path) -> OnnxModel:
-    """The graph at `path` on the CPU, a static cache sized to the checks' texts."""
-    opened = load_cpu(path)
-    opened.cache_positions = CHECK_POSITIONS
-    return opened

@@ -44,7 +44,6 @@ class OnnxModel:
     cache: str = contract.CACHE_CONCAT  # concat: model.onnx's contract; static: gqa_graph.py's graph
     path: Path | None = None  # the graph file
     meta: dict[str, str] = field(default_factory=dict)  # its metadata_props (provenance: weights, config)
-    cache_positions: int | None = None  # the static cache's positions per row (None: n_ctx); checks size it down
     _buffers: static_cache.Buffers | None = field(default=None, repr=False)
 
     @property
@@ -85,7 +84,7 @@ class OnnxModel:
         the static-cache graph, the preallocated (B, Hkv, n_ctx, hd) buffers (Hkv: n_kv_head)."""
         if self.cache == contract.CACHE_STATIC:
             if self._buffers is None:
-                self._buffers = static_cache.Buffers(self.config, self.kv_dtype, self.cache_positions)
+                self._buffers = static_cache.Buffers(self.config, self.kv_dtype)
             return self._buffers.fresh(batch)
         shape = (batch, self.config.n_kv_head, 0, self.config.head_dim)
         if not self.on_gpu:

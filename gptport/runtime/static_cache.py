@@ -35,14 +35,14 @@ class Buffers:
     allocation and no page faults (a prefill writes every position it will read). One live cache per
     engine: fresh() makes the previous cache of that batch size stale, and stepping it an error."""
 
-    def __init__(self, config: ModelConfig, dtype: np.dtype, positions: int | None = None) -> None:
+    def __init__(self, config: ModelConfig, dtype: np.dtype) -> None:
         self.layers = config.n_layer
-        self.shape = (config.n_kv_head, positions or config.n_ctx, config.head_dim)  # (Hkv, C, hd)
+        self.shape = (config.n_kv_head, config.n_ctx, config.head_dim)  # (Hkv, C, hd)
         self.dtype = dtype
         self._live: dict[int, StaticCache] = {}
 
     def fresh(self, batch: int) -> StaticCache:
-        """An empty cache of n_ctx positions per row (or the `positions` asked for), on the CPU."""
+        """An empty cache of n_ctx positions per row, on the CPU."""
         old = self._live.get(batch)
         if old is None:
             cache = StaticCache(ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, *self.shape), dtype=self.dtype))
