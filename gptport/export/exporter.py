@@ -96,6 +96,7 @@ def export(
     job = _open(model_dir, gate, tol, say)
     if job.model is None:
         streamed_steps.refuse_options(job, precisions, gate, kv_dtype, ort_level)
+        streamed_steps.check_memory(job)
     else:  # the variants of a model held in torch are checked against fp32's (and some made from its graph)
         precisions = ["fp32", *(p for p in precisions if p != "fp32")]
     _plan(job, precisions, static, force, kv_dtype)

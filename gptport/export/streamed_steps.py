@@ -23,10 +23,11 @@ import numpy as np
 from gptport import atomic, contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError, ValidationError
-from gptport.export import contract_graph, graph_write, layer_check, validate
+from gptport.export import chunked, contract_graph, graph_write, layer_check, validate
 from gptport.export.export_job import Job
 
 SLICE_LAYERS = 2  # layers of the slice the builder is checked on when no fp32 graph is written
+RUNTIME_BYTES = 2**29  # torch's and onnxruntime's own, imported
 DECODE_TOKENS = 4  # steps each quantized graph decodes on its own cache
 
 
@@ -41,6 +42,31 @@ def refuse_options(job: Job, precisions: Sequence[str], gate: bool, kv_dtype: st
         raise UsageError(f"{size}; --kv-dtype int8 calibrates on the whole torch model: not at this size")
     if ort_level is not None:
         raise UsageError(f"{size}; --ort-level checks the .ort files on the whole torch model: not at this size")
+
+
+def check_memory(job: Job, available: int | None = None) -> None:
+    """The memory a large export needs at its peak (two copies of its largest tensor in float32: read, then
+    transposed or quantized, or mapped and packed by onnxruntime; a check's piece; the runtimes' own) against what
+    the machine has available (/proc/meminfo's MemAvailable, or `available`), refused in one line before anything is
+    written. Not checked where the system does not say."""
+    if available is None:
+        available = _mem_available()
+    if available is None:
+        return
+    largest = max(4 * int(np.prod(job.weights[k].shape)) for k in job.weights)
+    need = 2 * largest + chunked.CHUNK_BYTES + RUNTIME_BYTES
+    if need > available:
+        raise UsageError(f"{job.model_dir}: exporting it needs about {need / 2**30:.1f} GiB of memory (its largest "
+                         f"tensor is {largest / 2**30:.1f} GiB in float32), and {available / 2**30:.1f} GiB is free")
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            line = next((x for x in f if x.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
+    return int(line.split()[1]) * 1024 if line else None
 
 
 def check_fp32(job: Job, plain: Path) -> None:

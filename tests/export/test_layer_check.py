@@ -195,3 +195,14 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(streamed: Path, 
     with pytest.raises(UsageError, match=r"export writes about .* GiB \(\d+ graphs\), and its disk has 0.0 GiB free"):
         exporter.export(out, ["fp32", "int4"], gate=False)
     assert not list(out.glob("*.onnx*"))
+
+
+def test_too_little_memory_is_refused_in_one_line(streamed: Path) -> None:
+    from gptport.errors import UsageError
+    from gptport.export import exporter, streamed_steps
+    from gptport.export.tolerance import Tolerance as Tol
+
+    job = exporter._open(streamed, False, Tol(), lambda m: None)
+    with pytest.raises(UsageError, match=r"exporting it needs about 1\.\d GiB of memory .* and 0\.0 GiB is free"):
+        streamed_steps.check_memory(job, available=1000)
+    streamed_steps.check_memory(job, available=1 << 40)  # enough: nothing said
