@@ -121,3 +121,8 @@ def open_weights(model_dir: Path) -> ModelWeights:
     return ModelWeights.open(model_dir)
 
 
+def shapes_of(weights: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, from a file's header where `weights` reads one (nothing read), else the arrays'."""
+    if isinstance(weights, ModelWeights):
+        return {k: e.shape for k, e in weights.entries.items()}
+    return {k: tuple(np.shape(v)) for k, v in weights.items()}

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from gptport import contract
+from gptport.weights import shapes_of
 
 CHUNK_BYTES = 2**30  # float32 weight bytes of the layers one piece holds (at least one layer)
 
@@ -27,7 +28,7 @@ def ranges(n_layer: int, layer_bytes: int, budget: int = CHUNK_BYTES) -> list[tu
 
 def layer_bytes(weights: Mapping[str, np.ndarray]) -> int:
     """float32 bytes of layer 0's weights (each layer's are the same)."""
-    return sum(4 * int(np.prod(weights[k].shape)) for k in weights if k.startswith("h.0."))
+    return sum(4 * int(np.prod(shape)) for k, shape in shapes_of(weights).items() if k.startswith("h.0."))
 
 
 class Chunked:

@@ -28,6 +28,7 @@ from gptport.export.tolerance import Tolerance
 from gptport.runtime.engine import StepFn
 from gptport.training.checkpoint import ModelCard
 from gptport.training.model import GPT
+from gptport.weights import shapes_of
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Job:
 
     def weights_bytes(self) -> int:
         """Bytes of the weights in float32 (a tied head once)."""
-        return sum(4 * int(np.prod(self.weights[k].shape)) for k in self.weights)
+        return sum(4 * int(np.prod(shape)) for shape in shapes_of(self.weights).values())
 
     def build(self, cache: str, path: Path, precision: str = "fp32", nbits: NBits | None = None,
               gated: bool = True) -> None:

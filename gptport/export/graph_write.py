@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from gptport.export.tensor_sink import EXTERNAL_FROM_BYTES, ExternalSink, InlineSink, Sink, data_name
+from gptport.weights import shapes_of
 
 
 def external(param_bytes: int) -> bool:
@@ -40,16 +41,16 @@ def estimate(weights: Mapping[str, np.ndarray], precision: str, vocab_rows: int)
     """Bytes a graph of `precision` writes for `weights` (the builder's layout): float32 for fp32, the embeddings
     and norms; MatMulNBits' bits plus a float32 scale a block of 32 for the matrices of int8 and int4; fp16 half
     of fp32. An estimate for the disk check, within a few percent."""
-    total = 0
-    for name in weights:
-        count = int(np.prod(weights[name].shape))
-        matrix = len(weights[name].shape) == 2 and name != "wte.weight" and name != "wpe.weight"
+    total, shapes = 0, shapes_of(weights)
+    for name, shape in shapes.items():
+        count = int(np.prod(shape))
+        matrix = len(shape) == 2 and name != "wte.weight" and name != "wpe.weight"
         if precision in ("int8", "int4") and matrix:
             total += count * (8 if precision == "int8" else 4) // 8 + count // 32 * 4
         else:
             total += count * (2 if precision == "fp16" else 4)
     tied_head = "lm_head.weight" not in weights and precision in ("int8", "int4")
-    return total + (vocab_rows * weights["wte.weight"].shape[1] * 1 if tied_head else 0)  # its own 8-bit matrix
+    return total + (vocab_rows * shapes["wte.weight"][1] if tied_head else 0)  # its own 8-bit matrix
 
 
 def data_of(path: Path) -> Path | None:

@@ -25,6 +25,7 @@ from gptport.config import ModelConfig
 from gptport.errors import UsageError, ValidationError
 from gptport.export import chunked, contract_graph, graph_write, layer_check, validate
 from gptport.export.export_job import Job
+from gptport.weights import shapes_of
 
 SLICE_LAYERS = 2  # layers of the slice the builder is checked on when no fp32 graph is written
 RUNTIME_BYTES = 2**29  # torch's and onnxruntime's own, imported
@@ -53,7 +54,7 @@ def check_memory(job: Job, available: int | None = None) -> None:
         available = _mem_available()
     if available is None:
         return
-    largest = max(4 * int(np.prod(job.weights[k].shape)) for k in job.weights)
+    largest = max(4 * int(np.prod(shape)) for shape in shapes_of(job.weights).values())
     need = 2 * largest + chunked.CHUNK_BYTES + RUNTIME_BYTES
     if need > available:
         raise UsageError(f"{job.model_dir}: exporting it needs about {need / 2**30:.1f} GiB of memory (its largest "
