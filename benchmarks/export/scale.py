@@ -180,15 +180,16 @@ def goal_row(shape: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not mine or goal is None:
         return None
     failed = any(r["error"] for r in mine)
+    genai_failed = any(r["error"] for r in theirs)  # (killed for memory, say): nothing to compare against
     wall, peak = sum(r["wall_s"] for r in mine), max(r["peak_rss_gib"] for r in mine)
     met = not failed and wall <= goal.get("wall_s", wall) and peak <= goal["peak_rss_gib"]
     return {"table": "goals (issue 58)", "shape": shape, "gptport_wall_s": wall, "gptport_peak_rss_gib": peak,
             "goal_wall_s": goal.get("wall_s"), "goal_peak_rss_gib": goal["peak_rss_gib"],
             "genai_wall_s": sum(r["wall_s"] for r in theirs) if theirs else None,
             "genai_peak_rss_gib": max((r["peak_rss_gib"] for r in theirs), default=None),
-            "within_goal": met, "within_genai": None if not theirs or failed else (
+            "within_goal": met, "within_genai": None if not theirs or failed or genai_failed else (
                 wall <= sum(r["wall_s"] for r in theirs) and peak <= max(r["peak_rss_gib"] for r in theirs)),
-            "gptport_failed": failed}
+            "gptport_failed": failed, "genai_failed": genai_failed}
 
 
 def main() -> None:
