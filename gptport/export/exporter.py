@@ -121,9 +121,7 @@ def export(
                 if g.cache == contract.CACHE_CONCAT and g.precision != "fp32":
                     job.say(f"making the {g.precision} variant")
                     variant_steps.variant(job, g, variants.LADDER.get(g.precision, ("",)))
-            if static_graphs and job.model is None:
-                streamed_steps.build_static_variants(job)
-            elif static_graphs:
+            if static_graphs:
                 variant_steps.static_variants(job)
             if job.model is None:
                 streamed_steps.decodes(job)

@@ -114,20 +114,6 @@ def check_static(job: Job, path: Path) -> None:
     layer_check.greedy(path, taps, cfg, job.weights, True, job.prompts[0], job.chosen, job.tol)
 
 
-def build_static_variants(job: Job) -> None:
-    """The quantized static-cache graphs, built straight from the weights with the scheme their contract twin
-    shipped (no fp32 static graph needed: variants.direct)."""
-    from gptport.export import variant_steps, variants
-
-    for g in job.graphs:
-        twin = job.graph(g.precision)
-        if g.cache != contract.CACHE_STATIC or g.precision == "fp32" or twin not in job.passed:
-            continue
-        job.say(f"making the {g.precision} static-cache variant")
-        ladder = variants.LADDER[g.precision]
-        variant_steps.variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):])
-
-
 def decodes(job: Job) -> None:
     """Each quantized graph run in pieces (chunked.py, a layer's weights at a time) over
     the first prompt and DECODE_TOKENS steps on its own cache; one whose logits are not all finite is not written

@@ -18,17 +18,19 @@ from gptport.runtime.onnx_engine import load_cpu
 
 def static_variants(job: Job) -> None:
     """The int8/int4 static-cache graphs of the precisions whose contract graph and fp32 static graph passed,
-    quantized from the latter, starting with the scheme their contract twin shipped, and gated again."""
+    quantized from the latter (a large model's: built from the weights, with or without an fp32 static graph),
+    starting with the scheme their contract twin shipped, and gated again."""
     fp32 = job.graph("fp32", contract.CACHE_STATIC)
-    if fp32 not in job.passed:
+    if fp32 not in job.passed and job.model is not None:
         return
+    source = job.passed.get(fp32) if fp32 is not None else None  # None: a large model's, all built (direct)
     for g in job.graphs:
         twin = job.graph(g.precision)
         if g.cache != contract.CACHE_STATIC or g.precision == "fp32" or twin not in job.passed:
             continue
         job.say(f"making the {g.precision} static-cache variant")
         ladder = variants.LADDER[g.precision]
-        variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=job.passed[fp32])
+        variant(job, g, ladder[ladder.index(job.report.schemes[g.precision]):], source=source)
 
 
 def kv8_graphs(job: Job) -> None:
