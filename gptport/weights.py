@@ -98,10 +98,6 @@ class ModelWeights(Mapping[str, np.ndarray]):
         """Bytes of every tensor as the file holds them."""
         return sum(e.end - e.begin for e in self.entries.values())
 
-    def float32_bytes(self) -> int:
-        """Bytes of every tensor widened to float32."""
-        return sum(4 * int(np.prod(e.shape, dtype=np.int64)) for e in self.entries.values())
-
     def check_shapes(self, expected: Mapping[str, tuple[int, ...]]) -> None:
         """Every tensor `expected` names present with that shape, and no other: an ArtifactError naming the first
         that is not, before anything is read."""
@@ -126,3 +122,8 @@ def shapes_of(weights: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
     if isinstance(weights, ModelWeights):
         return {k: e.shape for k, e in weights.entries.items()}
     return {k: tuple(np.shape(v)) for k, v in weights.items()}
+
+
+def float32_bytes(weights: Mapping[str, np.ndarray]) -> int:
+    """Bytes of every tensor of `weights` widened to float32 (from the header where there is one)."""
+    return sum(4 * int(np.prod(shape, dtype=np.int64)) for shape in shapes_of(weights).values())

@@ -28,7 +28,7 @@ from gptport.export.tolerance import Tolerance
 from gptport.runtime.engine import StepFn
 from gptport.training.checkpoint import ModelCard
 from gptport.training.model import GPT
-from gptport.weights import shapes_of
+from gptport.weights import float32_bytes
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Job:
 
     def weights_bytes(self) -> int:
         """Bytes of the weights in float32 (a tied head once)."""
-        return sum(4 * int(np.prod(shape)) for shape in shapes_of(self.weights).values())
+        return float32_bytes(self.weights)
 
     def build(self, cache: str, path: Path, precision: str = "fp32", nbits: NBits | None = None,
               gated: bool = True) -> None:

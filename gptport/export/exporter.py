@@ -44,7 +44,7 @@ from gptport.model_card import check_tokenizer, read_card
 from gptport.runtime import hugepages
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.training.checkpoint import load_model
-from gptport.weights import open_weights
+from gptport.weights import float32_bytes, open_weights
 
 __all__ = ["ExportReport", "Graph", "export", "metadata", "parse_precisions", "save", "save_static", "set_metadata"]
 
@@ -157,11 +157,11 @@ def _open(model_dir: Path, gate: bool, tol: Tolerance, say: Callable[[str], None
     check_tokenizer(card, tok, model_dir)
     weights = open_weights(model_dir)
     weights.check_shapes(expected_shapes(card.model))
-    outside = graph_write.external(weights.float32_bytes())
+    outside = graph_write.external(float32_bytes(weights))
     if outside:
         provenance.check_weights(model_dir)
         model = None
-        say(f"{weights.float32_bytes() / 2**30:.1f} GiB of float32 weights: graphs written to external data, "
+        say(f"{float32_bytes(weights) / 2**30:.1f} GiB of float32 weights: graphs written to external data, "
             "checked layer by layer")
     else:
         model, card = load_model(model_dir, tok)
