@@ -22,15 +22,16 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 PosEncoding = Literal["learned", "sinusoidal", "rope"]
 Gelu = Literal["tanh", "exact"]
 Norm = Literal["layernorm", "rmsnorm"]
-Mlp = Literal["gelu", "swiglu"]
+Mlp = Literal["gelu", "swiglu", "geglu"]
 RopeScaling = Literal["none", "linear", "llama3"]
-MODEL_FORMAT_VERSION = 2  # config.json's format_version: 2 added the Llama family's keys (design record 0035)
-MODEL_FORMAT_VERSIONS = (1, 2)  # what this gptport reads: a version-1 file is a version-2 one at the defaults
+MODEL_FORMAT_VERSION = 3  # config.json's format_version: 2 added the Llama family's keys (design record 0035), 3 the
+#                          keys after eos_ids (Gemma's, Phi's, ...: issue 59)
+MODEL_FORMAT_VERSIONS = (1, 2, 3)  # what this gptport reads: an older file is a newer one at the defaults
 _ROPE = ("rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
          "rope_original_n_ctx")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pos_encoding": ("learned", "sinusoidal", "rope"), "gelu": ("tanh", "exact"), "norm": ("layernorm", "rmsnorm"),
-    "mlp": ("gelu", "swiglu"), "rope_scaling": ("none", "linear", "llama3")}
+    "mlp": ("gelu", "swiglu", "geglu"), "rope_scaling": ("none", "linear", "llama3")}
 
 
 def swiglu_width(d_model: int) -> int:
@@ -78,6 +79,16 @@ class ModelConfig:
     bos_id: int | None = None  # the beginning-of-sequence token, if the model has one
     add_bos: bool = False  # prompts start with bos_id (Llama's tokenizers add it)
     eos_ids: tuple[int, ...] = ()  # the tokens that end a sequence, a set; (): the tokenizer's <|endoftext|>
+    # format_version 3 (issue 59): each at its default computes what version 2 did
+    embed_scale: float = 1.0  # the token embeddings are multiplied by it (Gemma: sqrt(d_model), as float32)
+    attn_scale: float = 0.0  # the softmax's scale of q.k; 0: 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar^-0.5)
+    post_norms: bool = False  # a norm (ln_1_post, ln_2_post) on the attention's and the MLP's outputs before each
+    #                           residual add (Gemma 2 and 3, OLMo 2)
+    sliding_window: int = 0  # > 0: the layers of window_layers attend to the last sliding_window positions only,
+    #                          their own included (query q sees keys k with q - window < k <= q)
+    window_layers: tuple[int, ...] = ()  # the layers that attend within sliding_window, a set
+    rope_local_theta: float = 0.0  # > 0: the window layers' RoPE base, unscaled (Gemma 3's rope_local_base_freq);
+    #                                0: they rotate as the others do
 
     def __post_init__(self) -> None:
         if self.n_kv_head == 0:
@@ -89,6 +100,7 @@ class ModelConfig:
         if self.d_ff == 0:
             object.__setattr__(self, "d_ff", 4 * self.d_model if self.mlp == "gelu" else swiglu_width(self.d_model))
         object.__setattr__(self, "eos_ids", tuple(sorted(set(self.eos_ids))))
+        object.__setattr__(self, "window_layers", tuple(sorted(set(self.window_layers))))
         self.validate()
 
     @property
@@ -113,6 +125,19 @@ class ModelConfig:
         """Width of all key (or value) heads together: n_kv_head * head_dim."""
         return self.n_kv_head * self.head_dim
 
+    @property
+    def softmax_scale(self) -> float:
+        """The scale of q.k before the softmax: attn_scale, or 1/sqrt(head_dim)."""
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def windowed(self, layer: int) -> bool:
+        """Whether `layer` attends within sliding_window (only the last sliding_window positions)."""
+        return self.sliding_window > 0 and layer in self.window_layers
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates by rope_local_theta (a window layer of a model that has one)."""
+        return self.rope_local_theta > 0 and self.windowed(layer)
+
     def llama_choices(self) -> list[str]:
         """The Llama family's choices of this model's layers, named (empty for GPT-2's layers): what a writer
         made for GPT-2's layers alone names when it refuses a model (the static-cache graphs take them all)."""
@@ -121,14 +146,28 @@ class ModelConfig:
             ("SwiGLU", self.mlp == "swiglu"),
             (f"{self.n_kv_head} key/value heads for {self.n_head} query heads", self.n_kv_head != self.n_head),
             (f"heads {self.q_width} wide over d_model {self.d_model}", self.q_width != self.d_model),
-            ("q/k norm", self.qk_norm)) if used]
+            ("q/k norm", self.qk_norm)) if used] + self.gemma_choices()
+
+    def gemma_choices(self) -> list[str]:
+        """The choices of format_version 3 this model makes, named (empty at the defaults): what a graph written
+        without them names when it refuses the model."""
+        return [what for what, used in (
+            ("GeGLU", self.mlp == "geglu"), (f"embeddings scaled by {self.embed_scale:g}", self.embed_scale != 1.0),
+            (f"softmax scale {self.attn_scale:g}", self.attn_scale != 0.0), ("post-norms", self.post_norms),
+            (f"a sliding window of {self.sliding_window}", self.sliding_window > 0 and bool(self.window_layers)),
+            (f"local RoPE base {self.rope_local_theta:g}", self.rope_local_theta > 0)) if used]
 
     def inert(self) -> dict[str, str]:
         """The fields this model's other choices leave without effect, each with why (a `--set` of one of
         them would change nothing)."""
         out: dict[str, str] = {}
-        if self.mlp != "gelu":
-            out["gelu"] = f"model.mlp is {self.mlp!r} (gelu is the GELU MLP's)"
+        if self.mlp == "swiglu":
+            out["gelu"] = f"model.mlp is {self.mlp!r} (gelu is the GELU and GeGLU MLPs')"
+        if self.sliding_window == 0:
+            out |= {k: f"model.sliding_window is 0 ({k} is a window's)" for k in ("window_layers", "rope_local_theta")}
+        elif not self.window_layers:
+            out |= {k: f"model.window_layers is empty ({k} is the window layers')"
+                    for k in ("sliding_window", "rope_local_theta")}
         if self.pos_encoding != "rope":
             out |= {k: f"model.pos_encoding is {self.pos_encoding!r} ({k} is rope's)" for k in _ROPE}
         elif self.rope_scaling == "none":
@@ -163,6 +202,19 @@ class ModelConfig:
             raise UsageError(f"model.ln_eps must be a finite number >= 0, not {self.ln_eps}")
         self._validate_rope()
         self._validate_tokens()
+        self._validate_window()
+
+    def _validate_window(self) -> None:
+        for name in ("embed_scale", "attn_scale", "rope_local_theta"):
+            if not 0 <= getattr(self, name) < math.inf or (name == "embed_scale" and self.embed_scale == 0):
+                raise UsageError(f"model.{name} must be a finite positive number, not {getattr(self, name)}")
+        if not 0 <= self.sliding_window <= LARGEST["n_ctx"]:
+            raise UsageError(f"model.sliding_window must be 0 (none) or positive, not {self.sliding_window}")
+        bad = [i for i in self.window_layers if not 0 <= i < self.n_layer]
+        if bad:
+            raise UsageError(f"model.window_layers: layer {bad[0]} is not one of the {self.n_layer} layers")
+        if self.rope_local_theta > 0 and self.pos_encoding != "rope":
+            raise UsageError("model.rope_local_theta is set but model.pos_encoding is not 'rope'")
 
     def _validate_rope(self) -> None:
         for name in ("rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
@@ -188,10 +240,12 @@ class ModelConfig:
         norm = d + (d if self.norm == "layernorm" and self.bias else 0)
         attn = d * (q + 2 * kv) + qkv_b * (q + 2 * kv) + q * d + out_b * d
         attn += 2 * self.head_dim if self.qk_norm else 0
-        mlp = (3 if self.mlp == "swiglu" else 2) * d * f + mlp_b * ((2 if self.mlp == "swiglu" else 1) * f + d)
+        gated = self.mlp != "gelu"
+        mlp = (3 if gated else 2) * d * f + mlp_b * ((2 if gated else 1) * f + d)
+        norm_layer = (4 if self.post_norms else 2) * norm
         emb = v * d + (self.n_ctx * d if self.pos_encoding == "learned" else 0)
         head = 0 if self.tie_embeddings else v * d
-        return emb + self.n_layer * (attn + mlp + 2 * norm) + norm + head
+        return emb + self.n_layer * (attn + mlp + norm_layer) + norm + head
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class Part:
     rows: int | None = None  # keep the first `rows` (a padded vocabulary cut to the tokenizer's)
     heads: int | None = None  # its rows in llama.cpp's interleaved order per head (undone on import)
     transposed: bool = False  # held as the transpose of gptport's matrix (GPT-2's Conv1D)
+    plus_one: bool = False  # a norm's weight held as w where the model computes (1 + w) (Gemma's): 1 added in float32
 
     @property
     def out_rows(self) -> int:
@@ -67,6 +68,7 @@ class Layout:
     modules: Mapping[str, str | tuple[str, ...]]  # gptport's module in a layer -> the format's
     transposed: frozenset[str] = frozenset()  # modules whose weight the format holds transposed
     permuted: bool = False  # q and k rows in llama.cpp's interleaved order per head (its `llama` architecture)
+    plus_one: frozenset[str] = frozenset()  # modules (norms) whose weight the format holds as w for (1 + w)
 
 
 def gptport_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -81,7 +83,7 @@ def gptport_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         out["ln_f.bias"] = (d,)
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = (v, d)
-    mlp = {"mlp.c_fc": (f, d), "mlp.c_proj": (d, f), **({"mlp.c_gate": (f, d)} if cfg.mlp == "swiglu" else {})}
+    mlp = {"mlp.c_fc": (f, d), "mlp.c_proj": (d, f), **({"mlp.c_gate": (f, d)} if cfg.mlp != "gelu" else {})}
     for i in range(cfg.n_layer):
         block = {"ln_1.weight": (d,), "ln_2.weight": (d,), "attn.c_attn.weight": (q + 2 * kv, d),
                  "attn.c_proj.weight": (d, q), **{f"{k}.weight": s for k, s in mlp.items()}}
@@ -95,6 +97,10 @@ def gptport_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             block.update({f"{k}.bias": (s[0],) for k, s in mlp.items()})
         if cfg.qk_norm:
             block.update({"attn.q_norm.weight": (cfg.head_dim,), "attn.k_norm.weight": (cfg.head_dim,)})
+        if cfg.post_norms:
+            block.update({"ln_1_post.weight": (d,), "ln_2_post.weight": (d,)})
+            if norm_bias:
+                block.update({"ln_1_post.bias": (d,), "ln_2_post.bias": (d,)})
         out.update({f"h.{i}.{k}": s for k, s in block.items()})
     return out
 
@@ -122,7 +128,8 @@ def plan(layout: Layout, cfg: ModelConfig, vocab_rows: int) -> list[Planned]:
             source = (vocab_rows, *shape[1:]) if cut else shape
             transposed = kind == "weight" and sub in layout.transposed
             parts = (Part(f"{prefix}{theirs}.{kind}", source[::-1] if transposed else source,
-                          rows=shape[0] if cut else None, transposed=transposed),)
+                          rows=shape[0] if cut else None, transposed=transposed,
+                          plus_one=kind == "weight" and sub in layout.plus_one),)
         out.append(Planned(name, shape, parts))
     return out
 
@@ -142,6 +149,8 @@ def take(part: Part, source: np.ndarray) -> np.ndarray:
     """What `part` gives gptport's tensor from its source array."""
     a = source.T if part.transposed else source
     a = a if part.rows is None else a[: part.rows]
+    if part.plus_one:  # float32 w + 1: bit for bit what transformers' (1.0 + weight.float()) is
+        a = np.asarray(a, dtype=np.float32) + np.float32(1.0)
     return a if part.heads is None else unpermute(a, part.heads)
 
 
@@ -159,6 +168,8 @@ def split(planned: Planned, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
         piece = array[start:start + rows]
         start += rows
         piece = piece if p.heads is None else permute(piece, p.heads)
+        if p.plus_one:  # back to w: exact wherever 1 + w lies in [0.5, 2] (Sterbenz)
+            piece = np.asarray(piece, dtype=np.float32) - np.float32(1.0)
         out.append((p.name, np.ascontiguousarray(piece.T if p.transposed else piece)))
     return out
 

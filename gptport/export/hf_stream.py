@@ -3,8 +3,8 @@ weight is read (every tensor it names present with the shape config.json implies
 over), then each of gptport's tensors written into model.safetensors from its sources' bytes, read by their
 offsets a chunk at a time (q|k|v one after another: stacking along the first axis is writing them in turn; a
 vocabulary cut is its first rows' bytes). A tensor keeps its source's type (bf16, fp16, fp32); one whose sources
-mix types is widened to float32. Only a transposed source (GPT-2's Conv1D) is held whole, one matrix at a time. No
-torch."""
+mix types, and a Gemma norm's 1 + w, is widened to float32. Only a transposed source (GPT-2's Conv1D) is held
+whole, one matrix at a time. No torch."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _chunks(planned: Planned, dtype: str, held: dict[str, Held]) -> Iterator[np.
     or permuted comes whole)."""
     for part in planned.parts:
         h = held[part.name]
-        if part.transposed or part.heads is not None:
+        if part.transposed or part.heads is not None or part.plus_one:
             raw = read_bytes(h, 0, h.entry.end - h.entry.begin)
             whole = take(part, widen(raw, h.entry.dtype).reshape(part.shape))
             yield np.ascontiguousarray(whole, dtype=np.float32) if dtype == "F32" else _narrowed(whole, dtype)
@@ -75,6 +75,7 @@ def outs(family: Family, cfg: ModelConfig, vocab_rows: int, held: dict[str, Held
                                     f"config.json's model needs {list(part.shape)} (gptport's {planned.name})")
             used.add(part.name)
         dtype = out_dtype([by_name[p.name].entry.dtype for p in planned.parts])
+        dtype = "F32" if any(p.plus_one for p in planned.parts) else dtype  # 1 + w kept whole
         out.append(Out(planned.name, dtype, planned.shape,
                        lambda p=planned, d=dtype: _chunks(p, d, by_name)))  # type: ignore[misc]
     head = family.hf_layout.globals["lm_head"] + ".weight"  # a tied head saved anyway: read past (wte is kept)

@@ -48,7 +48,15 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
     import torch
 
     from gptport.training.layers import make_norm, rope_cos_sin, rope_inv_freq
-    from gptport.training.model import Block, attention_mask_4d, default_position_ids, sinusoidal
+    from gptport.training.model import (
+        Block,
+        additive,
+        attention_mask_4d,
+        default_position_ids,
+        layer_inputs,
+        scaled_embeddings,
+        sinusoidal,
+    )
 
     dtype = dtype or torch.float32
     ids = torch.from_numpy(np.asarray(input_ids, dtype=np.int64))  # (B, T)
@@ -57,22 +65,25 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
         np.asarray(attention_mask, dtype=np.int64))  # (B, T)
     pos = default_position_ids(mask, T) if position_ids is None else torch.from_numpy(
         np.asarray(position_ids, dtype=np.int64))  # (B, T)
-    keep = attention_mask_4d(mask, T)  # (B, 1, T, T)
-    additive = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)  # (B, 1, T, T)
+    full = additive(attention_mask_4d(mask, T), dtype)  # (B, 1, T, T)
+    window = additive(attention_mask_4d(mask, T, cfg.sliding_window), dtype) if cfg.sliding_window else None
 
     with torch.no_grad():  # never held across a yield: the caller's code between items keeps its grad mode
-        x = _rows(weight, "wte.weight", ids, (cfg.vocab_size, cfg.d_model), dtype)  # (B, T, D)
-        rope = None
+        x = scaled_embeddings(_rows(weight, "wte.weight", ids, (cfg.vocab_size, cfg.d_model), dtype), cfg)  # (B, T, D)
+        rope = local = None
         if cfg.pos_encoding == "learned":
             x = x + _rows(weight, "wpe.weight", pos, (cfg.n_ctx, cfg.d_model), dtype)
         elif cfg.pos_encoding == "sinusoidal":
             x = x + sinusoidal(pos, cfg.d_model).to(x.dtype)
         else:  # rope: the float32 inverse frequencies, widened for float64 (as float64_copy widens the buffer)
             rope = rope_cos_sin(pos, rope_inv_freq(cfg).to(dtype), x.dtype)  # (B, T, hd) each
+            if cfg.rope_local_theta > 0:
+                local = rope_cos_sin(pos, rope_inv_freq(cfg, local=True).to(dtype), x.dtype)  # (B, T, hd) each
     for i in range(cfg.n_layer):
         with torch.no_grad():
             block = _loaded(lambda: Block(cfg), f"h.{i}.", weight, dtype)
-            x, (k, v) = block(x, additive, None, rope)  # (B, T, D); (B, Hkv, T, hd) each
+            layer_mask, layer_rope = layer_inputs(cfg, i, (full, window), (rope, local))
+            x, (k, v) = block(x, layer_mask, None, layer_rope)  # (B, T, D); (B, Hkv, T, hd) each
             del block
         yield LayerOut(i, x.numpy(), k.contiguous().numpy(), v.contiguous().numpy())
     with torch.no_grad():

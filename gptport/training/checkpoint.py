@@ -70,6 +70,8 @@ def load_weights(model_dir: Path, cfg: ModelConfig, device: str | torch.device =
         model.lm_head.weight = model.wte.weight
     if cfg.pos_encoding == "rope":  # the one buffer not saved: computed from the config
         model.inv_freq = rope_inv_freq(cfg).to(device)
+    if cfg.rope_local_theta > 0:
+        model.local_inv_freq = rope_inv_freq(cfg, local=True).to(device)
     unset = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if unset:
         raise ArtifactError(f"{path}: does not fit config.json (missing {unset[:3]})")

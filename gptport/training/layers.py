@@ -35,12 +35,16 @@ def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     return nn.LayerNorm(dim, eps=cfg.ln_eps, bias=cfg.bias)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> Tensor:
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> Tensor:
     """RoPE's (head_dim / 2,) float32 inverse frequencies theta^(-2i/head_dim), scaled as cfg.rope_scaling
     says; the same float32 operations as transformers' _compute_default_rope_parameters,
-    _compute_linear_scaling_rope_parameters and _compute_llama3_parameters, so the values are the same."""
+    _compute_linear_scaling_rope_parameters and _compute_llama3_parameters, so the values are the same.
+    `local`: the window layers' (rope_local_theta, unscaled), where the model has them."""
     dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))  # (hd/2,)
+    theta = cfg.rope_local_theta if local and cfg.rope_local_theta > 0 else cfg.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))  # (hd/2,)
+    if local and cfg.rope_local_theta > 0:
+        return inv_freq
     if cfg.rope_scaling == "linear":
         return inv_freq / cfg.rope_factor
     if cfg.rope_scaling != "llama3":
@@ -88,13 +92,17 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 
 
 class SwiGLU(nn.Module):
-    """c_proj(silu(c_gate(x)) * c_fc(x)): Llama's MLP (gate_proj, up_proj, down_proj)."""
+    """c_proj(silu(c_gate(x)) * c_fc(x)): Llama's MLP (gate_proj, up_proj, down_proj); with mlp "geglu",
+    c_proj(gelu(c_gate(x)) * c_fc(x)), GELU as cfg.gelu says (Gemma's: tanh)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.c_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.has_mlp_bias)
         self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.has_mlp_bias)
         self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.has_mlp_bias)
+        self.gelu = None if cfg.mlp == "swiglu" else "tanh" if cfg.gelu == "tanh" else "none"
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))  # (B, T, D)
+        gate = self.c_gate(x)  # (B, T, F)
+        act = F.silu(gate) if self.gelu is None else F.gelu(gate, approximate=self.gelu)
+        return self.c_proj(act * self.c_fc(x))  # (B, T, D)

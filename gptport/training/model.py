@@ -22,8 +22,9 @@ KV = tuple[Tensor, Tensor]  # (B, Hkv, T, hd) each: n_kv_head heads (n_head unle
 Rope = tuple[Tensor, Tensor]  # cos, sin: (B, T, hd) each
 
 
-def attention_mask_4d(attention_mask: Tensor, q_len: int) -> Tensor:
-    """Boolean (B, 1, T, P+T) mask, True = may attend: bottom-right causal AND key not padded.
+def attention_mask_4d(attention_mask: Tensor, q_len: int, window: int = 0) -> Tensor:
+    """Boolean (B, 1, T, P+T) mask, True = may attend: bottom-right causal AND key not padded (AND, with a
+    `window`, key within the last `window` positions: q - window < k, transformers' sliding window).
 
     Query j of this call sits at absolute position P + j and sees keys 0..P + j. It always sees
     itself, so a padded query row is never empty (its output is unused, but it stays finite).
@@ -33,6 +34,8 @@ def attention_mask_4d(attention_mask: Tensor, q_len: int) -> Tensor:
     q_pos = torch.arange(q_len, device=attention_mask.device) + past  # (T,)
     k_pos = torch.arange(k_len, device=attention_mask.device)  # (P+T,)
     causal = k_pos[None, :] <= q_pos[:, None]  # (T, P+T)
+    if window:
+        causal = causal & (k_pos[None, :] > q_pos[:, None] - window)  # (T, P+T)
     diagonal = k_pos[None, :] == q_pos[:, None]  # (T, P+T)
     keep = attention_mask[:, None, None, :].bool() & causal  # (B, 1, T, P+T)
     return keep | diagonal
@@ -66,6 +69,7 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.ln_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.ln_eps) if cfg.qk_norm else None
         self.dropout = cfg.dropout
+        self.scale = cfg.attn_scale or None  # None: SDPA's 1/sqrt(hd)
 
     def forward(self, x: Tensor, mask: Tensor | None, past: KV | None, rope: Rope | None = None) -> tuple[Tensor, KV]:
         """mask None: plain causal attention without padding or cache (the training path, where
@@ -86,8 +90,8 @@ class CausalSelfAttention(nn.Module):
             v = torch.cat([past[1], v], dim=2)  # (B, Hkv, P+T, hd)
         n_rep = self.n_head // self.n_kv_head
         y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask,
-                                           is_causal=mask is None,
-                                           dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, hd)
+                                           is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0,
+                                           scale=self.scale)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, H*hd)
         return self.c_proj(y), (k, v)
 
@@ -114,21 +118,44 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm: x + attn(ln_1(x)), then x + mlp(ln_2(x)); the norms LayerNorm or RMSNorm, the MLP GELU or SwiGLU."""
+    """Pre-norm: x + attn(ln_1(x)), then x + mlp(ln_2(x)); the norms LayerNorm or RMSNorm, the MLP GELU, SwiGLU or
+    GeGLU; with post_norms, x + ln_1_post(attn(ln_1(x))), then x + ln_2_post(mlp(ln_2(x))) (Gemma's). The caller
+    hands each layer its own mask and rotation (a window layer's: GPT.layer_inputs)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.ln_1 = make_norm(cfg, cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = make_norm(cfg, cfg.d_model)
-        self.mlp: nn.Module = SwiGLU(cfg) if cfg.mlp == "swiglu" else MLP(cfg)
+        self.mlp: nn.Module = MLP(cfg) if cfg.mlp == "gelu" else SwiGLU(cfg)
+        self.ln_1_post = make_norm(cfg, cfg.d_model) if cfg.post_norms else None
+        self.ln_2_post = make_norm(cfg, cfg.d_model) if cfg.post_norms else None
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, past: KV | None, rope: Rope | None = None) -> tuple[Tensor, KV]:
         a, present = self.attn(self.ln_1(x), mask, past, rope)
-        x = x + self.drop(a)
-        x = x + self.drop(self.mlp(self.ln_2(x)))
+        x = x + self.drop(a if self.ln_1_post is None else self.ln_1_post(a))
+        m = self.mlp(self.ln_2(x))  # (B, T, D)
+        x = x + self.drop(m if self.ln_2_post is None else self.ln_2_post(m))
         return x, present
+
+
+def layer_inputs(cfg: ModelConfig, layer: int, masks: tuple[Tensor | None, Tensor | None],
+                 ropes: tuple[Rope | None, Rope | None]) -> tuple[Tensor | None, Rope | None]:
+    """Layer `layer`'s mask and rotation from the model's (full, window) masks and (global, local) rotations."""
+    return (masks[1] if cfg.windowed(layer) else masks[0]), (ropes[1] if cfg.local_rope(layer) else ropes[0])
+
+
+def additive(keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as an additive one with a finite floor: 0 where kept, dtype's lowest elsewhere."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+def scaled_embeddings(x: Tensor, cfg: ModelConfig) -> Tensor:
+    """The token embeddings times cfg.embed_scale as float32 (transformers' Gemma: a float32 buffer)."""
+    if cfg.embed_scale == 1.0:
+        return x
+    return x * torch.tensor(cfg.embed_scale, dtype=torch.float32, device=x.device).to(x.dtype)  # (B, T, D)
 
 
 class GPT(nn.Module):
@@ -142,6 +169,8 @@ class GPT(nn.Module):
         self.ln_f = make_norm(cfg, cfg.d_model)
         if cfg.pos_encoding == "rope":  # not a weight: computed from the config, never saved
             self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # (hd/2,)
+        if cfg.rope_local_theta > 0:  # the window layers' own
+            self.register_buffer("local_inv_freq", rope_inv_freq(cfg, local=True), persistent=False)  # (hd/2,)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -173,13 +202,14 @@ class GPT(nn.Module):
             attention_mask = torch.ones(B, P + T, dtype=torch.long, device=input_ids.device)
         if position_ids is None:
             position_ids = default_position_ids(attention_mask, T)
-        keep = attention_mask_4d(attention_mask, T)  # (B, 1, T, P+T)
         # An additive mask with a finite floor, not a boolean one: exp(min - max) is exactly 0 in float32,
         # so the logits are the same, and the exported graph needs no Where(IsNaN(softmax)) guard, which
         # OpenVINO does not take and WebGPU runs on the CPU (every row sees itself: no row is all masked).
         dtype = self.wte.weight.dtype
-        mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
-        x, present = self._trunk(input_ids, position_ids, mask, past)
+        mask = additive(attention_mask_4d(attention_mask, T), dtype)  # (B, 1, T, P+T)
+        window = additive(attention_mask_4d(attention_mask, T, self.cfg.sliding_window), dtype) if (
+            self.cfg.window_layers and self.cfg.sliding_window) else None
+        x, present = self._trunk(input_ids, position_ids, (mask, window), past)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
         return self.lm_head(x), present  # (B, T, V), or (B, 1, V)
@@ -189,24 +219,33 @@ class GPT(nn.Module):
         (B*T,) per-token losses with reduction="none"."""
         B, T = input_ids.shape
         position_ids = torch.arange(T, device=input_ids.device).expand(B, T)  # (B, T)
-        x, _ = self._trunk(input_ids, position_ids, None, None)
+        window = None  # a window layer's mask; the others' is SDPA's causal one
+        if self.cfg.window_layers and self.cfg.sliding_window:
+            ones = torch.ones(B, T, dtype=torch.long, device=input_ids.device)
+            window = attention_mask_4d(ones, T, self.cfg.sliding_window)  # (B, 1, T, T)
+        x, _ = self._trunk(input_ids, position_ids, (None, window), None)
         logits = self.lm_head(x)  # (B, T, V)
         return F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), reduction=reduction)
 
-    def _trunk(self, input_ids: Tensor, position_ids: Tensor, mask: Tensor | None,
+    def _trunk(self, input_ids: Tensor, position_ids: Tensor, masks: tuple[Tensor | None, Tensor | None],
                past: list[KV] | None) -> tuple[Tensor, list[KV]]:
-        """Embeddings, blocks and the final norm: (B, T) ids -> (B, T, D) and the present cache."""
-        x = self.wte(input_ids)  # (B, T, D)
+        """Embeddings, blocks and the final norm: (B, T) ids -> (B, T, D) and the present cache. `masks`: the
+        full layers' and the window layers' (None: causal, SDPA's own)."""
+        x = scaled_embeddings(self.wte(input_ids), self.cfg)  # (B, T, D)
         rope: Rope | None = None
+        local: Rope | None = None
         if self.wpe is not None:
             x = x + self.wpe(position_ids)
         elif self.cfg.pos_encoding == "sinusoidal":
             x = x + sinusoidal(position_ids, self.cfg.d_model).to(x.dtype)
         else:  # rope: each attention rotates its q and k by these
             rope = rope_cos_sin(position_ids, self.inv_freq, x.dtype)  # (B, T, hd) each
+            if self.cfg.rope_local_theta > 0:
+                local = rope_cos_sin(position_ids, self.local_inv_freq, x.dtype)  # (B, T, hd) each
         x = self.drop(x)
         present: list[KV] = []
         for i, block in enumerate(self.h):
-            x, kv = block(x, mask, past[i] if past else None, rope)
+            mask, layer_rope = layer_inputs(self.cfg, i, masks, (rope, local))
+            x, kv = block(x, mask, past[i] if past else None, layer_rope)
             present.append(kv)
         return self.ln_f(x), present

@@ -33,14 +33,14 @@ CONFIGS: dict[str, ModelConfig] = {  # a model each family's class computes (tie
 
 
 def test_the_registry_finds_each_family_by_its_names() -> None:
-    assert [f.model_type for f in arch.FAMILIES] == ["gpt2", "llama", "mistral", "qwen2", "qwen3"]
+    assert [f.model_type for f in arch.FAMILIES] == ["gemma3_text", "gpt2", "llama", "mistral", "qwen2", "qwen3"]
     for f in arch.FAMILIES:
         assert arch.from_hf({"model_type": f.model_type}) is f
         assert arch.from_hf({"architectures": [f.hf_class]}) is f
         assert f.gguf_arch is None or arch.from_gguf(f.gguf_arch) is f
     assert arch.from_gguf("llama") is arch.family("llama")  # Mistral's GGUF is llama.cpp's `llama`
     assert arch.from_hf({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}) is None
-    assert arch.from_gguf("mamba") is None and arch.gguf_archs() == ["gpt2", "llama", "qwen2", "qwen3"]
+    assert arch.from_gguf("mamba") is None and arch.gguf_archs() == ["gemma3", "gpt2", "llama", "qwen2", "qwen3"]
 
 
 def test_the_llama_plan_names_every_source_and_how_it_combines() -> None:

@@ -103,7 +103,7 @@ def test_the_llama_keys_round_trip_through_json() -> None:
 LLAMA_BAD = [
     ({"n_kv_head": 3}, "model.n_head (4) must be a multiple of model.n_kv_head (3)"),
     ({"norm": "batchnorm"}, "model.norm must be 'layernorm' or 'rmsnorm'"),
-    ({"mlp": "geglu"}, "model.mlp must be 'gelu' or 'swiglu'"),
+    ({"mlp": "reglu"}, "model.mlp must be 'gelu' or 'swiglu' or 'geglu'"),
     ({"rope_scaling": "yarn"}, "model.rope_scaling must be 'none' or 'linear' or 'llama3'"),
     ({"rope_high_freq_factor": 1.0}, "model.rope_high_freq_factor (1.0) must exceed"),
     ({"head_dim": 15}, "model.head_dim must be even for rope positions"),
@@ -138,9 +138,9 @@ def test_set_parses_each_new_key_by_its_type() -> None:
 
 
 def test_config_json_of_a_newer_format_is_refused(tmp_path: Path) -> None:
-    card = {"format": "gptport-model", "format_version": 3, "model": GOOD, "tokenizer_sha256": "0", "eot_id": 0}
+    card = {"format": "gptport-model", "format_version": 4, "model": GOOD, "tokenizer_sha256": "0", "eot_id": 0}
     (tmp_path / "config.json").write_text(json.dumps(card))
-    with pytest.raises(ArtifactError, match=r"config.json: format_version 3 is not one this gptport reads \(1, 2\)"):
+    with pytest.raises(ArtifactError, match=r"config.json: format_version 4 is not one this gptport reads \(1, 2, 3\)"):
         read_card(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**card, "format_version": 1, "model": FORMAT_1}))
     assert read_card(tmp_path).model == model_config_from_dict(FORMAT_1)

@@ -208,7 +208,7 @@ def test_special_tokens_and_kept_files(tmp_path: Path, hf_tokenizer_dir: Path) -
         ids = hf_tok(text, add_special_tokens=False)["input_ids"]
         assert tok.encode(text) == ids and tok.decode(ids) == hf_tok.decode(ids)
     saved = json.loads((out / "config.json").read_text())
-    assert saved["format_version"] == 2 and saved["eot_id"] == eot
+    assert saved["format_version"] == 3 and saved["eot_id"] == eot
 
 
 def test_mistral_bf16_sharded_with_a_sliding_window(tmp_path: Path, hf_tokenizer_dir: Path) -> None:

@@ -142,7 +142,7 @@ def test_llama_tiny_trains_on_the_cpu(model_dir: Path, corpus_file: Path) -> Non
     assert ("vocab 512, rope positions, RMSNorm, SwiGLU, 2 key/value heads for 4 query heads, q/k norm, "
             "untied head)") in r.stderr  # the Model: line says the choices
     saved = json.loads((model_dir / "config.json").read_text())
-    assert saved["format_version"] == 2
+    assert saved["format_version"] == 3
     assert {k: saved["model"][k] for k in ("norm", "mlp", "pos_encoding", "n_head", "n_kv_head", "head_dim",
                                             "tie_embeddings", "qk_norm", "rope_theta")} == {
         "norm": "rmsnorm", "mlp": "swiglu", "pos_encoding": "rope", "n_head": 4, "n_kv_head": 2, "head_dim": 8,

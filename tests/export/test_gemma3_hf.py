@@ -1,0 +1,177 @@
+"""import-hf of Gemma 3 (Gemma3ForCausalLM, text only): a tiny random transformers model with sliding and full
+layers mixed, a window of 8, a local RoPE base unlike the global one and a query_pre_attn_scalar unlike head_dim,
+its weights drawn wide (norms' w too, so 1 + w is far from 1). gptport's torch model gives transformers' logits
+within 1e-4 of their magnitude at lengths inside and past the window, through its KV cache, layer by layer
+(layer_reference.py), and the same greedy tokens past the window; a model whose window is cut off by one fails
+the comparison."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from gptport import tokenizer as bpe
+from gptport.export.hf import import_hf
+from gptport.runtime.generate import generate
+from gptport.runtime.sampling import Sampling
+from gptport.training.checkpoint import load_model
+from gptport.training.model import GPT
+from gptport.training.torch_engine import TorchEngine
+from gptport.weights import open_weights
+from tests.export.test_hf_llama import FLOAT32, _vocab, hf_tokenizer_dir, relative_error  # noqa: F401
+from tests.support.cli import assert_one_line_error, gptport
+
+transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
+
+RTOL = 1e-4
+WINDOW = 8
+GEMMA3: dict[str, Any] = {
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 5, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 64, "sliding_window": WINDOW,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                    "full_attention"],
+    "rope_theta": 1e6, "rope_local_base_freq": 100.0, "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True}
+
+
+def make_gemma3(out: Path, tokenizer: Path, vocab: int, **change: Any) -> Path:
+    """A tiny random Gemma 3, every weight N(0, 0.3) (norms' w too: 1 + w about 1), saved with the tokenizer."""
+    from transformers import GenerationConfig
+
+    config = transformers.Gemma3TextConfig(vocab_size=vocab, bos_token_id=vocab - 2, eos_token_id=vocab - 1,
+                                           pad_token_id=0, **{**GEMMA3, **change})
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(str(out))
+    for path in tokenizer.iterdir():
+        if path.is_file():
+            shutil.copy(path, out / path.name)
+    GenerationConfig(eos_token_id=[vocab - 1]).save_pretrained(str(out))
+    return out
+
+
+def hf_model(hf_dir: Path) -> Any:
+    return transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), **FLOAT32).eval()
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory, hf_tokenizer_dir: Path) -> tuple[Path, Path]:  # noqa: F811
+    """(the transformers directory, gptport's import of it)."""
+    root = tmp_path_factory.mktemp("gemma3")
+    hf_dir = make_gemma3(root / "hf", hf_tokenizer_dir, _vocab(hf_tokenizer_dir))
+    import_hf(hf_dir, root / "m")
+    return hf_dir, root / "m"
+
+
+def _ours(model_dir: Path) -> GPT:
+    return load_model(model_dir, bpe.load(model_dir))[0]
+
+
+def test_the_config_says_what_gemma_computes(gemma: tuple[Path, Path]) -> None:
+    cfg = _ours(gemma[1]).cfg
+    assert (cfg.mlp, cfg.gelu, cfg.qk_norm, cfg.post_norms, cfg.tie_embeddings) == ("geglu", "tanh", True, True, True)
+    assert (cfg.sliding_window, cfg.window_layers, cfg.rope_local_theta, cfg.rope_theta) == (WINDOW, (0, 1, 3),
+                                                                                            100.0, 1e6)
+    assert cfg.embed_scale == 8.0 and cfg.attn_scale == 24 ** -0.5
+    saved = json.loads((gemma[1] / "config.json").read_text())
+    assert saved["format_version"] == 3 and saved["model"]["window_layers"] == [0, 1, 3]
+    hf_norm = open_weights(gemma[0])["model.layers.0.input_layernorm.weight"]
+    ours = open_weights(gemma[1])["h.0.ln_1.weight"]  # 1 + w folded in, in float32: bit for bit
+    assert np.array_equal(ours, np.asarray(hf_norm, np.float32) + np.float32(1))
+
+
+def test_logits_equal_transformers_inside_and_past_the_window(gemma: tuple[Path, Path]) -> None:
+    hf_dir, model_dir = gemma
+    model, hf = _ours(model_dir), hf_model(hf_dir)
+    torch.manual_seed(1)
+    for length in (1, 7, WINDOW, WINDOW + 1, 33, 64):
+        ids = torch.randint(0, model.cfg.vocab_size, (2, length))
+        with torch.no_grad():
+            theirs, ours = hf(ids).logits, model(ids)[0]
+        assert theirs.abs().max() > 1.0
+        assert relative_error(ours, theirs) <= RTOL, length
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
+    with torch.no_grad():  # through the KV cache: a prefill of 20, then single steps past the window
+        theirs = hf(ids).logits
+        steps, past = model(ids[:, :20])
+        chunks = [steps]
+        for t in range(20, 40):
+            step, past = model(ids[:, t:t + 1], attention_mask=torch.ones(1, t + 1, dtype=torch.long), past=past)
+            chunks.append(step)
+    assert relative_error(torch.cat(chunks, dim=1), theirs) <= RTOL
+
+
+def test_each_layer_equals_transformers(gemma: tuple[Path, Path]) -> None:
+    """layer_reference.run_layers (export's layer-by-layer reference) against transformers' hidden states."""
+    from gptport.export.layer_reference import LayerOut, run_layers
+
+    hf_dir, model_dir = gemma
+    weights = open_weights(model_dir)
+    cfg = _ours(model_dir).cfg
+    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 30))
+    with torch.no_grad():
+        out = hf_model(hf_dir)(torch.from_numpy(ids), output_hidden_states=True)
+    got = list(run_layers(cfg, lambda n: np.asarray(weights[n], np.float32), ids))
+    layers = [o for o in got if isinstance(o, LayerOut)]
+    assert len(layers) == cfg.n_layer
+    for o in layers[:-1]:  # transformers' last hidden state is after the final norm
+        theirs = out.hidden_states[o.index + 1].numpy()
+        assert np.abs(o.hidden - theirs).max() <= RTOL * np.abs(theirs).max(), o.index
+    assert relative_error(torch.from_numpy(got[-1]), out.logits) <= RTOL
+
+
+def test_greedy_tokens_past_the_window_equal_transformers(gemma: tuple[Path, Path]) -> None:
+    hf_dir, model_dir = gemma
+    model, hf = _ours(model_dir), hf_model(hf_dir)
+    prompts = [[5, 17, 200, 3, 9, 11], [9], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53]]  # left-padded batch
+    got = generate(TorchEngine(model), prompts, 14, Sampling(), eot_id=-1)
+    for prompt, row in zip(prompts, got, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            for _ in range(14):
+                ids = torch.cat([ids, hf(ids).logits[:, -1:].argmax(-1)], dim=1)
+        assert row.new_ids == ids[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("window", [WINDOW - 1, WINDOW + 1, 0], ids=["one-short", "one-long", "none"])
+def test_the_comparison_fails_on_a_wrong_window(window: int, gemma: tuple[Path, Path]) -> None:
+    hf_dir, model_dir = gemma
+    model = _ours(model_dir)
+    wrong = GPT(replace(model.cfg, sliding_window=window))
+    wrong.load_state_dict(model.state_dict())
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
+    with torch.no_grad():
+        assert relative_error(wrong.eval()(ids)[0], hf_model(hf_dir)(ids).logits) > 100 * RTOL
+
+
+BAD = [({"final_logit_softcapping": 30.0}, "final_logit_softcapping is 30.0, which gptport does not compute"),
+       ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping is 50.0"),
+       ({"use_bidirectional_attention": True}, "use_bidirectional_attention is True"),
+       ({"hidden_activation": "silu"}, "hidden_activation 'silu' is not a GELU"),
+       ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}},
+        "the sliding layers' rope type 'yarn'"),
+       ({"layer_types": ["sliding_attention"]}, "layer_types must list the 5 layers' types")]
+
+
+@pytest.mark.parametrize(("change", "says"), BAD, ids=["final-softcap", "attn-softcap", "bidirectional", "silu",
+                                                       "local-yarn", "short-layer-types"])
+def test_what_gemma_3_computes_otherwise_is_refused(change: dict[str, Any], says: str, tmp_path: Path,
+                                                    hf_tokenizer_dir: Path) -> None:  # noqa: F811
+    hf_dir = tmp_path / "hf"
+    make_gemma3(hf_dir, hf_tokenizer_dir, _vocab(hf_tokenizer_dir))
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, **change}))
+    out = tmp_path / "out"
+    assert_one_line_error(gptport("import-hf", str(hf_dir), "--out", str(out)), 1, "config.json", says)
+    assert not out.exists()
