@@ -58,6 +58,21 @@ def _window_layers(hf: Mapping[str, Any], n_layer: int, where: Path) -> tuple[in
     return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
 
 
+def mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from transformers' Gemma3ForCausalLM (empty when it computes it)."""
+    wants = (("mlp", "geglu"), ("norm", "rmsnorm"), ("pos_encoding", "rope"), ("qk_norm", True), ("post_norms", True),
+             ("mlp_bias", False), ("bias", False))
+    out = [f"{name} is {getattr(cfg, name)!r} (Gemma 3's is {want!r})" for name, want in wants
+           if getattr(cfg, name) != want]
+    if cfg.embed_scale != math.sqrt(cfg.d_model):
+        out.append(f"embed_scale is {cfg.embed_scale:g} (Gemma 3 scales by sqrt(d_model))")
+    if cfg.has_qkv_bias != cfg.has_out_bias:
+        out.append("q/k/v biases without an output bias (Gemma 3's attention_bias sets all four)")
+    if cfg.rope_scaling != "none" and cfg.rope_local_theta == 0 and cfg.window_layers:
+        out.append("window layers rotating with rope scaling (Gemma 3 scales its global layers only)")
+    return out
+
+
 @dataclass(frozen=True)
 class Gemma3(Family):
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:

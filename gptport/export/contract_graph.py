@@ -5,10 +5,10 @@ a sink (inline, or the graph's external data), so a model of any size is built i
 Its attention is onnx's own operators, which every runtime gptport targets runs (onnxruntime on each provider,
 onnxruntime-web, OpenVINO): per layer, q, k and v split into heads, rope rotating q and k (cos and sin of
 position_ids * the model's frequencies, the halves layout), the new keys and values appended to the past by
-Concat (the present outputs), softmax(q k^T / sqrt(hd) + mask) v with the query heads grouped over the kv head
+Concat (the present outputs), softmax(q k^T * scale + mask) v with the query heads grouped over the kv head
 they share (a 5-D MatMul, no repeated keys). The mask is made once: bottom-right causal, keys where
 attention_mask is 0 masked, each query seeing itself (training/model.py's attention_mask_4d), added as 0 or
-float32's lowest.
+float32's lowest; a window layer's once more, keys older than the window masked too (the cache keeps them).
 
 I/O, B = batch, S = new tokens, P = past tokens, T = P + S:
     input_ids (B, S) int64, attention_mask (B, T) int64, position_ids (B, S) int64,
@@ -43,8 +43,8 @@ class _Attention:
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
-        self.mask = ""
-        self.cos_sin: tuple[str, str] | None = None
+        self.masks: dict[int, str] = {}  # by window (0: none)
+        self.cos_sin: dict[bool, tuple[str, str]] = {}  # by local
 
     def __call__(self, g: Builder, i: int, qkv: Qkv) -> str:
         cfg = self.config
@@ -53,13 +53,15 @@ class _Attention:
         q, k, v = (g.op("Reshape", [x, g.const(f"heads_{n}", _i64(0, 0, n, hd))])[0]
                    for x, n in ((q, H), (k, Hkv), (v, Hkv)))  # (B, S, n, hd)
         if cfg.pos_encoding == "rope":
-            q, k = self._rotate(g, q), self._rotate(g, k)
-        q = g.op("Mul", [q, g.const("attn_scale", np.array(1 / math.sqrt(hd), np.float32))])[0]
+            local = cfg.local_rope(i)
+            q, k = self._rotate(g, q, local), self._rotate(g, k, local)
+        scale = cfg.attn_scale or 1 / math.sqrt(hd)
+        q = g.op("Mul", [q, g.const("attn_scale", np.array(scale, np.float32))])[0]
         q, k, v = (g.op("Transpose", [x], perm=[0, 2, 1, 3])[0] for x in (q, k, v))  # (B, n, S, hd)
         pasts, presents = contract.past_names(cfg.n_layer), contract.present_names(cfg.n_layer)
         k = g.op("Concat", [pasts[2 * i], k], [presents[2 * i]], axis=2)[0]  # (B, Hkv, T, hd)
         v = g.op("Concat", [pasts[2 * i + 1], v], [presents[2 * i + 1]], axis=2)[0]  # (B, Hkv, T, hd)
-        mask = self._mask(g)  # (B, 1, 1, S, T)
+        mask = self._mask(g, cfg.sliding_window if cfg.windowed(i) else 0)  # (B, 1, 1, S, T)
         if Hkv == H:
             scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])[0]])[0]  # (B, H, S, T)
             probs = g.op("Softmax", [g.op("Add", [scores, g.op("Squeeze", [mask, g.const("axis_1", _i64(1))])[0]
@@ -75,10 +77,11 @@ class _Attention:
         y = g.op("Transpose", [y], perm=[0, 2, 1, 3])[0]  # (B, S, H, hd)
         return g.op("Reshape", [y, g.const("joined", _i64(0, 0, H * hd))])[0]  # (B, S, H*hd)
 
-    def _mask(self, g: Builder) -> str:
-        """(B, 1, 1, S, T) float32: 0 where a query may attend, float32's lowest elsewhere."""
-        if self.mask:
-            return self.mask
+    def _mask(self, g: Builder, window: int) -> str:
+        """(B, 1, 1, S, T) float32: 0 where a query may attend, float32's lowest elsewhere; with a `window`, only
+        keys k with q - window < k (a window layer's)."""
+        if window in self.masks:
+            return self.masks[window]
         zero, one = g.const("zero", _i64(0)), g.const("one", _i64(1))
         total = g.op("Gather", [g.op("Shape", [contract.ATTENTION_MASK])[0], one], axis=0)[0]  # (1,) T
         new = g.op("Gather", [g.op("Shape", [contract.INPUT_IDS])[0], one], axis=0)[0]  # (1,) S
@@ -88,34 +91,39 @@ class _Attention:
                                  g.op("Squeeze", [one])[0]])[0]  # (S,) their positions P..T-1
         column = g.op("Unsqueeze", [queries, g.const("axis_1", _i64(1))])[0]  # (S, 1)
         causal = g.op("LessOrEqual", [keys, column])[0]  # (S, T)
+        if window:  # and q - window < k
+            start = g.op("Sub", [column, g.const(f"window_{window}", _i64(window))])[0]  # (S, 1)
+            causal = g.op("And", [causal, g.op("Greater", [keys, start])[0]])[0]  # (S, T)
         itself = g.op("Equal", [keys, column])[0]  # (S, T)
         real = g.op("Cast", [contract.ATTENTION_MASK], to=TensorProto.BOOL)[0]  # (B, T)
         real = g.op("Unsqueeze", [real, g.const("axes_1_2_3", _i64(1, 2, 3))])[0]  # (B, 1, 1, 1, T)
         keep = g.op("Or", [g.op("And", [real, causal])[0], itself])[0]  # (B, 1, 1, S, T)
         lowest = g.const("lowest", np.array(np.finfo(np.float32).min, np.float32))
-        self.mask = g.op("Where", [keep, g.const("zero_f", np.array(0, np.float32)), lowest])[0]
-        return self.mask
+        self.masks[window] = g.op("Where", [keep, g.const("zero_f", np.array(0, np.float32)), lowest])[0]
+        return self.masks[window]
 
-    def _rotate(self, g: Builder, x: str) -> str:
+    def _rotate(self, g: Builder, x: str, local: bool) -> str:
         """x (B, S, n, hd) rotated by its position's angles, halves layout: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
-        cos, sin = self._angles(g)  # (B, S, 1, hd/2) each
+        cos, sin = self._angles(g, local)  # (B, S, 1, hd/2) each
         half = self.config.head_dim // 2
         x1, x2 = g.op("Split", [x, g.const("rope_halves", _i64(half, half))], 2, axis=-1)  # (B, S, n, hd/2)
         first = g.op("Sub", [g.op("Mul", [x1, cos])[0], g.op("Mul", [x2, sin])[0]])[0]
         second = g.op("Add", [g.op("Mul", [x2, cos])[0], g.op("Mul", [x1, sin])[0]])[0]
         return g.op("Concat", [first, second], axis=-1)[0]  # (B, S, n, hd)
 
-    def _angles(self, g: Builder) -> tuple[str, str]:
-        """cos and sin of position_ids * each frequency in float32, as the torch model takes them."""
-        if self.cos_sin is None:
+    def _angles(self, g: Builder, local: bool) -> tuple[str, str]:
+        """cos and sin of position_ids * each frequency in float32, as the torch model takes them (`local`: the
+        window layers' frequencies)."""
+        if local not in self.cos_sin:
             from gptport.training.layers import rope_inv_freq  # torch, at export only: its float32 bits
 
-            freq = g.const("rope.inv_freq", rope_inv_freq(self.config).numpy().astype(np.float32))  # (hd/2,)
+            name = "rope.local_inv_freq" if local else "rope.inv_freq"
+            freq = g.const(name, rope_inv_freq(self.config, local).numpy().astype(np.float32))  # (hd/2,)
             pos = g.op("Cast", [contract.POSITION_IDS], to=TensorProto.FLOAT)[0]  # (B, S)
             pos = g.op("Unsqueeze", [pos, g.const("axes_2_3", _i64(2, 3))])[0]  # (B, S, 1, 1)
             angles = g.op("Mul", [pos, freq])[0]  # (B, S, 1, hd/2)
-            self.cos_sin = g.op("Cos", [angles])[0], g.op("Sin", [angles])[0]
-        return self.cos_sin
+            self.cos_sin[local] = g.op("Cos", [angles])[0], g.op("Sin", [angles])[0]
+        return self.cos_sin[local]
 
 
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray], sink: Sink | None = None,

@@ -85,7 +85,7 @@ def _fp16_static(report: CudaReport, model_dir: Path, model: GPT, card: ModelCar
                  half: Path, gate: bool, heldout: Path | None, sampled_text: bool, sources: dict[str, str],
                  say: Callable[[str], None]) -> None:
     """model.fp16.static.onnx from the model's weights, gated like the fp16 variant (or marked ungated)."""
-    why = gqa_graph.unsupported(card.model)
+    why = gqa_graph.unsupported(card.model) or cuda_graphs.unchecked(card.model)
     if why:
         report.skipped["fp16 static"] = why
         return

@@ -46,10 +46,23 @@ OPSET = 24  # TensorScatter, and Attention with nonpad_kv_seqlen
 CUDA_FORMS = Forms(rms="skip", layer="skip")  # the residual, its bias and the norm in one node
 
 
+def unchecked(config: ModelConfig) -> str:
+    """The attention choices the CUDA graphs do not compute yet, or not measured on a GPU ("" when none): the
+    decode graph's attention is its own, and CUDA's GroupQueryAttention window was never run against torch."""
+    named = [what for what, used in ((f"a sliding window of {config.sliding_window}", bool(config.window_layers)
+                                      and config.sliding_window > 0),
+                                     ("a local RoPE base", config.rope_local_theta > 0),
+                                     (f"softmax scale {config.attn_scale:g}", config.attn_scale != 0)) if used]
+    return f"{', '.join(named)}: the CUDA graphs do not compute it yet" if named else ""
+
+
 def unsupported(config: ModelConfig) -> str:
     """Why this config cannot have the decode graph ("" when it can): the static-cache graphs' limits, and
     Attention-24's CUDA kernel, which reads nonpad_kv_seqlen only where every query head has its own kv head."""
     reason = gqa_graph.unsupported(config)
+    if reason:
+        return reason
+    reason = unchecked(config)
     if reason:
         return reason
     if config.n_kv_head != config.n_head:

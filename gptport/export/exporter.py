@@ -194,6 +194,10 @@ def _plan(job: Job, precisions: Sequence[str], static: bool, force: bool, kv_dty
                            for g in list(job.graphs) if g.cache == contract.CACHE_STATIC]
     elif kv_dtype == "int8":
         raise UsageError(f"--kv-dtype int8: this model has no static-cache graph ({report.static_skipped})")
+    cfg = job.card.model
+    if kv_dtype == "int8" and cfg.sliding_window and cfg.window_layers:
+        raise UsageError(f"--kv-dtype int8: this model has a sliding window of {cfg.sliding_window}, which the int8 "
+                         "cache's GroupQueryAttention is not checked with; drop --kv-dtype int8")
     existing = [str(g.path) for g in job.graphs if g.path.exists()]
     if existing and not force:
         raise ArtifactError(f"{', '.join(existing)} already exist(s); pass --force to replace")

@@ -65,6 +65,16 @@ def refuse_unsupported(config: ModelConfig) -> None:
         raise UsageError(f"no static-cache graph: {reason}")
 
 
+def rope_table_names(g: Builder, config: ModelConfig, local: bool) -> list[str]:
+    """The cos and sin tables (C, hd/2) of the global layers, or with `local` the window layers', made once."""
+    prefix = "rope.local" if local else "rope"
+    if f"{prefix}.cos" not in g.made:
+        cos, sin = graph_body.rope_tables(config, local=local)  # (C, hd/2) each
+        g.made |= {f"{prefix}.cos", f"{prefix}.sin"}
+        return [g.const(f"{prefix}.cos", cos), g.const(f"{prefix}.sin", sin)]
+    return [f"{prefix}.cos", f"{prefix}.sin"]
+
+
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST, sink: Sink | None = None,
           nbits: NBits | None = None, residuals: list[str] | None = None) -> onnx.ModelProto:
     """The static-cache graph of a model with this config (config.json's "model") and these weights
@@ -75,19 +85,19 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
     n_layer = config.n_layer
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
     lengths = [contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH]
-    rope: dict[str, Any] = {}
-    tables: list[str] = []
-
     def attend(g: Builder, i: int, qkv: Qkv) -> str:  # appends in place to the cache at each row's seqlens_k
-        if config.pos_encoding == "rope" and not tables:  # rotated inside, at each row's cache positions
-            cos, sin = graph_body.rope_tables(config)  # (C, hd/2) each
-            tables.extend([g.const("rope.cos", cos), g.const("rope.sin", sin)])
+        rope: dict[str, Any] = {}
+        tables: list[str] = []
+        if config.pos_encoding == "rope":  # rotated inside, at each row's cache positions
+            tables = rope_table_names(g, config, config.local_rope(i))
             rope.update(do_rotary=1, rotary_interleaved=0)
+        if config.windowed(i):  # keys q - window < k: onnxruntime's CPU kernel keeps local_window_size of them,
+            rope["local_window_size"] = config.sliding_window  # its own included (measured: test_gemma3_export.py)
         q, k, v = (qkv.packed, "", "") if qkv.parts is None else qkv.parts  # packed, or apart after q/k norm
         return g.op("GroupQueryAttention", [q, k, v, pasts[2 * i], pasts[2 * i + 1], *lengths, *tables],
                     [f"h.{i}.attn", presents[2 * i], presents[2 * i + 1]], domain="com.microsoft",
                     num_heads=config.n_head, kv_num_heads=config.n_kv_head,
-                    scale=1.0 / math.sqrt(config.head_dim), **rope)[0]  # (B, S, H*hd)
+                    scale=config.attn_scale or 1.0 / math.sqrt(config.head_dim), **rope)[0]  # (B, S, H*hd)
 
     g = graph_body.transformer(config, weights, attend, forms, sink, nbits)
     if residuals is not None:  # the residual stream after each layer (a layer-by-layer check cuts there)

@@ -71,16 +71,18 @@ def sinusoidal_table(n_ctx: int, d_model: int) -> np.ndarray:
     return np.concatenate([np.sin(angles), np.cos(angles)], axis=-1).astype(np.float32)  # (C, D)
 
 
-def rope_tables(config: ModelConfig, positions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(config: ModelConfig, positions: int | None = None, local: bool = False
+                ) -> tuple[np.ndarray, np.ndarray]:
     """RoPE's cos and sin of position * frequency for positions 0..positions-1 (default n_ctx), (P, hd/2)
     float32 each: each frequency once, as GroupQueryAttention (do_rotary) and RotaryEmbedding read them in
     the halves (rotate_half) layout. The frequencies are the torch model's own (training/layers.py, its
     float32 values bit for bit: torch's pow differs from numpy's by an ulp or two, which at position 8000
-    turns a rotation by ~1e-3 rad); the angles are taken in float64 and their cos and sin rounded once."""
+    turns a rotation by ~1e-3 rad); the angles are taken in float64 and their cos and sin rounded once.
+    `local`: the window layers' own frequencies (rope_local_theta)."""
     from gptport.training.layers import rope_inv_freq  # torch, at export only
 
     n = config.n_ctx if positions is None else positions
-    freq = rope_inv_freq(config).numpy().astype(np.float64)  # (hd/2,)
+    freq = rope_inv_freq(config, local).numpy().astype(np.float64)  # (hd/2,)
     angles = np.arange(n, dtype=np.float64)[:, None] * freq[None, :]  # (P, hd/2)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
@@ -102,6 +104,7 @@ class Builder:
         self.opset = 1
         self._count = 0
         self._names: set[str] = set()
+        self.made: set[str] = set()  # names of what an attention made once for every layer (its rope tables)
 
     def const(self, name: str, array: np.ndarray) -> str:
         """An initializer; one of that name already made is used again (a shape every layer reshapes to)."""
@@ -257,8 +260,17 @@ class Builder:
                 "ffn_halves", _i64(cfg.d_ff, cfg.d_ff))], 2, axis=-1)  # (B, S, F) each
         else:
             gate, up = self.linear(h, weights, f"{prefix}.c_gate"), self.linear(h, weights, f"{prefix}.c_fc")
-        silu = self.op("Mul", [gate, self.op("Sigmoid", [gate])[0]])[0]  # onnxruntime fuses it (QuickGelu)
-        return self.matmul(self.op("Mul", [silu, up])[0], weights, f"{prefix}.c_proj")
+        if cfg.mlp == "geglu":  # Gemma's: GELU of the gate
+            act = self.gelu(gate, "", cfg.gelu)
+        else:
+            act = self.op("Mul", [gate, self.op("Sigmoid", [gate])[0]])[0]  # onnxruntime fuses it (QuickGelu)
+        return self.matmul(self.op("Mul", [act, up])[0], weights, f"{prefix}.c_proj")
+
+    def post_norm(self, delta: str, bias: str, weights: Mapping[str, np.ndarray], prefix: str) -> tuple[str, str]:
+        """A sublayer's output (delta + bias) through its post-norm `prefix` (post_norms: Gemma's), else as it is."""
+        if not self.config.post_norms:
+            return delta, bias
+        return self.norm(self.op("Add", [delta, bias])[0] if bias else delta, weights, prefix), ""
 
     def qkv(self, h: str, weights: Mapping[str, np.ndarray], prefix: str) -> Qkv:
         """The layer's fused q|k|v projection of h; with a q/k norm, q and k apart and each head normalised."""
@@ -317,6 +329,8 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
     w = Float32(weights)
     g = Builder(config, forms, sink, nbits)
     x = g.op("Gather", [g.const("wte.weight", w["wte.weight"]), contract.INPUT_IDS])[0]  # (B, S, D)
+    if config.embed_scale != 1.0:  # as float32, as the torch model multiplies
+        x = g.op("Mul", [x, g.const("embed_scale", np.array(config.embed_scale, np.float32))])[0]  # (B, S, D)
     delta = delta_bias = ""  # rope: nothing is added to the embeddings
     if config.pos_encoding != "rope":
         if config.pos_encoding == "sinusoidal" and forms.sinusoid == "computed":
@@ -331,9 +345,9 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
         if i:
             g.residuals.append(x)  # (B, S, D): layer i - 1's output
         attn = attend(g, i, g.qkv(h, w, f"{p}.attn"))  # (B, S, H*hd)
-        delta, delta_bias = g.matmul(attn, w, f"{p}.attn.c_proj")
+        delta, delta_bias = g.post_norm(*g.matmul(attn, w, f"{p}.attn.c_proj"), w, f"{p}.ln_1_post")
         h, x = g.add_norm(x, delta, delta_bias, w, f"{p}.ln_2")
-        delta, delta_bias = g.mlp(h, w, f"{p}.mlp")
+        delta, delta_bias = g.post_norm(*g.mlp(h, w, f"{p}.mlp"), w, f"{p}.ln_2_post")
     if delta_bias:
         delta = g.op("Add", [delta, delta_bias])[0]
     x = g.op("Add", [x, delta])[0]  # (B, S, D)

@@ -1,7 +1,8 @@
 """export-hf of the Llama family: a gptport model written as the transformers class of its architecture, the
 inverse of import-hf (each family's config.json and tensor names: gptport/arch/). LlamaForCausalLM (biases on q, k,
-v and o together, MLP biases), Qwen2ForCausalLM (q/k/v biases only), Qwen3ForCausalLM (q/k norm) and
-MistralForCausalLM (a model import-hf read from one). config.json carries the shape, rope_theta and rope_scaling
+v and o together, MLP biases), Qwen2ForCausalLM (q/k/v biases only), Qwen3ForCausalLM (q/k norm),
+MistralForCausalLM (a model import-hf read from one) and Gemma3ForCausalLM (Gemma's choices; 1 taken off its
+norms). config.json carries the shape, rope_theta and rope_scaling
 (linear, llama3), num_key_value_heads, head_dim, rms_norm_eps, tie_word_embeddings and the begin and end ids;
 model.safetensors holds transformers' names (c_attn split back into q_proj, k_proj and v_proj). No torch: the
 weights are read and written with safetensors' numpy API."""
@@ -17,6 +18,7 @@ import numpy as np
 
 from gptport import arch, atomic
 from gptport import tokenizer as bpe
+from gptport.arch import gemma3
 from gptport.arch.base import split
 from gptport.config import ModelConfig
 from gptport.errors import InputError
@@ -29,7 +31,7 @@ def mismatches(cfg: ModelConfig) -> list[str]:
     """What keeps a gptport model from every Llama-family class of transformers (empty when one takes it)."""
     out = []
     for name, want in (("pos_encoding", "rope"), ("norm", "rmsnorm"), ("mlp", "swiglu")):
-        if getattr(cfg, name) != want:
+        if getattr(cfg, name) != want and not (name == "mlp" and cfg.mlp == "geglu"):  # geglu: Gemma's
             out.append(f"{name} is {getattr(cfg, name)!r} (the Llama family's is {want!r})")
     return out
 
@@ -37,7 +39,14 @@ def mismatches(cfg: ModelConfig) -> list[str]:
 def architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
     """The transformers architecture (model_type) whose class computes what `cfg` does: qwen3 for q/k norm,
     qwen2 for q/k/v biases alone, mistral for a model imported from MistralForCausalLM without biases, else
-    llama; a combination no class has is refused naming it."""
+    llama; gemma3_text for Gemma's choices (GeGLU, post-norms, a window, ...); a combination no class has is
+    refused naming it."""
+    if cfg.gemma_choices():
+        wrong = gemma3.mismatches(cfg)
+        if wrong:
+            raise InputError(f"{', '.join(cfg.gemma_choices())} with {'; '.join(wrong)}: no transformers class "
+                             "computes it")
+        return gemma3.GEMMA3.model_type
     if cfg.qk_norm:
         if cfg.has_qkv_bias != cfg.has_out_bias or cfg.has_mlp_bias:
             raise InputError("q/k norm with these biases (q/k/v "

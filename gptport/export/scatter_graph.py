@@ -9,7 +9,8 @@ given"), so prefix-reuse rests, new chat turns and chunks of prompts are one-row
 Per layer, TensorScatter writes the new keys and values into the cache at each row's `write_index`
 (in place when the cache is bound as both past and present, as static_cache binds it), and Attention
 (opset 24) attends each row's new tokens to its first `write_index + K` positions (`nonpad_kv_seqlen`),
-causally, aligned at that row's end. The cache has the GQA graph's layout, so one set of buffers serves
+causally, aligned at that row's end (a window layer's through a boolean mask, causal and within the
+window). The cache has the GQA graph's layout, so one set of buffers serves
 both graphs (runtime/slots.py): GroupQueryAttention for one-token decode steps, this graph for appends
 (docs/design/0036-multi-row-append.md measures which serves what).
 
@@ -68,12 +69,23 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
             made["longest"] = g.op("ReduceMax", [made["each"]], keepdims=1)[0]  # (1,): the longest
         return made["each"], made["longest"]
 
-    def rotate(g: Builder, x: str, heads: int) -> str:  # (1, T, heads*hd) at each token's position_ids
-        if not made.get("cos"):
-            cos, sin = graph_body.rope_tables(config)  # (C, hd/2) each
-            made["cos"], made["sin"] = g.const("rope.cos", cos), g.const("rope.sin", sin)
-        return g.op("RotaryEmbedding", [x, made["cos"], made["sin"], contract.POSITION_IDS], num_heads=heads,
-                    interleaved=0)[0]
+    def rotate(g: Builder, x: str, heads: int, local: bool) -> str:  # (1, T, heads*hd) at each token's position_ids
+        cos, sin = gqa_graph.rope_table_names(g, config, local)
+        return g.op("RotaryEmbedding", [x, cos, sin, contract.POSITION_IDS], num_heads=heads, interleaved=0)[0]
+
+    def window_mask(g: Builder) -> str:  # (B, 1, K, P) bool: query j of row r (position write_index + j) sees
+        if not made.get("window"):  # keys p with write_index + j - window < p <= write_index + j
+            _, longest = valid_lengths(g)
+            zero, one = g.const("zero_scalar", np.array(0, np.int64)), g.const("one_scalar", np.array(1, np.int64))
+            width = g.op("Squeeze", [g.op("Shape", [contract.PACK_INDEX], start=1, end=2)[0]])[0]  # () K
+            queries = g.op("Range", [zero, width, one])[0]  # (K,)
+            keys = g.op("Range", [zero, g.op("Squeeze", [longest])[0], one])[0]  # (P,)
+            at = g.op("Unsqueeze", [contract.WRITE_INDEX, g.const("axis_1", np.array([1], np.int64))])[0]  # (B, 1)
+            at = g.op("Unsqueeze", [g.op("Add", [at, queries])[0], g.const("axis_2", np.array([2], np.int64))])[0]
+            start = g.op("Sub", [at, g.const("window", np.array(config.sliding_window, np.int64))])[0]  # (B, K, 1)
+            keep = g.op("And", [g.op("Greater", [keys, start])[0], g.op("LessOrEqual", [keys, at])[0]])[0]
+            made["window"] = g.op("Unsqueeze", [keep, g.const("axis_1", np.array([1], np.int64))])[0]  # (B,1,K,P)
+        return made["window"]
 
     def to_rows(g: Builder, x: str, heads: int) -> str:  # (1, T, heads*hd) -> (B, heads, K, hd), padded rows
         flat = g.op("Reshape", [x, g.const(f"tokens_{heads}", np.array([-1, heads * head_dim], dtype=np.int64))])[0]
@@ -84,7 +96,8 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
     def attend(g: Builder, i: int, qkv: Qkv) -> str:
         q, k, v = g.parts(qkv)  # (1, T, H*hd), (1, T, Hkv*hd) twice
         if config.pos_encoding == "rope":  # rotated while packed: the real tokens only, at their positions
-            q, k = rotate(g, q, config.n_head), rotate(g, k, config.n_kv_head)
+            local = config.local_rope(i)
+            q, k = rotate(g, q, config.n_head, local), rotate(g, k, config.n_kv_head, local)
         q = to_rows(g, q, config.n_head)  # (B, H, K, hd)
         k, v = to_rows(g, k, config.n_kv_head), to_rows(g, v, config.n_kv_head)  # (B, Hkv, K, hd) each
         key = g.op("TensorScatter", [pasts[2 * i], k, contract.WRITE_INDEX], [presents[2 * i]], axis=2)[0]
@@ -93,8 +106,9 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
         start, axis = g.const("zero", np.array([0], dtype=np.int64)), g.const("seq_axis", np.array([2], dtype=np.int64))
         key = g.op("Slice", [key, start, longest, axis])[0]  # (B, Hkv, P, hd): the positions any row attends to
         value = g.op("Slice", [value, start, longest, axis])[0]
-        y = g.op("Attention", [q, key, value, "", "", "", each], is_causal=1,
-                 scale=1.0 / math.sqrt(head_dim))[0]  # (B, H, K, hd): query head h reads kv head h // (H / Hkv)
+        mask = window_mask(g) if config.windowed(i) else ""  # a window layer's: causal and within the window
+        y = g.op("Attention", [q, key, value, mask, "", "", each], is_causal=0 if mask else 1,
+                 scale=config.attn_scale or 1.0 / math.sqrt(head_dim))[0]  # (B, H, K, hd): head h reads h // (H / Hkv)
         y = g.op("Transpose", [y], perm=[0, 2, 1, 3])[0]  # (B, K, H, hd)
         y = g.op("Reshape", [y, g.const("tokens_q", np.array([-1, config.q_width], dtype=np.int64))])[0]  # (B*K, H*hd)
         y = g.op("Gather", [y, contract.UNPACK_INDEX], axis=0)[0]  # (T, H*hd): back to the packed order
