@@ -333,6 +333,10 @@ class Family:
         """The keys of config.json only this family's class has."""
         return {}
 
+    def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
+        """A GGUF file's ModelConfig values beyond the Llama family's (`f`: export/gguf_file.GGUFFile)."""
+        return values
+
 
 def _rope(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
     """rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x) as ModelConfig's rope keys."""

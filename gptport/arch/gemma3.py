@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gptport.arch.base import GGUF_LAYOUT, HF_LAYOUT, Family, Specials, number, refused
+from gptport.arch.base import GGUF_KEYS, GGUF_LAYOUT, HF_LAYOUT, Family, Specials, number, refused
 from gptport.config import ModelConfig
 from gptport.errors import InputError, UsageError
 
@@ -28,6 +28,7 @@ KEYS = frozenset({"head_dim", "attention_bias", "query_pre_attn_scalar", "slidin
                   "rope_local_base_freq", "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation",
                   "use_bidirectional_attention", "sliding_window_pattern", "_sliding_window_pattern"})
 REFUSED = ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention")
+GGUF_KEYS_GEMMA3 = GGUF_KEYS | {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"}
 
 
 def _rope(hf: Mapping[str, Any], where: Path) -> tuple[dict[str, Any], float]:
@@ -73,8 +74,49 @@ def mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def llama_cpp_scale(cfg: ModelConfig) -> float:
+    """The softmax scale llama.cpp's gemma3 derives (no metadata holds it): 1/sqrt(head_dim), 27B's (62 layers)
+    1/sqrt(d_model / n_head)."""
+    return 1 / math.sqrt(cfg.d_model // cfg.n_head if cfg.n_layer == 62 else cfg.head_dim)
+
+
+def gguf_mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from llama.cpp's gemma3 (empty when it computes it)."""
+    out = mismatches(cfg)
+    if cfg.has_qkv_bias:
+        out.append("attention biases (llama.cpp's gemma3 has none)")
+    if cfg.gelu != "tanh":
+        out.append(f"gelu is {cfg.gelu!r} (llama.cpp's gemma3 takes GELU's tanh form)")
+    if not math.isclose(cfg.softmax_scale, llama_cpp_scale(cfg), rel_tol=1e-6):
+        out.append(f"softmax scale {cfg.softmax_scale:g}, not the {llama_cpp_scale(cfg):g} llama.cpp's gemma3 derives")
+    return out
+
+
 @dataclass(frozen=True)
 class Gemma3(Family):
+    def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
+        """llama.cpp's gemma3 metadata: the window, its layers (a list of flags, or every n-th layer global: 6 by
+        default) and their RoPE base (10,000 by default); the softmax scale as llama.cpp derives it."""
+        p, n_layer = f"{self.gguf_arch}.", values["n_layer"]
+        window = f.integer(p + "attention.sliding_window", 0)
+        pattern = f.value(p + "attention.sliding_window_pattern", 6)
+        if isinstance(pattern, list):
+            if len(pattern) != n_layer:
+                raise InputError(f"{f.path}: {p}attention.sliding_window_pattern lists {len(pattern)} layers, "
+                                 f"not {n_layer}")
+            layers = tuple(i for i, swa in enumerate(pattern) if swa)
+        else:
+            n = f.integer(p + "attention.sliding_window_pattern", 6)
+            layers = tuple(i for i in range(n_layer) if n == 0 or i % n < n - 1)
+        layers = layers if window > 0 else ()
+        out = {**values, "mlp": "geglu", "gelu": "tanh", "post_norms": True,
+               "embed_scale": math.sqrt(values["d_model"]), "sliding_window": window if layers else 0,
+               "window_layers": layers,
+               "rope_local_theta": f.number(p + "rope.freq_base_swa", 10000.0) if layers else 0.0}
+        shape = ModelConfig(**{**out, "attn_scale": 0.0})
+        return {**out, "attn_scale": llama_cpp_scale(shape)}
+
+
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         for key in REFUSED:
             if hf.get(key):
@@ -117,6 +159,6 @@ class Gemma3(Family):
                 "final_logit_softcapping": None, "attn_logit_softcapping": None}
 
 
-GEMMA3 = Gemma3("gemma3_text", "Gemma3ForCausalLM", "gemma3", KEYS, hf_layout=HF, gguf_layout=GGUF, qk_norm=True,
-                head_dim=256)
+GEMMA3 = Gemma3("gemma3_text", "Gemma3ForCausalLM", "gemma3", KEYS, hf_layout=HF, gguf_layout=GGUF,
+                gguf_keys=frozenset(GGUF_KEYS_GEMMA3), qk_norm=True, head_dim=256)
 FAMILIES = (GEMMA3,)

@@ -110,6 +110,7 @@ def model_config(f: GGUFFile, family: Family, vocab_size: int, tokens: Specials)
             qkv_bias=blk + "attn_q.bias" in f.tensors, out_bias=blk + "attn_output.bias" in f.tensors,
             mlp_bias=blk + "ffn_up.bias" in f.tensors, qk_norm=blk + "attn_q_norm.weight" in f.tensors,
             **_rope(f, p, head_dim, family.rope_freqs))
+        values = family.gguf_values(f, values)  # the family's own keys (gemma3's window)
     try:
         return ModelConfig(**values)
     except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig

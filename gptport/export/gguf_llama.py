@@ -1,6 +1,7 @@
 """The Llama family as llama.cpp's GGUF architectures, as its convert_hf_to_gguf.py writes them: `llama` (Llama,
 Mistral, SmolLM, a model trained here with --preset llama-tiny; biases where the model has them), `qwen2` (q/k/v
-biases alone) and `qwen3` (q/k norm). The tensors are the family's GGUF plan split back (gptport/arch/: for
+biases alone), `qwen3` (q/k norm) and `gemma3` (Gemma's choices: gptport/arch/gemma3.py). The tensors are the
+family's GGUF plan split back (gptport/arch/: for
 `llama`, each q and k head's rows permuted from halves order to interleaved pairs, biases too). Llama 3's rope
 scaling goes in as the frequency factors of rope_freqs.weight, computed as the converter computes them; linear
 scaling as rope.scaling.type and factor. No torch."""
@@ -13,6 +14,7 @@ import gguf
 import numpy as np
 
 from gptport import arch
+from gptport.arch import gemma3
 from gptport.arch.base import split
 from gptport.config import ModelConfig
 from gptport.errors import InputError
@@ -23,6 +25,12 @@ ROPE_FREQS = "rope_freqs.weight"
 def architecture(cfg: ModelConfig) -> str:
     """The llama.cpp architecture that computes what `cfg` does (as the converter picks it for the transformers
     class export-hf writes); a combination none of them has is refused naming it."""
+    if cfg.gemma_choices():
+        wrong = gemma3.gguf_mismatches(cfg)
+        if wrong:
+            raise InputError(f"{', '.join(cfg.gemma_choices())} with {'; '.join(wrong)}: no llama.cpp architecture "
+                             "computes it")
+        return "gemma3"
     biased = cfg.has_qkv_bias or cfg.has_out_bias or cfg.has_mlp_bias
     if cfg.qk_norm:
         if biased:
@@ -87,7 +95,11 @@ def add_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     writer.add_layer_norm_rms_eps(cfg.ln_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.q_width != cfg.d_model:  # heads wider (or narrower) than d_model / n_head, as Qwen3's
+    if cfg.window_layers and cfg.sliding_window:  # gemma3's window: its size, its layers, their RoPE base
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_sliding_window_pattern([cfg.windowed(i) for i in range(cfg.n_layer)])
+        writer.add_rope_freq_base_swa(cfg.rope_local_theta or cfg.rope_theta)
+    if cfg.q_width != cfg.d_model or writer.arch == "gemma3":  # heads wider than d_model / n_head (Qwen3, Gemma)
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
     if cfg.rope_scaling == "linear":

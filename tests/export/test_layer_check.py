@@ -124,10 +124,10 @@ def test_rotated_halves_swapped_are_refused(tmp_path: Path, monkeypatch: pytest.
     w = weights_of(model)
     rotate = _Attention._rotate
 
-    def swapped(self: _Attention, g: Builder, x: str) -> str:
+    def swapped(self: _Attention, g: Builder, x: str, local: bool) -> str:
         half = self.config.head_dim // 2
         x1, x2 = g.op("Split", [x, g.const("rope_halves", np.array([half, half], np.int64))], 2, axis=-1)
-        return rotate(self, g, g.op("Concat", [x2, x1], axis=-1)[0])
+        return rotate(self, g, g.op("Concat", [x2, x1], axis=-1)[0], local)
 
     monkeypatch.setattr(_Attention, "_rotate", swapped)
     assert not all(_check(tmp_path, contract_graph.build, w, model.cfg, w))
