@@ -6,7 +6,10 @@ keys), as transformers' GGUF converter rebuilds it (integrations/gguf/gguf_token
   tokenizer.ggml.pre names (PRE below; a name gptport does not know is refused rather than guessed), the Llama 3
   group with llama.cpp's ignore_merges and its bos added unless the file says otherwise;
 - "llama" (SentencePiece): BPE with byte fallback over Metaspace pieces, merges from the file or, when it has
-  none, from the pieces' scores (the best-scored piece merges first, as SentencePiece's BPE does).
+  none, from the pieces' scores (the best-scored piece merges first, as SentencePiece's BPE does). Gemma's
+  files too: their runs of spaces, tabs and line breaks are user-defined tokens, matched whole in the text,
+  leftmost and longest first, as llama.cpp matches them (transformers' GGUF loader instead merges spaces
+  pairwise: it differs from llama.cpp on runs of more than 31 spaces).
 
 Every token keeps its id: each is an entry of the BPE vocabulary, and control tokens (and user-defined ones) are
 added tokens too, matched whole in text. Also tokenizer_config.json (bos, eos, add_bos_token and the chat
@@ -24,6 +27,9 @@ from gptport.export.hf_files import Specials
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
 MODELS = ("gpt2", "llama")  # tokenizer.ggml.model values gptport rebuilds
+# The end-of-turn token llama.cpp finds by its text where a file names no eot_token_id (llama-vocab.cpp's
+# "auto-detect special tokens by text"): Gemma's, whose files name only <eos>; llama.cpp ends generation on both
+EOT_TEXTS = ("<end_of_turn>",)
 SPACE = "\u2581"  # SentencePiece's "▁"
 
 GPT2 = "gpt2"  # ByteLevel's own regex, GPT-2's
@@ -63,8 +69,10 @@ class Rebuilt:
     chat_template: str | None
 
 
-def _ids(f: GGUFFile, n: int) -> dict[str, int | None]:
-    """The special ids the file names (None where it names none), each checked to be a token."""
+def _ids(f: GGUFFile, tokens: list[str], types: list[int]) -> dict[str, int | None]:
+    """The special ids the file names (None where it names none), each checked to be a token; the end-of-turn
+    token found by its text (EOT_TEXTS) where the file names none, as llama.cpp finds it."""
+    n = len(tokens)
     out: dict[str, int | None] = {}
     for name in ("bos", "eos", "eot", "eom", "unknown", "padding"):
         key = f"tokenizer.ggml.{name}_token_id"
@@ -72,6 +80,8 @@ def _ids(f: GGUFFile, n: int) -> dict[str, int | None]:
         if value is not None and not 0 <= value < n:
             raise ArtifactError(f"{f.path}: {key} {value} is not a token id (the vocabulary has {n})")
         out[name] = value
+    if out["eot"] is None:
+        out["eot"] = next((i for i, t in enumerate(tokens) if t in EOT_TEXTS and types[i] == CONTROL), None)
     return out
 
 
@@ -162,7 +172,7 @@ def rebuild(f: GGUFFile) -> Rebuilt:
     types = f.value("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     if not isinstance(types, list) or len(types) != len(tokens):
         raise ArtifactError(f"{f.path}: tokenizer.ggml.token_type does not give one type per token")
-    ids = _ids(f, len(tokens))
+    ids = _ids(f, tokens, types)
     from tokenizers import processors
 
     backend = _backend(f, model, tokens, types, ids)
