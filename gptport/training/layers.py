@@ -57,12 +57,13 @@ def rope_cos_sin(position_ids: Tensor, inv_freq: Tensor, dtype: torch.dtype, sca
 
 def model_rope(cfg: ModelConfig, position_ids: Tensor, freqs: tuple[Tensor, Tensor | None], dtype: torch.dtype
                ) -> tuple[Tensor, Tensor]:
-    """The cos and sin of a call at `position_ids` (B, T): LongRoPE's long set (freqs[1]) for the whole call when its
-    highest position reaches past rope_original_n_ctx (transformers' choice), else freqs[0]."""
-    from gptport import rope
-
-    longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
-    inv = freqs[1] if freqs[1] is not None and rope.uses_long(cfg, longest) else freqs[0]
+    """The cos and sin of a call at `position_ids` (B, T): LongRoPE's long set (freqs[1]) for a row whose highest
+    position reaches past rope_original_n_ctx (transformers' choice for a call of one row), else freqs[0]. Chosen
+    per row, so a row computes what it computes alone (design record 0050)."""
+    if freqs[1] is None or not position_ids.numel():
+        return rope_cos_sin(position_ids, freqs[0], dtype, cfg.rope_attention_factor)
+    long = position_ids.max(dim=-1, keepdim=True).values + 1 > cfg.rope_original_n_ctx  # (B, 1)
+    inv = torch.where(long[..., None], freqs[1], freqs[0])  # (B, 1, rd/2)
     return rope_cos_sin(position_ids, inv, dtype, cfg.rope_attention_factor)
 
 
