@@ -52,7 +52,8 @@ class SmolLM3(Family):
     def hf_extra(self, cfg: ModelConfig) -> dict[str, Any]:
         uses = [int(i not in cfg.no_rope_layers) for i in range(cfg.n_layer)]  # 1: the layer uses rope
         return {"attention_bias": cfg.has_qkv_bias, "mlp_bias": cfg.has_mlp_bias, "use_sliding_window": False,
-                "sliding_window": None, "no_rope_layers": uses, "layer_types": ["full_attention"] * cfg.n_layer}
+                "sliding_window": None, "no_rope_layers": uses, "layer_types": ["full_attention"] * cfg.n_layer,
+                "pad_token_id": None}  # SmolLM3Config's default 128004 is no id of a smaller vocabulary
 
 
 SMOLLM3 = SmolLM3("smollm3", "SmolLM3ForCausalLM", None, KEYS)

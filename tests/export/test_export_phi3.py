@@ -65,3 +65,28 @@ def test_generate_on_the_graphs_gives_transformers_greedy_tokens(exported: tuple
         assert generate(engine, [prompt], 20, Sampling(), eot_id=-1)[0].new_ids == want, (family, cache, prompt)
     together = generate(engine, PROMPTS[family], 20, Sampling(), eot_id=-1)  # one batch: LongRoPE's set per row
     assert [r.new_ids for r in together] == wants
+
+
+def test_export_hf_round_trips(exported: tuple[str, Path, Path], tmp_path: Path) -> None:
+    """export-hf writes the family's class (Phi-3's fused qkv_proj and gate_up_proj back), transformers loads it and
+    gives the source's logits; import-hf of it gives the same config.json model and weights."""
+    import json
+
+    import torch
+    from safetensors.numpy import load_file
+
+    family, hf_dir, out = exported
+    back = tmp_path / "hf_back"
+    r = gptport("export-hf", str(out), "--out", str(back))
+    assert r.returncode == 0, r.stderr
+    written = json.loads((back / "config.json").read_text())
+    assert written["architectures"] == json.loads((hf_dir / "config.json").read_text())["architectures"]
+    ids = torch.randint(0, 400, (2, 40), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(hf_model(back)(ids).logits, hf_model(hf_dir)(ids).logits)
+    again = tmp_path / "m2"
+    assert gptport("import-hf", str(back), "--out", str(again)).returncode == 0
+    model = [json.loads((d / "config.json").read_text())["model"] for d in (out, again)]
+    assert model[0] == model[1]
+    first, second = load_file(str(out / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert first.keys() == second.keys() and all((first[k] == second[k]).all() for k in first)
