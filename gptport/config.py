@@ -23,15 +23,20 @@ PosEncoding = Literal["learned", "sinusoidal", "rope"]
 Gelu = Literal["tanh", "exact"]
 Norm = Literal["layernorm", "rmsnorm"]
 Mlp = Literal["gelu", "swiglu", "geglu"]
-RopeScaling = Literal["none", "linear", "llama3"]
+RopeScaling = Literal["none", "linear", "llama3", "longrope"]
 MODEL_FORMAT_VERSION = 3  # config.json's format_version: 2 added the Llama family's keys (design record 0035), 3 the
 #                          keys after eos_ids (Gemma's, Phi's, ...: issue 59)
 MODEL_FORMAT_VERSIONS = (1, 2, 3)  # what this gptport reads: an older file is a newer one at the defaults
-_ROPE = ("rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-         "rope_original_n_ctx")
+_ROPE = ("rope_theta", "rotary_dim", "no_rope_layers", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+         "rope_high_freq_factor", "rope_original_n_ctx", "rope_short_factor", "rope_long_factor",
+         "rope_attention_factor")  # rope's keys: three of every rope, then the scalings'
+_SCALING_KEYS = {"linear": ("rope_factor",), "llama3": ("rope_factor", "rope_low_freq_factor",
+                                                       "rope_high_freq_factor", "rope_original_n_ctx"),
+                 "longrope": ("rope_original_n_ctx", "rope_short_factor", "rope_long_factor",
+                              "rope_attention_factor")}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pos_encoding": ("learned", "sinusoidal", "rope"), "gelu": ("tanh", "exact"), "norm": ("layernorm", "rmsnorm"),
-    "mlp": ("gelu", "swiglu", "geglu"), "rope_scaling": ("none", "linear", "llama3")}
+    "mlp": ("gelu", "swiglu", "geglu"), "rope_scaling": ("none", "linear", "llama3", "longrope")}
 
 
 def swiglu_width(d_model: int) -> int:
@@ -89,6 +94,13 @@ class ModelConfig:
     window_layers: tuple[int, ...] = ()  # the layers that attend within sliding_window, a set
     rope_local_theta: float = 0.0  # > 0: the window layers' RoPE base, unscaled (Gemma 3's rope_local_base_freq);
     #                                0: they rotate as the others do
+    # format_version 3, Phi-3 and SmolLM3 (design record 0050): partial rotary, LongRoPE, layers without rope
+    rotary_dim: int = 0  # rope rotates the first rotary_dim of each head, the rest pass (Phi-4-mini); 0: head_dim
+    rope_short_factor: tuple[float, ...] = ()  # longrope: each frequency divided by it while the sequence is
+    #                                            at most rope_original_n_ctx long (rotary_width / 2 of them)
+    rope_long_factor: tuple[float, ...] = ()  # longrope: the divisors once it is longer
+    rope_attention_factor: float = 1.0  # longrope: cos and sin multiplied by it
+    no_rope_layers: tuple[int, ...] = ()  # indices of the layers that do not rotate q and k (SmolLM3)
 
     def __post_init__(self) -> None:
         if self.n_kv_head == 0:
@@ -101,7 +113,15 @@ class ModelConfig:
             object.__setattr__(self, "d_ff", 4 * self.d_model if self.mlp == "gelu" else swiglu_width(self.d_model))
         object.__setattr__(self, "eos_ids", tuple(sorted(set(self.eos_ids))))
         object.__setattr__(self, "window_layers", tuple(sorted(set(self.window_layers))))
+        object.__setattr__(self, "no_rope_layers", tuple(sorted(set(self.no_rope_layers))))
+        for name in ("rope_short_factor", "rope_long_factor"):
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         self.validate()
+
+    @property
+    def rotary_width(self) -> int:
+        """How much of each head rope rotates: rotary_dim, or the whole head."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def has_qkv_bias(self) -> bool:
@@ -170,10 +190,10 @@ class ModelConfig:
                     for k in ("sliding_window", "rope_local_theta")}
         if self.pos_encoding != "rope":
             out |= {k: f"model.pos_encoding is {self.pos_encoding!r} ({k} is rope's)" for k in _ROPE}
-        elif self.rope_scaling == "none":
-            out |= {k: f"model.rope_scaling is 'none' ({k} is a scaling's)" for k in _ROPE[2:]}
-        elif self.rope_scaling == "linear":
-            out |= {k: f"model.rope_scaling is 'linear' ({k} is llama3's)" for k in _ROPE[3:]}
+        else:
+            used = _SCALING_KEYS.get(self.rope_scaling, ())
+            out |= {k: f"model.rope_scaling is {self.rope_scaling!r} ({k} is another scaling's)" for k in _ROPE[4:]
+                    if k not in used}
         if self.bias:
             out |= {k: f"model.bias is true (every layer has biases; {k} adds them where bias is false)"
                     for k in ("qkv_bias", "out_bias", "mlp_bias")}
@@ -224,6 +244,26 @@ class ModelConfig:
         if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
             raise UsageError(f"model.rope_high_freq_factor ({self.rope_high_freq_factor}) must exceed "
                              f"model.rope_low_freq_factor ({self.rope_low_freq_factor})")
+        self._validate_partial_rope()
+
+    def _validate_partial_rope(self) -> None:
+        """rotary_dim, LongRoPE's factors and the layers without rope (format_version 3)."""
+        if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
+            raise UsageError(f"model.rotary_dim must be an even number from 0 to head_dim ({self.head_dim}), "
+                             f"not {self.rotary_dim}")
+        if not 0 < self.rope_attention_factor < math.inf:
+            raise UsageError(f"model.rope_attention_factor must be a finite positive number, not "
+                             f"{self.rope_attention_factor}")
+        for name in ("rope_short_factor", "rope_long_factor"):
+            values = getattr(self, name)
+            if self.rope_scaling == "longrope" and len(values) != self.rotary_width // 2:
+                raise UsageError(f"model.{name} must have {self.rotary_width // 2} values (one per frequency), "
+                                 f"not {len(values)}")
+            if not all(0 < v < math.inf for v in values):
+                raise UsageError(f"model.{name} must hold finite positive numbers")
+        bad = [i for i in self.no_rope_layers if not 0 <= i < self.n_layer]
+        if bad:
+            raise UsageError(f"model.no_rope_layers: layer {bad[0]} is not one of the model's (0..{self.n_layer - 1})")
 
     def _validate_tokens(self) -> None:
         for name, ids in (("bos_id", () if self.bos_id is None else (self.bos_id,)), ("eos_ids", self.eos_ids)):
@@ -359,9 +399,12 @@ def _coerce(raw: str, kind: str, key: str) -> Any:
             return float(raw)
         if kind == "tuple[int, ...]":
             return tuple(int(x) for x in raw.split(",") if x.strip())
+        if kind == "tuple[float, ...]":
+            return tuple(float(x) for x in raw.split(",") if x.strip())
     except ValueError:
         words = {"int": "an integer", "float": "a number", "bool": "true or false",
-                 "int | None": "an integer or none", "tuple[int, ...]": "comma-separated integers"}
+                 "int | None": "an integer or none", "tuple[int, ...]": "comma-separated integers",
+                 "tuple[float, ...]": "comma-separated numbers"}
         raise UsageError(f"--set {key}={raw}: expected {words.get(kind, 'a ' + kind)}") from None
     return raw
 
@@ -405,6 +448,7 @@ def model_config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
 _JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
     "int | None": ((int, type(None)), "an integer or null"), "tuple[int, ...]": ((list,), "a list of integers"),
+    "tuple[float, ...]": ((list,), "a list of numbers"),
     **{kind: ((str,), "a string") for kind in ("PosEncoding", "Gelu", "Norm", "Mlp", "RopeScaling")}}
 
 
@@ -433,6 +477,10 @@ def model_config_from_dict(data: Mapping[str, Any], where: str = CONFIG) -> Mode
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 raise ArtifactError(f"{where}: invalid model config (model.{name} must be {words}, not {value!r})")
             values[name] = tuple(value)
+        elif known[name] == "tuple[float, ...]":
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                raise ArtifactError(f"{where}: invalid model config (model.{name} must be {words}, not {value!r:.60})")
+            values[name] = tuple(float(v) for v in value)
     try:
         return ModelConfig(**values)
     except UsageError as e:

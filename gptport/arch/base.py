@@ -38,7 +38,8 @@ class Part:
 
     name: str
     shape: tuple[int, ...]
-    rows: int | None = None  # keep the first `rows` (a padded vocabulary cut to the tokenizer's)
+    rows: int | None = None  # keep `rows` rows from `start` (a padded vocabulary cut to the tokenizer's)
+    start: int = 0  # the first row kept (a row range of a fused source: Phi-3's gate_up_proj)
     heads: int | None = None  # its rows in llama.cpp's interleaved order per head (undone on import)
     transposed: bool = False  # held as the transpose of gptport's matrix (GPT-2's Conv1D)
     plus_one: bool = False  # a norm's weight held as w where the model computes (1 + w) (Gemma's): 1 added in float32
@@ -59,13 +60,23 @@ class Planned:
 
 
 @dataclass(frozen=True)
+class RowsOf:
+    """A gptport module held as the `index`-th of `count` equal row blocks of one source (Phi-3's gate_up_proj:
+    the gate's rows, then the up projection's)."""
+
+    name: str
+    index: int
+    count: int
+
+
+@dataclass(frozen=True)
 class Layout:
     """Where a format keeps gptport's tensors: the model-wide ones by name, each layer's under `block` (with {i});
     a tuple of names is q, k and v stacked (q_width, kv_width, kv_width rows)."""
 
     globals: Mapping[str, str]  # gptport's module -> the format's ("wte" -> "model.embed_tokens")
     block: str  # the format's prefix of layer i ("model.layers.{i}.")
-    modules: Mapping[str, str | tuple[str, ...]]  # gptport's module in a layer -> the format's
+    modules: Mapping[str, str | tuple[str, ...] | RowsOf]  # gptport's module in a layer -> the format's
     transposed: frozenset[str] = frozenset()  # modules whose weight the format holds transposed
     permuted: bool = False  # q and k rows in llama.cpp's interleaved order per head (its `llama` architecture)
     plus_one: frozenset[str] = frozenset()  # modules (norms) whose weight the format holds as w for (1 + w)
@@ -123,6 +134,9 @@ def plan(layout: Layout, cfg: ModelConfig, vocab_rows: int) -> list[Planned]:
             heads = (cfg.n_head, cfg.n_kv_head, None) if layout.permuted else (None, None, None)
             parts = tuple(Part(f"{prefix}{t}.{kind}", (n, *shape[1:]), heads=h)
                           for t, n, h in zip(theirs, rows, heads, strict=True))
+        elif isinstance(theirs, RowsOf):  # rows index*n.. of a source count*n rows long
+            parts = (Part(f"{prefix}{theirs.name}.{kind}", (shape[0] * theirs.count, *shape[1:]), rows=shape[0],
+                          start=shape[0] * theirs.index),)
         else:
             cut = sub in VOCAB_ROWS and vocab_rows != shape[0]
             source = (vocab_rows, *shape[1:]) if cut else shape
@@ -148,7 +162,7 @@ def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 def take(part: Part, source: np.ndarray) -> np.ndarray:
     """What `part` gives gptport's tensor from its source array."""
     a = source.T if part.transposed else source
-    a = a if part.rows is None else a[: part.rows]
+    a = a if part.rows is None else a[part.start: part.start + part.rows]
     if part.plus_one:  # float32 w + 1: bit for bit what transformers' (1.0 + weight.float()) is
         a = np.asarray(a, dtype=np.float32) + np.float32(1.0)
     return a if part.heads is None else unpermute(a, part.heads)
@@ -160,8 +174,21 @@ def assemble(planned: Planned, read: Callable[[str], np.ndarray]) -> np.ndarray:
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
+def split_all(plans: list[Planned], pop: Callable[[str], np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """Every gptport tensor of `plans` (`pop`: its array by name) as the format's tensors, in order: split, and
+    the row blocks of one fused source (RowsOf) joined back into it."""
+    out: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for planned in plans:
+        array = pop(planned.name)
+        for (name, piece), part in zip(split(planned, array), planned.parts, strict=True):
+            out.setdefault(name, []).append((part.start, piece))
+    return [(name, pieces[0][1] if len(pieces) == 1 else np.concatenate([p for _, p in sorted(
+        pieces, key=lambda sp: sp[0])])) for name, pieces in out.items()]
+
+
 def split(planned: Planned, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
-    """gptport's tensor as the format's (export: permuted and transposed back; a vocabulary is written as it is)."""
+    """gptport's tensor as the format's (export: permuted and transposed back; a vocabulary is written as it is;
+    a row block of a fused source as that block: split_all joins them)."""
     out, start = [], 0
     for p in planned.parts:
         rows = p.out_rows if len(planned.parts) > 1 else array.shape[0]
@@ -207,14 +234,13 @@ USED = frozenset({*SHAPE, "architectures", "model_type", "num_key_value_heads", 
 IGNORED = frozenset({"initializer_range", "attention_dropout", "use_cache", "torch_dtype", "dtype",
                      "transformers_version", "pad_token_id", "pretraining_tp", "_name_or_path", "output_attentions",
                      "output_hidden_states", "return_dict"})
-ROPE_KEYS = {"rope_theta", "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
-             "original_max_position_embeddings", "partial_rotary_factor"}
-ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
 KEYS = {"n_ctx": "max_position_embeddings", "d_model": "hidden_size", "n_layer": "num_hidden_layers",
         "n_head": "num_attention_heads", "n_kv_head": "num_key_value_heads", "head_dim": "head_dim",
         "d_ff": "intermediate_size", "ln_eps": "rms_norm_eps", "rope_theta": "rope_theta", "rope_factor": "factor",
         "rope_low_freq_factor": "low_freq_factor", "rope_high_freq_factor": "high_freq_factor",
-        "rope_original_n_ctx": "original_max_position_embeddings"}  # ModelConfig's field -> config.json's key
+        "rope_original_n_ctx": "original_max_position_embeddings", "rope_short_factor": "short_factor",
+        "rope_long_factor": "long_factor", "rope_attention_factor": "attention_factor",
+        "rotary_dim": "partial_rotary_factor"}  # ModelConfig's field -> config.json's key
 HF_LAYOUT = Layout(
     {"wte": "model.embed_tokens", "ln_f": "model.norm", "lm_head": "lm_head"}, "model.layers.{i}.",
     {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm",
@@ -252,6 +278,7 @@ class Family:
     qk_norm: bool = False  # RMSNorm on each head's q and k (Qwen3)
     head_dim: int | None = None  # the class's head_dim when config.json has none (None: hidden_size / heads)
     windowed: bool = False  # a sliding window always in effect (Mistral's); else only with use_sliding_window
+    partial_rope: bool = False  # the class reads partial_rotary_factor and LongRoPE ("longrope", "su": Phi-3's)
 
     def canonical(self, name: str) -> str:
         """A source tensor's name as the layout spells it."""
@@ -265,6 +292,8 @@ class Family:
 
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         """The ModelConfig of config.json `hf` (`vocab_size`: the tokenizer's, which may be smaller)."""
+        from gptport.arch import hf_rope  # it reads config.json with base's number()
+
         self._check_keys(hf, where)
         for key in SHAPE:
             number(hf, key, where, positive=True)
@@ -280,11 +309,16 @@ class Family:
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
             "qkv_bias": self.qkv_bias or attention_bias, "out_bias": attention_bias,
             "mlp_bias": bool(hf.get("mlp_bias", False)), "qk_norm": self.qk_norm,
-            "bos_id": tokens.bos_id, "add_bos": tokens.add_bos, "eos_ids": tokens.eos_ids, **_rope(hf, where)}
+            "bos_id": tokens.bos_id, "add_bos": tokens.add_bos, "eos_ids": tokens.eos_ids,
+            **self.layer_choices(hf, where), **hf_rope.rope(hf, where, self)}
         try:
             return ModelConfig(**values)
         except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig with config.json's keys
             raise refused(e, KEYS, where) from e
+
+    def layer_choices(self, hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
+        """ModelConfig's fields only this family's config.json says (SmolLM3's layers without rope)."""
+        return {}
 
     def _check_keys(self, hf: Mapping[str, Any], where: Path) -> None:
         unknown = sorted(set(hf) - USED - self.hf_keys - IGNORED)
@@ -319,6 +353,10 @@ class Family:
             scaling = {"rope_type": "llama3", "factor": cfg.rope_factor, "low_freq_factor": cfg.rope_low_freq_factor,
                        "high_freq_factor": cfg.rope_high_freq_factor,
                        "original_max_position_embeddings": cfg.rope_original_n_ctx}
+        elif cfg.rope_scaling == "longrope":
+            scaling = {"rope_type": "longrope", "short_factor": list(cfg.rope_short_factor),
+                       "long_factor": list(cfg.rope_long_factor), "attention_factor": cfg.rope_attention_factor,
+                       "original_max_position_embeddings": cfg.rope_original_n_ctx}
         return {
             "architectures": [self.hf_class], "model_type": self.model_type, "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer,
@@ -336,32 +374,3 @@ class Family:
     def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
         """A GGUF file's ModelConfig values beyond the Llama family's (`f`: export/gguf_file.GGUFFile)."""
         return values
-
-
-def _rope(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
-    """rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x) as ModelConfig's rope keys."""
-    params = hf.get("rope_parameters")
-    if params is None:
-        params = {"rope_theta": hf.get("rope_theta", 10000.0), **(hf.get("rope_scaling") or {})}
-    if not isinstance(params, dict):
-        raise InputError(f"{where}: rope_parameters must be an object, not {params!r}")
-    params = {"rope_theta": hf.get("rope_theta", 10000.0), **params}
-    unknown = sorted(set(params) - ROPE_KEYS)
-    if unknown:
-        raise InputError(f"{where}: rope key {unknown[0]!r} is not one gptport knows")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ROPE_TYPES:
-        raise InputError(f"{where}: rope type {kind!r} is not one gptport has ({', '.join(ROPE_TYPES)})")
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise InputError(f"{where}: partial_rotary_factor {params['partial_rotary_factor']} (gptport rotates whole "
-                         "heads)")
-    out: dict[str, Any] = {"pos_encoding": "rope", "rope_theta": number(params, "rope_theta", where, kind=float),
-                           "rope_scaling": ROPE_TYPES[kind]}
-    if kind in ("linear", "llama3"):
-        out["rope_factor"] = number(params, "factor", where, kind=float)
-    if kind == "llama3":
-        out["rope_low_freq_factor"] = number(params, "low_freq_factor", where, kind=float)
-        out["rope_high_freq_factor"] = number(params, "high_freq_factor", where, kind=float)
-        out["rope_original_n_ctx"] = number(params, "original_max_position_embeddings", where,
-                                             hf.get("max_position_embeddings"))
-    return out

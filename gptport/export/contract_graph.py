@@ -3,12 +3,13 @@ as the static-cache graphs are (graph_body.py), not traced: each weight read whe
 a sink (inline, or the graph's external data), so a model of any size is built in about one tensor's memory.
 
 Its attention is onnx's own operators, which every runtime gptport targets runs (onnxruntime on each provider,
-onnxruntime-web, OpenVINO): per layer, q, k and v split into heads, rope rotating q and k (cos and sin of
-position_ids * the model's frequencies, the halves layout), the new keys and values appended to the past by
-Concat (the present outputs), softmax(q k^T * scale + mask) v with the query heads grouped over the kv head
-they share (a 5-D MatMul, no repeated keys). The mask is made once: bottom-right causal, keys where
-attention_mask is 0 masked, each query seeing itself (training/model.py's attention_mask_4d), added as 0 or
-float32's lowest; a window layer's once more, keys older than the window masked too (the cache keeps them).
+onnxruntime-web, OpenVINO): per layer, q, k and v split into heads, rope rotating q and k (rope_graph.py: cos and
+sin of position_ids * the model's frequencies, the halves layout; partial, LongRoPE, layers without), the new keys
+and values appended to the past by Concat (the present outputs), softmax(q k^T * scale + mask) v with the query
+heads grouped over the kv head they share (a 5-D MatMul, no repeated keys). The mask is made once: bottom-right
+causal, keys where attention_mask is 0 masked, each query seeing itself (training/model.py's attention_mask_4d),
+added as 0 or float32's lowest; a window layer's once more, keys older than the window masked too (the cache keeps
+them).
 
 I/O, B = batch, S = new tokens, P = past tokens, T = P + S:
     input_ids (B, S) int64, attention_mask (B, T) int64, position_ids (B, S) int64,
@@ -29,6 +30,7 @@ from gptport.config import ModelConfig
 from gptport.export import graph_body
 from gptport.export.graph_body import PORTABLE, Builder, Forms, Qkv
 from gptport.export.nbits import NBits
+from gptport.export.rope_graph import Rotary
 from gptport.export.tensor_sink import Sink
 
 OPSET = 18  # what torch.export wrote before (and --opset's floor): Range, Where, Split with sizes as inputs
@@ -44,7 +46,7 @@ class _Attention:
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
         self.masks: dict[int, str] = {}  # by window (0: none)
-        self.cos_sin: dict[bool, tuple[str, str]] = {}  # by local
+        self.rotary = Rotary(config)
 
     def __call__(self, g: Builder, i: int, qkv: Qkv) -> str:
         cfg = self.config
@@ -52,9 +54,7 @@ class _Attention:
         q, k, v = g.parts(qkv)  # (B, S, H*hd), (B, S, Hkv*hd) twice
         q, k, v = (g.op("Reshape", [x, g.const(f"heads_{n}", _i64(0, 0, n, hd))])[0]
                    for x, n in ((q, H), (k, Hkv), (v, Hkv)))  # (B, S, n, hd)
-        if cfg.pos_encoding == "rope":
-            local = cfg.local_rope(i)
-            q, k = self._rotate(g, q, local), self._rotate(g, k, local)
+        q, k = self.rotary.rotate(g, q, i), self.rotary.rotate(g, k, i)  # rope, but in a layer without it
         scale = cfg.attn_scale or 1 / math.sqrt(hd)
         q = g.op("Mul", [q, g.const("attn_scale", np.array(scale, np.float32))])[0]
         q, k, v = (g.op("Transpose", [x], perm=[0, 2, 1, 3])[0] for x in (q, k, v))  # (B, n, S, hd)
@@ -101,29 +101,6 @@ class _Attention:
         lowest = g.const("lowest", np.array(np.finfo(np.float32).min, np.float32))
         self.masks[window] = g.op("Where", [keep, g.const("zero_f", np.array(0, np.float32)), lowest])[0]
         return self.masks[window]
-
-    def _rotate(self, g: Builder, x: str, local: bool) -> str:
-        """x (B, S, n, hd) rotated by its position's angles, halves layout: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
-        cos, sin = self._angles(g, local)  # (B, S, 1, hd/2) each
-        half = self.config.head_dim // 2
-        x1, x2 = g.op("Split", [x, g.const("rope_halves", _i64(half, half))], 2, axis=-1)  # (B, S, n, hd/2)
-        first = g.op("Sub", [g.op("Mul", [x1, cos])[0], g.op("Mul", [x2, sin])[0]])[0]
-        second = g.op("Add", [g.op("Mul", [x2, cos])[0], g.op("Mul", [x1, sin])[0]])[0]
-        return g.op("Concat", [first, second], axis=-1)[0]  # (B, S, n, hd)
-
-    def _angles(self, g: Builder, local: bool) -> tuple[str, str]:
-        """cos and sin of position_ids * each frequency in float32, as the torch model takes them (`local`: the
-        window layers' frequencies)."""
-        if local not in self.cos_sin:
-            from gptport.training.layers import rope_inv_freq  # torch, at export only: its float32 bits
-
-            name = "rope.local_inv_freq" if local else "rope.inv_freq"
-            freq = g.const(name, rope_inv_freq(self.config, local).numpy().astype(np.float32))  # (hd/2,)
-            pos = g.op("Cast", [contract.POSITION_IDS], to=TensorProto.FLOAT)[0]  # (B, S)
-            pos = g.op("Unsqueeze", [pos, g.const("axes_2_3", _i64(2, 3))])[0]  # (B, S, 1, 1)
-            angles = g.op("Mul", [pos, freq])[0]  # (B, S, 1, hd/2)
-            self.cos_sin[local] = g.op("Cos", [angles])[0], g.op("Sin", [angles])[0]
-        return self.cos_sin[local]
 
 
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray], sink: Sink | None = None,

@@ -39,7 +39,7 @@ from onnx import TensorProto, helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
-from gptport.export import gqa_graph, graph_body
+from gptport.export import gqa_graph, graph_body, rope_graph
 from gptport.export.graph_body import Builder, Forms, Qkv
 
 OPSET = 24  # TensorScatter, and Attention with nonpad_kv_seqlen
@@ -65,6 +65,8 @@ def unsupported(config: ModelConfig) -> str:
     reason = unchecked(config)
     if reason:
         return reason
+    if rope_graph.outside(config):
+        return "partial rotary, LongRoPE or layers without rope: the decode graph rotates by RotaryEmbedding only"
     if config.n_kv_head != config.n_head:
         return (f"{config.n_kv_head} key/value heads for {config.n_head} query heads: onnxruntime's CUDA Attention "
                 "takes nonpad_kv_seqlen without grouped heads only")

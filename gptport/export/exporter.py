@@ -20,6 +20,7 @@ from gptport.export import (
     gqa_graph,
     graph_write,
     heap,
+    rope_graph,
     streamed_steps,
     validate,
     variant_steps,
@@ -94,6 +95,9 @@ def export(
         raise UsageError(f"--ort-level {ort_level!r} is unknown; choose from {', '.join(ORT_LEVELS)}")
     heap.return_large_blocks()  # a graph or session dropped goes back to the system (heap.py)
     job = _open(model_dir, gate, tol, say)
+    if kv_dtype == "int8" and rope_graph.outside(job.card.model):  # kv_quant's twin: made for fused rope only
+        raise UsageError("--kv-dtype int8: no int8-cache graph yet for partial rotary, LongRoPE or layers without "
+                         "rope (rotated outside GroupQueryAttention)")
     if job.model is None:
         streamed_steps.refuse_options(job, precisions, gate, kv_dtype, ort_level)
         streamed_steps.check_memory(job)

@@ -56,9 +56,9 @@ def _pieces(f: GGUFFile, planned: Planned) -> Iterator[np.ndarray]:
     parts = planned.parts
     if len(parts) == 1 and parts[0].heads is None and len(planned.shape) == 2:
         rows, cols = planned.shape
-        step = max(1, CHUNK // cols)
+        step, first = max(1, CHUNK // cols), parts[0].start  # first: a row block of a fused tensor (ffn_up's)
         for start in range(0, rows, step):
-            yield f.dequantize(parts[0].name, start, min(rows, start + step))
+            yield f.dequantize(parts[0].name, first + start, first + min(rows, start + step))
         return
     for part in parts:  # [q | k | v] stacked: written one after another
         yield take(part, f.dequantize(part.name))

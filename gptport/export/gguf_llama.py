@@ -15,7 +15,7 @@ import numpy as np
 
 from gptport import arch
 from gptport.arch import gemma3
-from gptport.arch.base import split
+from gptport.arch.base import split_all
 from gptport.config import ModelConfig
 from gptport.errors import InputError
 
@@ -25,6 +25,10 @@ ROPE_FREQS = "rope_freqs.weight"
 def architecture(cfg: ModelConfig) -> str:
     """The llama.cpp architecture that computes what `cfg` does (as the converter picks it for the transformers
     class export-hf writes); a combination none of them has is refused naming it."""
+    for what, used in (("partial rotary", cfg.rotary_width != cfg.head_dim),
+                       ("LongRoPE", cfg.rope_scaling == "longrope"), ("layers without rope", bool(cfg.no_rope_layers))):
+        if used:
+            raise InputError(f"{what}: gptport writes no llama.cpp architecture for it yet (its phi3 and smollm3)")
     if cfg.gemma_choices():
         wrong = gemma3.gguf_mismatches(cfg)
         if wrong:
@@ -76,8 +80,7 @@ def tensors(state: dict[str, np.ndarray], cfg: ModelConfig, arch_name: str) -> l
     out = []
     if cfg.rope_scaling == "llama3" and family.rope_freqs:
         out.append((ROPE_FREQS, llama3_factors(cfg)))
-    for planned in family.gguf_plan(cfg, cfg.vocab_size):
-        out += split(planned, state.pop(planned.name))
+    out += split_all(family.gguf_plan(cfg, cfg.vocab_size), state.pop)
     if state:
         raise InputError(f"tensor {sorted(state)[0]} has no place in llama.cpp's {arch_name} architecture")
     return [(name, np.ascontiguousarray(a, dtype=np.float32)) for name, a in out]

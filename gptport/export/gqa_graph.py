@@ -1,13 +1,13 @@
 """The static-cache graph: the same model written directly in onnxruntime's operators, with one
 GroupQueryAttention (com.microsoft) per layer that appends each step's keys and values in place to a
-cache preallocated at n_ctx. Built from model.safetensors and config.json, not traced (no torch but
-RoPE's frequencies: graph_body.rope_tables).
+cache preallocated at n_ctx. Built from model.safetensors and config.json, not traced (no torch).
 
 GPT-2's layers and the Llama family's: GroupQueryAttention takes the fused q|k|v (kv_num_heads
 n_kv_head), or q, k and v apart after a q/k norm (onnxruntime's CPU kernel does not take the norm's
 weights itself); with rope it rotates q and k itself (do_rotary, the halves layout: rotary_interleaved
 0) by cos/sin tables of n_ctx positions at each row's cache positions, which are its token positions
-(rows start at cache position 0).
+(rows start at cache position 0). Partial rotary, LongRoPE and layers without rope are rotated before it, at
+position_ids, in onnx's operators (rope_graph.py), and q, k and v handed to it apart, unrotated by it.
 
 Why a second graph: the contract graph (model.onnx) concatenates past and new keys, so every decode
 step allocates and copies the whole cache, and it is made of ~230 small nodes. This one has ~14
@@ -38,9 +38,10 @@ from onnx import TensorProto, helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
-from gptport.export import graph_body
+from gptport.export import graph_body, rope_graph
 from gptport.export.graph_body import FASTEST, Builder, Forms, Qkv, sinusoidal_table
 from gptport.export.nbits import NBits
+from gptport.export.rope_graph import Rotary
 from gptport.export.tensor_sink import Sink
 
 CACHE = graph_body.CACHE
@@ -85,10 +86,15 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
     n_layer = config.n_layer
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
     lengths = [contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH]
+    rotary = Rotary(config) if rope_graph.outside(config) else None
+
     def attend(g: Builder, i: int, qkv: Qkv) -> str:  # appends in place to the cache at each row's seqlens_k
         rope: dict[str, Any] = {}
         tables: list[str] = []
-        if config.pos_encoding == "rope":  # rotated inside, at each row's cache positions
+        if rotary is not None:  # rotated here, at position_ids: q, k and v apart
+            q, k, v = g.parts(qkv)  # (B, S, H*hd), (B, S, Hkv*hd) twice
+            qkv = Qkv("", (rotary.heads(g, q, i, config.n_head), rotary.heads(g, k, i, config.n_kv_head), v))
+        elif config.pos_encoding == "rope":  # rotated inside, at each row's cache positions
             tables = rope_table_names(g, config, config.local_rope(i))
             rope.update(do_rotary=1, rotary_interleaved=0)
         if config.windowed(i):  # keys q - window < k: onnxruntime's CPU kernel keeps local_window_size of them,

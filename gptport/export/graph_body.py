@@ -3,8 +3,7 @@ around its attention (its norms, the fused q|k|v projection and the q/k norm, th
 MLP), the final norm and the head on the positions `logits_index` asks for, and the inputs and outputs
 the graphs have in common. Each graph supplies its own attention (gqa_graph.py: GroupQueryAttention;
 scatter_graph.py: TensorScatter + Attention). GPT-2's layers and the Llama family's (RMSNorm, SwiGLU,
-rope, grouped kv heads, q/k norm, separate biases) alike, as ModelConfig says. No torch here but RoPE's
-frequencies (rope_tables).
+rope, grouped kv heads, q/k norm, separate biases) alike, as ModelConfig says. No torch.
 """
 
 from __future__ import annotations
@@ -75,14 +74,14 @@ def rope_tables(config: ModelConfig, positions: int | None = None, local: bool =
                 ) -> tuple[np.ndarray, np.ndarray]:
     """RoPE's cos and sin of position * frequency for positions 0..positions-1 (default n_ctx), (P, hd/2)
     float32 each: each frequency once, as GroupQueryAttention (do_rotary) and RotaryEmbedding read them in
-    the halves (rotate_half) layout. The frequencies are the torch model's own (training/layers.py, its
-    float32 values bit for bit: torch's pow differs from numpy's by an ulp or two, which at position 8000
-    turns a rotation by ~1e-3 rad); the angles are taken in float64 and their cos and sin rounded once.
-    `local`: the window layers' own frequencies (rope_local_theta)."""
-    from gptport.training.layers import rope_inv_freq  # torch, at export only
+    the halves (rotate_half) layout. The frequencies are the torch model's own (gptport/rope.py's float32
+    values: an ulp of difference at position 8000 turns a rotation by ~1e-3 rad); the angles are taken in
+    float64 and their cos and sin rounded once. Whole heads, one set of frequencies (rope_graph.outside: not
+    for partial rotary or LongRoPE). `local`: the window layers' own frequencies (rope_local_theta)."""
+    from gptport import rope
 
     n = config.n_ctx if positions is None else positions
-    freq = rope_inv_freq(config, local).numpy().astype(np.float64)  # (hd/2,)
+    freq = rope.inv_freq(config, local=local).astype(np.float64)  # (hd/2,)
     angles = np.arange(n, dtype=np.float64)[:, None] * freq[None, :]  # (P, hd/2)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 

@@ -19,7 +19,7 @@ import numpy as np
 from gptport import arch, atomic
 from gptport import tokenizer as bpe
 from gptport.arch import gemma3
-from gptport.arch.base import split
+from gptport.arch.base import split_all
 from gptport.config import ModelConfig
 from gptport.errors import InputError
 from gptport.export.hf_files import CHAT_TEMPLATE, GENERATION_CONFIG, SINGLE
@@ -39,8 +39,11 @@ def mismatches(cfg: ModelConfig) -> list[str]:
 def architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
     """The transformers architecture (model_type) whose class computes what `cfg` does: qwen3 for q/k norm,
     qwen2 for q/k/v biases alone, mistral for a model imported from MistralForCausalLM without biases, else
-    llama; gemma3_text for Gemma's choices (GeGLU, post-norms, a window, ...); a combination no class has is
-    refused naming it."""
+    llama; gemma3_text for Gemma's choices (GeGLU, post-norms, a window, ...); phi3 and smollm3 for their rope (or
+    a model imported from theirs); a combination no class has is refused naming it."""
+    rope_class = rope_architecture(cfg, source)
+    if rope_class:
+        return rope_class
     if cfg.gemma_choices():
         wrong = gemma3.mismatches(cfg)
         if wrong:
@@ -65,6 +68,32 @@ def architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
     return "mistral" if source.get("architecture") == arch.family("mistral").hf_class and not biased else "llama"
 
 
+def rope_architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
+    """phi3 for partial rotary or LongRoPE, smollm3 for layers without rope, each also for a model imported from
+    its class that it computes ("" for neither); refused naming why where the class cannot compute `cfg`."""
+    from gptport.arch import phi3
+
+    needs_phi3 = cfg.rotary_width != cfg.head_dim or cfg.rope_scaling == "longrope"
+    if needs_phi3 or source.get("architecture") == phi3.PHI3.hf_class:
+        bad = phi3.mismatches(cfg)
+        if not bad:
+            return "phi3"
+        if needs_phi3:
+            raise InputError(f"partial rotary or LongRoPE with {'; '.join(bad)} is no transformers class "
+                             "(Phi3ForCausalLM's)")
+    if cfg.no_rope_layers or source.get("architecture") == "SmolLM3ForCausalLM":
+        bad = [what for what, used in (("q/k norm", cfg.qk_norm), ("q/k/v and output biases apart",
+                                                                   cfg.has_qkv_bias != cfg.has_out_bias),
+                                       (f"heads {cfg.q_width} wide over d_model {cfg.d_model}",
+                                        cfg.q_width != cfg.d_model)) if used]
+        if not bad:
+            return "smollm3"
+        if cfg.no_rope_layers:
+            raise InputError(f"layers without rope with {'; '.join(bad)} are no transformers class "
+                             "(SmolLM3ForCausalLM's)")
+    return ""
+
+
 def end_ids(cfg: ModelConfig, eot_id: int) -> list[int]:
     """The ids that end a sequence: config's eos_ids, the tokenizer's end-of-text for a model trained here."""
     return list(cfg.eos_ids) or [eot_id]
@@ -85,7 +114,7 @@ def hf_weights(state: dict[str, np.ndarray], cfg: ModelConfig, model_type: str =
     """gptport's tensors (popped from `state`) under transformers' names, the family's plan split back: c_attn into
     q_proj, k_proj, v_proj; a tied head not stored (transformers ties it to the embedding)."""
     plan = arch.family(model_type).hf_plan(cfg, cfg.vocab_size)
-    return dict(pair for planned in plan for pair in split(planned, state.pop(planned.name)))
+    return dict(split_all(plan, state.pop))
 
 
 def tokenizer_files(model_dir: Path) -> list[str]:

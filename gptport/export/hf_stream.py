@@ -48,7 +48,7 @@ def _chunks(planned: Planned, dtype: str, held: dict[str, Held]) -> Iterator[np.
         rows, step = part.out_rows, max(1, CHUNK // max(row, 1))
         for start in range(0, rows, step):
             n = min(step, rows - start)
-            yield _converted(read_bytes(h, start * row, n * row), h.entry.dtype, dtype)
+            yield _converted(read_bytes(h, (part.start + start) * row, n * row), h.entry.dtype, dtype)
 
 
 def _narrowed(a: np.ndarray, dtype: str) -> np.ndarray:

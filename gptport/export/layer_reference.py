@@ -47,7 +47,7 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
     vocabulary of 128k, so last_only matters only for long prompts."""
     import torch
 
-    from gptport.training.layers import make_norm, rope_cos_sin, rope_inv_freq
+    from gptport.training.layers import make_norm, model_rope, rope_cos_sin, rope_inv_freq
     from gptport.training.model import (
         Block,
         additive,
@@ -76,7 +76,8 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
         elif cfg.pos_encoding == "sinusoidal":
             x = x + sinusoidal(pos, cfg.d_model).to(x.dtype)
         else:  # rope: the float32 inverse frequencies, widened for float64 (as float64_copy widens the buffer)
-            rope = rope_cos_sin(pos, rope_inv_freq(cfg).to(dtype), x.dtype)  # (B, T, hd) each
+            long = rope_inv_freq(cfg, long=True).to(dtype) if cfg.rope_scaling == "longrope" else None
+            rope = model_rope(cfg, pos, (rope_inv_freq(cfg).to(dtype), long), x.dtype)  # (B, T, rd) each
             if cfg.rope_local_theta > 0:
                 local = rope_cos_sin(pos, rope_inv_freq(cfg, local=True).to(dtype), x.dtype)  # (B, T, hd) each
     for i in range(cfg.n_layer):

@@ -1,7 +1,6 @@
 """The multi-row append graph: the static-cache graph (gqa_graph.py) with its attention written in
 onnx's own opset-24 operators, so that one run appends several new tokens to each of several rows of
-the cache, each row at its own length. Built from the weights like its twin (no torch but RoPE's
-frequencies).
+the cache, each row at its own length. Built from the weights like its twin (no torch).
 
 Why a third graph: onnxruntime's CPU GroupQueryAttention refuses a batch of rows that each append
 several tokens after a cache ("batch_size must be 1 when sequence_length > 1 and past context is
@@ -45,9 +44,10 @@ from onnx import TensorProto, helper
 
 from gptport import contract
 from gptport.config import ModelConfig
-from gptport.export import gqa_graph, graph_body
+from gptport.export import gqa_graph, graph_body, rope_graph
 from gptport.export.graph_body import FASTEST, Builder, Forms, Qkv
 from gptport.export.nbits import NBits
+from gptport.export.rope_graph import Rotary
 from gptport.export.tensor_sink import Sink
 
 OPSET = 24  # TensorScatter and Attention with nonpad_kv_seqlen
@@ -61,6 +61,7 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
     n_layer, head_dim = config.n_layer, config.head_dim
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
     made: dict[str, str] = {}  # what every layer shares, made at the first: lengths, rope tables
+    rotary = Rotary(config, packed=True) if rope_graph.outside(config) else None  # partial, LongRoPE, layers without
 
     def valid_lengths(g: Builder) -> tuple[str, str]:
         if not made.get("each"):
@@ -95,7 +96,9 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
 
     def attend(g: Builder, i: int, qkv: Qkv) -> str:
         q, k, v = g.parts(qkv)  # (1, T, H*hd), (1, T, Hkv*hd) twice
-        if config.pos_encoding == "rope":  # rotated while packed: the real tokens only, at their positions
+        if rotary is not None:  # rotated while packed, in onnx's operators
+            q, k = rotary.heads(g, q, i, config.n_head), rotary.heads(g, k, i, config.n_kv_head)
+        elif config.pos_encoding == "rope":  # rotated while packed: the real tokens only, at their positions
             local = config.local_rope(i)
             q, k = rotate(g, q, config.n_head, local), rotate(g, k, config.n_kv_head, local)
         q = to_rows(g, q, config.n_head)  # (B, H, K, hd)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptport import __version__, atomic, specials
+from gptport import __version__, atomic, contract, specials
 from gptport import tokenizer as bpe
 from gptport.config import ModelConfig, read_json
 from gptport.errors import InputError, UsageError
@@ -151,6 +151,9 @@ def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Pat
     if out.resolve() == model_dir.resolve() or model_dir.resolve() in out.resolve().parents:
         raise UsageError(f"--out {out}: inside the model directory; choose a folder of its own")
     precision, graph, meta = web_graph.choose(model_dir, precision)
+    if json.loads(meta.get(contract.META_CONFIG, "{}")).get("rope_scaling") == "longrope":
+        raise UsageError(f"{model_dir}: LongRoPE: the page's decoding loop does not recompute its cache where the "
+                         "long factors begin (generate does); no web bundle yet")
     tok = web_graph.checked_tokenizer(model_dir, graph, meta)
     modules = npm_modules(runtime_dir, say)
     out.parent.mkdir(parents=True, exist_ok=True)

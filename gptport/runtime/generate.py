@@ -71,6 +71,9 @@ def generate(
     ends = as_ends(eot_id)
     takers = [_taker(row, i, ends, max_new_tokens, sampling, on_token, matchers) for i, row in enumerate(rows)]
 
+    # LongRoPE: the step that takes a row past the original context recomputes the cache whole, so every position of
+    # that row takes the long factors (transformers' Phi3 generate drops its cache there; design record 0050)
+    regrow = engine.config.rope_original_n_ctx + 1 if engine.config.rope_scaling == "longrope" else 0
     t0 = time.perf_counter()
     ids, mask = left_pad([r.prompt_ids for r in rows])  # (B, P)
     pos = positions(mask)
@@ -95,13 +98,19 @@ def generate(
             break
         if pending:  # in the cache already: the burst's next token is taken without a step
             continue
-        if k and mask.shape[1] + k <= n_ctx and max_new_tokens - taken - 1 >= k:  # room, and k tokens to take
+        if k and mask.shape[1] + k <= n_ctx and max_new_tokens - taken - 1 >= k and not regrow:  # room, k to take
             assert burster is not None
             pending = list(burster.burst(past, nxt).T)
             mask = np.concatenate([mask, np.ones((len(rows), k), dtype=np.int64)], axis=1)  # (B, P+k)
             pos = pos[:, -1:] + k
             continue
-        if mask.shape[1] < n_ctx:  # room for one more token: one decode step through the cache
+        if regrow and any(a and len(r.prompt_ids) + len(r.new_ids) == regrow for a, r in zip(active, rows,
+                                                                                             strict=True)):
+            # a row just past LongRoPE's original context: every row's sequence again
+            ids, mask = left_pad([r.prompt_ids + r.new_ids for r in rows])
+            pos = positions(mask)
+            logits, past = step(ids, mask, pos, engine.empty_past(len(rows)))
+        elif mask.shape[1] < n_ctx:  # room for one more token: one decode step through the cache
             mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)  # (B, P+1)
             pos = pos[:, -1:] + 1  # (B, 1)
             logits, past = step(nxt[:, None], mask, pos, past)

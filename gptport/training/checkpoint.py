@@ -68,8 +68,10 @@ def load_weights(model_dir: Path, cfg: ModelConfig, device: str | torch.device =
         raise ArtifactError(f"{path}: does not fit config.json (missing {missing[:3]}, unexpected {unexpected[:3]})")
     if cfg.tie_embeddings:
         model.lm_head.weight = model.wte.weight
-    if cfg.pos_encoding == "rope":  # the one buffer not saved: computed from the config
+    if cfg.pos_encoding == "rope":  # the buffers not saved: computed from the config
         model.inv_freq = rope_inv_freq(cfg).to(device)
+        if cfg.rope_scaling == "longrope":
+            model.inv_freq_long = rope_inv_freq(cfg, long=True).to(device)
     if cfg.rope_local_theta > 0:
         model.local_inv_freq = rope_inv_freq(cfg, local=True).to(device)
     unset = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

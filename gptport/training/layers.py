@@ -1,10 +1,8 @@
 """The Llama family's pieces of the torch model: RMSNorm, rotary positions (RoPE, in transformers'
-rotate_half layout, with linear and Llama 3.1 frequency scaling), key/value heads shared by groups of
+rotate_half layout, partial or whole heads, frequencies from gptport/rope.py), key/value heads shared by groups of
 query heads, and the SwiGLU MLP. model.py assembles them with GPT-2's pieces as ModelConfig says."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -35,39 +33,38 @@ def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     return nn.LayerNorm(dim, eps=cfg.ln_eps, bias=cfg.bias)
 
 
-def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> Tensor:
-    """RoPE's (head_dim / 2,) float32 inverse frequencies theta^(-2i/head_dim), scaled as cfg.rope_scaling
-    says; the same float32 operations as transformers' _compute_default_rope_parameters,
-    _compute_linear_scaling_rope_parameters and _compute_llama3_parameters, so the values are the same.
-    `local`: the window layers' (rope_local_theta, unscaled), where the model has them."""
-    dim = cfg.head_dim
-    theta = cfg.rope_local_theta if local and cfg.rope_local_theta > 0 else cfg.rope_theta
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))  # (hd/2,)
-    if local and cfg.rope_local_theta > 0:
-        return inv_freq
-    if cfg.rope_scaling == "linear":
-        return inv_freq / cfg.rope_factor
-    if cfg.rope_scaling != "llama3":
-        return inv_freq
-    factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
-    old_context_len = cfg.rope_original_n_ctx
-    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
-    wavelen = 2 * math.pi / inv_freq  # (hd/2,)
-    # long wavelengths (beyond the pretraining context / low): divided by factor; short ones kept
-    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    # in between: interpolated between the two with a smooth factor
-    smooth_factor = (old_context_len / wavelen - low) / (high - low)
-    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
-    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+def rope_inv_freq(cfg: ModelConfig, long: bool = False, local: bool = False) -> Tensor:
+    """RoPE's (rotary_width / 2,) float32 inverse frequencies as cfg.rope_scaling says (`long`: LongRoPE's long
+    set; `local`: the window layers', rope_local_theta unscaled): gptport/rope.py's numpy values, the ones the
+    graphs take too."""
+    from gptport import rope
+
+    return torch.from_numpy(rope.inv_freq(cfg, long, local))
 
 
-def rope_cos_sin(position_ids: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin of position * frequency, each frequency twice (the halves layout): (B, T) -> (B, T, hd) each.
-    Computed in inv_freq's precision (float32; float64 for the exact reference), then cast to `dtype`."""
-    freqs = position_ids[..., None].to(inv_freq.dtype) * inv_freq  # (B, T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, hd)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+def rope_cos_sin(position_ids: Tensor, inv_freq: Tensor, dtype: torch.dtype, scale: float = 1.0
+                 ) -> tuple[Tensor, Tensor]:
+    """cos and sin of position * frequency, each frequency twice (the halves layout): (B, T) -> (B, T, rd) each,
+    rd the rotated width. Computed in inv_freq's precision (float32; float64 for the exact reference), times
+    `scale` (LongRoPE's attention factor) where it is not 1, then cast to `dtype`."""
+    freqs = position_ids[..., None].to(inv_freq.dtype) * inv_freq  # (B, T, rd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, rd)
+    cos, sin = emb.cos(), emb.sin()
+    if scale != 1.0:  # transformers multiplies by its float32 cast
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
+
+
+def model_rope(cfg: ModelConfig, position_ids: Tensor, freqs: tuple[Tensor, Tensor | None], dtype: torch.dtype
+               ) -> tuple[Tensor, Tensor]:
+    """The cos and sin of a call at `position_ids` (B, T): LongRoPE's long set (freqs[1]) for a row whose highest
+    position reaches past rope_original_n_ctx (transformers' choice for a call of one row), else freqs[0]. Chosen
+    per row, so a row computes what it computes alone (design record 0050)."""
+    if freqs[1] is None or not position_ids.numel():
+        return rope_cos_sin(position_ids, freqs[0], dtype, cfg.rope_attention_factor)
+    long = position_ids.max(dim=-1, keepdim=True).values + 1 > cfg.rope_original_n_ctx  # (B, 1)
+    inv = torch.where(long[..., None], freqs[1], freqs[0])  # (B, 1, rd/2)
+    return rope_cos_sin(position_ids, inv, dtype, cfg.rope_attention_factor)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -77,9 +74,14 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate each head of x (B, H, T, hd) by its position's angles; cos, sin (B, T, hd)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, hd)
-    return x * cos + rotate_half(x) * sin  # (B, H, T, hd)
+    """Rotate each head of x (B, H, T, hd) by its position's angles; cos, sin (B, T, rd): the first rd of each
+    head rotate, the rest pass (partial rotary, rd < hd)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, rd)
+    rd = cos.shape[-1]
+    if rd == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin  # (B, H, T, hd)
+    x_rot, x_pass = x[..., :rd], x[..., rd:]  # (B, H, T, rd), (B, H, T, hd - rd)
+    return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)  # (B, H, T, hd)
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:

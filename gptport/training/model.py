@@ -16,7 +16,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptport.config import ModelConfig
-from gptport.training.layers import RMSNorm, SwiGLU, apply_rope, make_norm, repeat_kv, rope_cos_sin, rope_inv_freq
+from gptport.training.layers import (
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    make_norm,
+    model_rope,
+    repeat_kv,
+    rope_cos_sin,
+    rope_inv_freq,
+)
 
 KV = tuple[Tensor, Tensor]  # (B, Hkv, T, hd) each: n_kv_head heads (n_head unless grouped)
 Rope = tuple[Tensor, Tensor]  # cos, sin: (B, T, hd) each
@@ -142,8 +151,10 @@ class Block(nn.Module):
 
 def layer_inputs(cfg: ModelConfig, layer: int, masks: tuple[Tensor | None, Tensor | None],
                  ropes: tuple[Rope | None, Rope | None]) -> tuple[Tensor | None, Rope | None]:
-    """Layer `layer`'s mask and rotation from the model's (full, window) masks and (global, local) rotations."""
-    return (masks[1] if cfg.windowed(layer) else masks[0]), (ropes[1] if cfg.local_rope(layer) else ropes[0])
+    """Layer `layer`'s mask and rotation from the model's (full, window) masks and (global, local) rotations (none
+    in a layer without rope: SmolLM3's)."""
+    rope = None if layer in cfg.no_rope_layers else ropes[1] if cfg.local_rope(layer) else ropes[0]
+    return (masks[1] if cfg.windowed(layer) else masks[0]), rope
 
 
 def additive(keep: Tensor, dtype: torch.dtype) -> Tensor:
@@ -168,7 +179,9 @@ class GPT(nn.Module):
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg, cfg.d_model)
         if cfg.pos_encoding == "rope":  # not a weight: computed from the config, never saved
-            self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # (hd/2,)
+            self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # (rd/2,)
+            if cfg.rope_scaling == "longrope":  # the set for a call past rope_original_n_ctx
+                self.register_buffer("inv_freq_long", rope_inv_freq(cfg, long=True), persistent=False)  # (rd/2,)
         if cfg.rope_local_theta > 0:  # the window layers' own
             self.register_buffer("local_inv_freq", rope_inv_freq(cfg, local=True), persistent=False)  # (hd/2,)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -238,8 +251,9 @@ class GPT(nn.Module):
             x = x + self.wpe(position_ids)
         elif self.cfg.pos_encoding == "sinusoidal":
             x = x + sinusoidal(position_ids, self.cfg.d_model).to(x.dtype)
-        else:  # rope: each attention rotates its q and k by these
-            rope = rope_cos_sin(position_ids, self.inv_freq, x.dtype)  # (B, T, hd) each
+        else:  # rope: each attention rotates its q and k by these (but the layers without rope)
+            rope = model_rope(self.cfg, position_ids, (self.inv_freq, getattr(self, "inv_freq_long", None)),
+                              x.dtype)  # (B, T, rd) each
             if self.cfg.rope_local_theta > 0:
                 local = rope_cos_sin(position_ids, self.local_inv_freq, x.dtype)  # (B, T, hd) each
         x = self.drop(x)

@@ -12,7 +12,17 @@ import numpy as np
 import pytest
 
 from gptport import arch
-from gptport.arch.base import Family, Layout, Specials, assemble, gptport_shapes, permute, plan, split, unpermute
+from gptport.arch.base import (
+    Family,
+    Layout,
+    Specials,
+    assemble,
+    gptport_shapes,
+    permute,
+    plan,
+    split_all,
+    unpermute,
+)
 from gptport.config import ModelConfig
 
 TOKENS = Specials(1, True, (2, 3), 2)
@@ -29,11 +39,18 @@ CONFIGS: dict[str, ModelConfig] = {  # a model each family's class computes (tie
     "qwen3": ModelConfig(vocab_size=50, n_ctx=32, d_model=16, n_layer=2, n_head=4, n_kv_head=2, head_dim=8, d_ff=24,
                          qk_norm=True, tie_embeddings=False, rope_scaling="linear", rope_factor=2.0, bos_id=1,
                          add_bos=True, eos_ids=(2, 3), **ROTARY),
+    "phi3": ModelConfig(vocab_size=50, n_ctx=32, d_model=32, n_layer=2, n_head=2, n_kv_head=1, d_ff=24,
+                        tie_embeddings=False, rotary_dim=12, rope_scaling="longrope", rope_original_n_ctx=8,
+                        rope_short_factor=(1.0, 1.1, 1.2, 1.3, 1.4, 1.5), rope_long_factor=(2.0,) * 6,
+                        rope_attention_factor=1.2, bos_id=1, add_bos=True, eos_ids=(2, 3), **ROTARY),
+    "smollm3": ModelConfig(vocab_size=50, n_ctx=32, d_model=16, n_layer=4, n_head=4, n_kv_head=2, d_ff=24,
+                           no_rope_layers=(3,), rope_theta=2e6, bos_id=1, add_bos=True, eos_ids=(2, 3), **ROTARY),
 }
 
 
 def test_the_registry_finds_each_family_by_its_names() -> None:
-    assert [f.model_type for f in arch.FAMILIES] == ["gemma3_text", "gpt2", "llama", "mistral", "qwen2", "qwen3"]
+    assert [f.model_type for f in arch.FAMILIES] == ["gemma3_text", "gpt2", "llama", "mistral", "phi3", "qwen2",
+                                                     "qwen3", "smollm3"]
     for f in arch.FAMILIES:
         assert arch.from_hf({"model_type": f.model_type}) is f
         assert arch.from_hf({"architectures": [f.hf_class]}) is f
@@ -84,12 +101,9 @@ def test_split_then_assemble_gives_back_every_tensor(model_type: str, fmt: str) 
     rng = np.random.default_rng(0)
     ours = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in gptport_shapes(cfg).items()}
     planned = family.hf_plan(cfg, cfg.vocab_size) if fmt == "hf" else family.gguf_plan(cfg, cfg.vocab_size)
-    theirs = {}
-    for p in planned:
-        pieces = split(p, ours[p.name])
-        assert [a.shape for _, a in pieces] == [part.shape for part in p.parts], p.name
-        theirs.update(pieces)
-    assert len(theirs) == sum(len(p.parts) for p in planned)  # no two gptport tensors share a source name
+    theirs = dict(split_all(planned, ours.__getitem__))  # row blocks of one source (Phi-3's gate_up) joined
+    shapes = {part.name: part.shape for p in planned for part in p.parts}
+    assert {name: a.shape for name, a in theirs.items()} == shapes
     for p in planned:
         assert np.array_equal(assemble(p, theirs.__getitem__), ours[p.name]), p.name
 
@@ -102,7 +116,7 @@ def test_llama_cpps_permutation_is_undone() -> None:
     assert head.tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3"])
 def test_export_hfs_config_reads_back_as_the_same_model(model_type: str) -> None:
     family, cfg = arch.family(model_type), CONFIGS[model_type]
     written = family.hf_config(cfg, [2, 3])

@@ -14,8 +14,8 @@ import pytest
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.export import contract_graph, graph_write, layer_check
-from gptport.export.contract_graph import _Attention
 from gptport.export.graph_body import Builder
+from gptport.export.rope_graph import Rotary
 from gptport.export.tolerance import Tolerance
 from tests.conftest import build_model_dir
 from tests.export.test_builder import random_model, weights_of
@@ -122,14 +122,14 @@ def test_a_mask_off_by_one_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_rotated_halves_swapped_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = random_model(**LLAMA)
     w = weights_of(model)
-    rotate = _Attention._rotate
+    rotate = Rotary.rotate
 
-    def swapped(self: _Attention, g: Builder, x: str, local: bool) -> str:
+    def swapped(self: Rotary, g: Builder, x: str, layer: int) -> str:
         half = self.config.head_dim // 2
         x1, x2 = g.op("Split", [x, g.const("rope_halves", np.array([half, half], np.int64))], 2, axis=-1)
-        return rotate(self, g, g.op("Concat", [x2, x1], axis=-1)[0], local)
+        return rotate(self, g, g.op("Concat", [x2, x1], axis=-1)[0], layer)
 
-    monkeypatch.setattr(_Attention, "_rotate", swapped)
+    monkeypatch.setattr(Rotary, "rotate", swapped)
     assert not all(_check(tmp_path, contract_graph.build, w, model.cfg, w))
 
 
