@@ -48,32 +48,49 @@ def rtn(w: np.ndarray, block: int, symmetric: bool) -> np.ndarray:
     return out.reshape(-1, n)[:k].astype(w.dtype)
 
 
-def search_scale(x: np.ndarray, weights: list[np.ndarray], block: int, symmetric: bool) -> np.ndarray:
+def int8_rows(x: np.ndarray, block: int) -> np.ndarray:
+    """`x` (n, K) as MatMulNBits' int8 compute (accuracy level 4) sees it: each block of `block` channels of each
+    row rounded to 255 levels of its largest magnitude."""
+    n, k = x.shape
+    if k % block:
+        return x
+    b = x.reshape(n, k // block, block)
+    scale = np.abs(b).max(-1, keepdims=True) / 127.0  # (n, nb, 1)
+    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
+    return (np.clip(np.rint(b * inv), -127, 127) * scale).reshape(n, k).astype(x.dtype)
+
+
+def search_scale(x: np.ndarray, weights: list[np.ndarray], block: int, symmetric: bool,
+                 int8: bool = False) -> np.ndarray:
     """s (K,) for the matrices `weights` (each (K, N_i)) that read the activation rows `x` (n, K): mean|x|^alpha
     (normalized to a geometric mean of 1 between its extremes), alpha on ALPHAS, the one whose quantized outputs
-    x @ (rtn(W * s) / s) are nearest x @ W in squared error."""
+    (x / s) @ rtn(W * s) are nearest x @ W in squared error; with `int8` the rows x / s rounded as int8 compute
+    rounds them (int8_rows)."""
     mean = np.maximum(np.abs(x).mean(0), FLOOR).astype(np.float64)  # (K,)
     refs = [x @ w for w in weights]  # (n, N_i)
     best, chosen = np.inf, np.ones_like(mean, dtype=np.float32)
     for alpha in ALPHAS:
         s = mean ** alpha
         s = (s / np.sqrt(s.max() * s.min())).astype(np.float32)
-        err = sum(float(np.square(x @ (rtn(w * s[:, None], block, symmetric) / s[:, None]) - r).sum())
+        xs = int8_rows(x / s, block) if int8 else x / s  # (n, K)
+        err = sum(float(np.square(xs @ rtn(w * s[:, None], block, symmetric) - r).sum())
                   for w, r in zip(weights, refs, strict=True))
         if err < best:
             best, chosen = err, s
     return chosen
 
 
-def clip(x: np.ndarray, w: np.ndarray, block: int, symmetric: bool) -> np.ndarray:
+def clip(x: np.ndarray, w: np.ndarray, block: int, symmetric: bool, int8: bool = False) -> np.ndarray:
     """`w` (K, N) read by rows `x` (n, K), each block of `block` rows of each column clamped to the ratio of its
-    extremes on CLIP_RATIOS whose quantization errs least on x's part: ||x_b @ (w_b - rtn(clamp(w_b)))||^2.
-    K not a multiple of `block`: `w` unchanged."""
+    extremes on CLIP_RATIOS whose quantization errs least on x's part: ||x_b @ w_b - x'_b @ rtn(clamp(w_b))||^2
+    (x' = x, or with `int8` x as int8 compute rounds it). K not a multiple of `block`: `w` unchanged."""
     k, n = w.shape
     if k % block:
         return w
     nb = k // block
-    xb = np.ascontiguousarray(x[:CLIP_ROWS].reshape(-1, nb, block).transpose(1, 0, 2))  # (nb, n, block)
+    rows = x[:CLIP_ROWS]
+    xb = np.ascontiguousarray(rows.reshape(-1, nb, block).transpose(1, 0, 2))  # (nb, n, block)
+    xq = np.ascontiguousarray((int8_rows(rows, block) if int8 else rows).reshape(-1, nb, block).transpose(1, 0, 2))
     wb = w.reshape(nb, block, n)  # (nb, block, n)
     lo, hi = wb.min(1, keepdims=True), wb.max(1, keepdims=True)  # (nb, 1, n)
     best_err = np.full((nb, n), np.inf)
@@ -82,7 +99,7 @@ def clip(x: np.ndarray, w: np.ndarray, block: int, symmetric: bool) -> np.ndarra
         c = np.clip(wb, r * lo, r * hi) if not symmetric else np.clip(wb, -r * np.maximum(-lo, hi),
                                                                       r * np.maximum(-lo, hi))
         q = rtn(c.reshape(k, n), block, symmetric).reshape(nb, block, n)
-        err = np.square(xb @ (q - wb)).sum(1)  # (nb, n)
+        err = np.square(xq @ q - xb @ wb).sum(1)  # (nb, n)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best = np.where(better[:, None, :], c, best)
@@ -90,14 +107,15 @@ def clip(x: np.ndarray, w: np.ndarray, block: int, symmetric: bool) -> np.ndarra
 
 
 def apply(proto: onnx.ModelProto, samples: Mapping[str, np.ndarray], block: int, symmetric: bool,
-          skip: Collection[str] = (), clipping: bool = True) -> list[str]:
+          skip: Collection[str] = (), clipping: bool = True, int8: bool = False) -> list[str]:
     """Rescale (and with `clipping`, clip) `proto`'s 4-bit matrices in place for the activation rows `samples`
-    (calibration.activation_samples), leaving the modules of `skip` (kept at 8 bits) alone; -> the modules
-    rescaled. The attention's output projection (its input comes from no norm) is clipped only."""
+    (calibration.activation_samples), leaving the modules of `skip` (kept at 8 bits) alone, the error measured
+    with int8 activations where `int8` (accuracy level 4); -> the modules rescaled. The attention's output
+    projection (its input comes from no norm) is clipped only."""
     modules = [m for m in samples if m not in skip]
 
     def choose(module: str, weights: list[np.ndarray]) -> np.ndarray:
-        return search_scale(samples[module], weights, block, symmetric)
+        return search_scale(samples[module], weights, block, symmetric, int8)
 
     done = smooth.fold(proto, modules, choose)
     if clipping:
@@ -114,6 +132,6 @@ def apply(proto: onnx.ModelProto, samples: Mapping[str, np.ndarray], block: int,
         for m, (s, names) in todo.items():
             x = samples[m] / s  # (n, K): what the rescaled weights read
             for name in names:
-                w = numpy_helper.to_array(inits[name])
-                inits[name].CopyFrom(numpy_helper.from_array(clip(x, w, block, symmetric).astype(np.float32), name))
+                w = clip(x, numpy_helper.to_array(inits[name]), block, symmetric, int8)
+                inits[name].CopyFrom(numpy_helper.from_array(w.astype(np.float32), name))
     return list(done)

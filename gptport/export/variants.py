@@ -163,7 +163,7 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
             raise ValueError(f"{scheme.name}: AWQ needs the activations' samples (calibration.py)")
         layers = sum(1 for i in proto.graph.initializer if i.name.endswith(".attn.c_attn.weight_t"))
         skip = {m.replace(".attn.c_attn", ".ln_1") for m in wide_modules(scheme.wide, layers)}  # their norms'
-        awq.apply(proto, ranges, scheme.block, scheme.symmetric, skip=skip)
+        awq.apply(proto, ranges, scheme.block, scheme.symmetric, skip=skip, int8=scheme.accuracy_level == 4)
     head = next((n.name for n in proto.graph.node if contract.LOGITS in n.output), None)  # None: a bare MatMul's
     if scheme.kind == "w8a8":
         w8a8.rewrite(proto)
