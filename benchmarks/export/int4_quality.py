@@ -9,7 +9,9 @@ its chunking: the text tokenized whole (a BOS first where the model adds one), c
 chunk's first token replaced by BOS where the model adds one, the second half of each chunk scored (the
 positions CTX/2 .. CTX-2 predicting the next token), perplexity = exp(mean negative log-likelihood). The fp32
 row beside llama.cpp's F32 is the check that both sides compute the same thing. Each gptport scheme is made from
-the fp32 static-cache graph as `gptport export` makes it (variants.quantize); sizes are the files' bytes.
+the fp32 static-cache graph as `gptport export` makes it (variants.quantize); sizes are the files' bytes; each
+gptport graph's scoring time (prefill of CTX tokens) and its batch-1 decode speed (--gen tokens, quant.speeds)
+are recorded beside it, for the accuracy levels' choice (one run, not interleaved rounds: indicative).
 
     python -m benchmarks.export.int4_quality MODEL_DIR --text FILE --llama-bin DIR [--gguf F32.gguf]
         [--ctx 512] [--chunks 16] [--schemes a,b,...] [--threads 2]
@@ -82,6 +84,14 @@ def graph_ppl(path: Path, data: np.ndarray, threads: int) -> tuple[float, float]
     return float(np.exp(np.concatenate(losses).mean())), time.perf_counter() - t0
 
 
+def decode(path: Path, threads: int, gen: int) -> dict[str, float]:
+    """Median prefill (64 tokens) and decode tokens/s at batch 1 of the graph at `path` (quant.speeds)."""
+    from benchmarks.export.quant import speeds
+    from gptport.runtime.onnx_engine import load_cpu
+
+    return speeds(load_cpu(path, threads), 64, gen, 2)
+
+
 def llama_ppl(binary: Path, gguf: Path, text: Path, ctx: int, count: int, threads: int) -> float:
     """llama-perplexity's final estimate for `gguf` over `text`."""
     r = subprocess.run([str(binary), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks",
@@ -121,6 +131,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gen", type=int, default=32, help="tokens decoded per timing of each gptport graph (0: none)")
     ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated variants.SCHEMES names")
     args = ap.parse_args()
     if args.llama_bin is None or not (Path(args.llama_bin) / "llama-perplexity").is_file():
@@ -152,7 +163,8 @@ def main() -> None:
     run = Run()
     with run.round() as rnd:
         ppl, secs = graph_ppl(fp32, data, args.threads)
-        rows.append({"engine": "gptport", "name": "fp32", "ppl": ppl, "mb": fp32.stat().st_size / 1e6})
+        rows.append({"engine": "gptport", "name": "fp32", "ppl": ppl, "mb": fp32.stat().st_size / 1e6,
+                     "score_s": secs} | (decode(fp32, args.threads, args.gen) if args.gen else {}))
         print(f"gptport fp32: ppl {ppl:.4f} ({secs:.0f} s)")
         samples = ranges = None
         for name in names:
@@ -171,7 +183,8 @@ def main() -> None:
             graph_files.set_metadata(out, graph_files.metadata(card, "int4", "static"))
             ppl, secs = graph_ppl(out, data, args.threads)
             rows.append({"engine": "gptport", "name": name, "ppl": ppl, "mb": out.stat().st_size / 1e6,
-                         "quantize_s": made})
+                         "quantize_s": made, "score_s": secs} | (decode(out, args.threads, args.gen) if args.gen
+                                                                  else {}))
             print(f"gptport {name}: ppl {ppl:.4f} ({made:.0f} s to make, {secs:.0f} s to score)")
         files = ggufs(d, args.gguf, args.llama_bin / "llama-quantize", work)
         for t, path in files.items():

@@ -20,9 +20,9 @@ from onnx import numpy_helper
 
 from gptport.export import smooth
 
-ALPHAS = np.linspace(0.0, 1.0, 21)  # AWQ's grid of exponents (alpha 0: no scaling, always among the candidates)
+ALPHAS = np.linspace(0.0, 1.0, 11)  # the grid of exponents (AWQ's has 20; alpha 0: no scaling, always a candidate)
 CLIP_RATIOS = np.linspace(1.0, 0.55, 10)  # of a block's largest magnitude (AWQ: down to half, in 20 steps)
-CLIP_ROWS = 256  # calibration rows the clipping search measures on (the most expensive search)
+SEARCH_ROWS = 256  # calibration rows the scale search measures on (its cost: rows x K x N per alpha)
 FLOOR = 1e-6  # no channel's mean |x| below this: a dead channel is not scaled to zero
 
 
@@ -66,7 +66,8 @@ def search_scale(x: np.ndarray, weights: list[np.ndarray], block: int, symmetric
     (normalized to a geometric mean of 1 between its extremes), alpha on ALPHAS, the one whose quantized outputs
     (x / s) @ rtn(W * s) are nearest x @ W in squared error; with `int8` the rows x / s rounded as int8 compute
     rounds them (int8_rows)."""
-    mean = np.maximum(np.abs(x).mean(0), FLOOR).astype(np.float64)  # (K,)
+    mean = np.maximum(np.abs(x).mean(0), FLOOR).astype(np.float64)  # (K,): from every row
+    x = x[:SEARCH_ROWS]
     refs = [x @ w for w in weights]  # (n, N_i)
     best, chosen = np.inf, np.ones_like(mean, dtype=np.float32)
     for alpha in ALPHAS:
@@ -82,24 +83,27 @@ def search_scale(x: np.ndarray, weights: list[np.ndarray], block: int, symmetric
 
 def clip(x: np.ndarray, w: np.ndarray, block: int, symmetric: bool, int8: bool = False) -> np.ndarray:
     """`w` (K, N) read by rows `x` (n, K), each block of `block` rows of each column clamped to the ratio of its
-    extremes on CLIP_RATIOS whose quantization errs least on x's part: ||x_b @ w_b - x'_b @ rtn(clamp(w_b))||^2
-    (x' = x, or with `int8` x as int8 compute rounds it). K not a multiple of `block`: `w` unchanged."""
+    extremes on CLIP_RATIOS whose quantization errs least on x's part: ||x_b @ w_b - x'_b @ q||^2 for q =
+    rtn(clamp(w_b)) (x' = x, or with `int8` x as int8 compute rounds it), computed from the blocks' Gram
+    matrices as q.G.q - 2 q.C.w_b + const (G = x'_b^T x'_b, C = x'_b^T x_b: block x block, whatever the rows).
+    K not a multiple of `block`: `w` unchanged."""
     k, n = w.shape
     if k % block:
         return w
     nb = k // block
-    rows = x[:CLIP_ROWS]
-    xb = np.ascontiguousarray(rows.reshape(-1, nb, block).transpose(1, 0, 2))  # (nb, n, block)
-    xq = np.ascontiguousarray((int8_rows(rows, block) if int8 else rows).reshape(-1, nb, block).transpose(1, 0, 2))
+    xb = x.reshape(-1, nb, block).transpose(1, 0, 2).astype(np.float64)  # (nb, rows, block)
+    xq = (int8_rows(x, block) if int8 else x).reshape(-1, nb, block).transpose(1, 0, 2).astype(np.float64)
+    gram, cross = xq.transpose(0, 2, 1) @ xq, xq.transpose(0, 2, 1) @ xb  # (nb, block, block)
     wb = w.reshape(nb, block, n)  # (nb, block, n)
     lo, hi = wb.min(1, keepdims=True), wb.max(1, keepdims=True)  # (nb, 1, n)
     best_err = np.full((nb, n), np.inf)
     best = wb.copy()
+    cw = cross @ wb  # (nb, block, n)
     for r in CLIP_RATIOS:
         c = np.clip(wb, r * lo, r * hi) if not symmetric else np.clip(wb, -r * np.maximum(-lo, hi),
                                                                       r * np.maximum(-lo, hi))
         q = rtn(c.reshape(k, n), block, symmetric).reshape(nb, block, n)
-        err = np.square(xq @ q - xb @ wb).sum(1)  # (nb, n)
+        err = (q * (gram @ q - 2.0 * cw)).sum(1)  # (nb, n): the error less its constant ||x_b w_b||^2
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best = np.where(better[:, None, :], c, best)
