@@ -38,6 +38,7 @@ SCHEMES = ("nbits4-b32-acc4-head8", "nbits4-b32-asym-acc4-head8", "nbits4-b32-ac
            "nbits4-b32-awq-acc4-head8-down8", "nbits4-b32-awq-acc0-head8", "nbits4-grid-acc4-head8")
 LLAMA_TYPES = ("Q4_0", "Q4_K_M")
 PPL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
+RUNNING = re.compile(r"\[(\d+)\]([0-9.]+),")  # llama-perplexity's estimate after each chunk
 
 
 def split(text: str, fraction: float) -> tuple[str, str]:
@@ -93,14 +94,20 @@ def decode(path: Path, threads: int, gen: int) -> dict[str, float]:
 
 
 def llama_ppl(binary: Path, gguf: Path, text: Path, ctx: int, count: int, threads: int) -> float:
-    """llama-perplexity's final estimate for `gguf` over `text`."""
-    r = subprocess.run([str(binary), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks",
-                        str(count), "-t", str(threads)], capture_output=True, text=True, check=False)
-    found = PPL.search(r.stdout + r.stderr)
-    if r.returncode or not found:
-        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"llama-perplexity on {gguf.name} failed ({r.returncode}): {tail}")
-    return float(found.group(1))
+    """llama-perplexity's final estimate for `gguf` over `text`, else its running estimate after the last chunk
+    (its log is written by a thread that an exit can cut short: then one more try)."""
+    for _ in range(2):
+        r = subprocess.run([str(binary), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
+                            "--chunks", str(count), "-t", str(threads)], capture_output=True, text=True, check=False)
+        out = r.stdout + r.stderr
+        found = PPL.search(out)
+        if r.returncode == 0 and found:
+            return float(found.group(1))
+        running = dict(RUNNING.findall(out))
+        if r.returncode == 0 and str(count) in running:
+            return float(running[str(count)])
+    tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+    raise SystemExit(f"llama-perplexity on {gguf.name} failed ({r.returncode}): {tail}")
 
 
 def ggufs(d: Path, f32: Path | None, quantize: Path, work: Path) -> dict[str, Path]:
@@ -188,7 +195,7 @@ def main() -> None:
             print(f"gptport {name}: ppl {ppl:.4f} ({made:.0f} s to make, {secs:.0f} s to score)")
         files = ggufs(d, args.gguf, args.llama_bin / "llama-quantize", work)
         for t, path in files.items():
-            ppl = llama_ppl(args.llama_bin / "llama-perplexity", path, held, args.ctx, args.chunks, args.threads)
+            ppl = llama_ppl(args.llama_bin / "llama-perplexity", path, held, args.ctx, len(data), args.threads)
             fallback = (work / f"{t}.fallbacks").read_text().split() if t != "F32" else []
             rows.append({"engine": "llama.cpp", "name": t, "ppl": ppl, "mb": path.stat().st_size / 1e6,
                          "fallback_tensors": len(fallback), "fallback_types": sorted(set(fallback))})
