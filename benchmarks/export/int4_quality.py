@@ -122,7 +122,7 @@ def ggufs(d: Path, f32: Path | None, quantize: Path, work: Path) -> dict[str, Pa
                                check=False)
             if r.returncode:
                 raise SystemExit(f"llama-quantize {t} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-            fallbacks = re.findall(r"using fallback quantization (\w+)", r.stdout + r.stderr)
+            fallbacks = re.findall(r"falling back to\s+(\w+)", r.stdout + r.stderr)
             (work / f"{t}.fallbacks").write_text(" ".join(fallbacks))
     return out
 

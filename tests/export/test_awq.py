@@ -123,3 +123,10 @@ def test_the_q4_k_m_layers_kept_wide() -> None:
     layers = [i for i in range(30) if variants.more_bits(i, 30)]
     assert layers == [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]
     assert variants.wide_modules(("down-half",), 8) == {f"h.{i}.mlp.c_proj" for i in (0, 3, 6, 7)}
+
+
+def test_the_int4_ladder_tries_awq_before_plain_rounding() -> None:
+    ladder = variants.LADDER["int4"]
+    assert ladder.index("nbits4-b32-awq-acc4-head8") < ladder.index("nbits4-b32-acc4-head8") == len(ladder) - 1
+    assert all(variants.SCHEMES[s].awq for s in ladder[2:-1])
+    assert variants.direct(ladder[-1]) is not None and variants.direct(ladder[2]) is None  # a large model's: RTN
