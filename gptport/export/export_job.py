@@ -64,6 +64,7 @@ class Job:
     passed: dict[Graph, Path] = field(default_factory=dict)  # graph -> its checked temporary file
     float64: StepFn | None = None  # the model in float64 (validate.exact_step): made once, dropped after the last check
     ranges: variants.Ranges | None = None  # the activations' ranges a smoothing scheme needs: measured once
+    samples: variants.Ranges | None = None  # the activations' sampled rows an AWQ scheme needs: drawn once
     weights: Mapping[str, np.ndarray] = field(default_factory=dict)  # gptport's names -> each tensor, read when asked
     outside: bool = False  # the graphs' weights go to external data (graph_write.external)
     opset: int = contract_graph.OPSET  # the contract graphs' default-domain opset (--opset)
@@ -93,10 +94,16 @@ class Job:
                           self.outside, lambda k, n: self.tell(f"writing {label}: {k} tensors, {n / 2**30:.2f} GiB"))
 
     def ranges_for(self, scheme: str) -> variants.Ranges | None:
-        """The activations' ranges if `scheme` smooths (on every other gate window, measured on first use)."""
+        """The activations' ranges if `scheme` smooths, their sampled rows if it is an AWQ scheme (on every other
+        gate window, measured on first use)."""
         known = variants.SCHEMES.get(scheme)  # "": fp16, which has no scheme
-        if known is None or not known.smooth or self.windows is None:
+        if known is None or not (known.smooth or known.awq) or self.windows is None:
             return None
+        if known.awq:
+            if self.samples is None:
+                self.say("sampling the activations for AWQ's search (every other gate window)")
+                self.samples = calibration.activation_samples(self.model, self.windows[::2])
+            return self.samples
         if self.ranges is None:
             self.say("measuring the activations' channel ranges for smoothing (every other gate window)")
             self.ranges = calibration.activation_ranges(self.model, self.windows[::2])

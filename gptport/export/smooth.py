@@ -13,7 +13,7 @@ which both the contract graph and the static-cache graphs keep."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,10 @@ from onnx import numpy_helper
 NORMS = {"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "SkipLayerNormalization",
          "SkipSimplifiedLayerNormalization"}
 FLOOR = 1e-5  # no channel's range or weight row below this: a dead channel is not blown up
+# How a rescaling's s is chosen: (module, the (in, out) weights that read its activation) -> s (in,), or None to
+# leave the module alone. SmoothQuant's (smooth()) from the ranges; AWQ's (awq.py) by a search.
+Choose = Callable[[str, list[np.ndarray]], "np.ndarray | None"]
+Folded = dict[str, tuple[np.ndarray, list[str]]]  # module -> (its s, the weight initializers now reading x / s)
 
 
 @dataclass
@@ -70,7 +74,7 @@ def _scales(ranges: np.ndarray, weights: list[np.ndarray], alpha: float) -> np.n
     return (a ** alpha / w ** (1 - alpha)).astype(np.float32)
 
 
-def _gamma_at(g: _Graph, node: onnx.NodeProto, ranges: Mapping[str, np.ndarray]) -> int:
+def _gamma_at(g: _Graph, node: onnx.NodeProto, ranges: Collection[str]) -> int:
     """Which input of `node` is a norm's weight the ranges know: a norm operator's, or a Mul by a "*.weight"
     initializer (RMSNorm as torch.export writes it: x * rsqrt(mean(x^2) + eps), times the weight); -1: none."""
     if node.op_type in NORMS:
@@ -82,21 +86,23 @@ def _gamma_at(g: _Graph, node: onnx.NodeProto, ranges: Mapping[str, np.ndarray])
     return at if at >= 0 and node.input[at].removesuffix(".weight") in ranges else -1
 
 
-def _smooth_norm(g: _Graph, node: onnx.NodeProto, at: int, ranges: np.ndarray, alpha: float) -> bool:
+def _smooth_norm(g: _Graph, node: onnx.NodeProto, at: int, module: str, choose: Choose, done: Folded) -> None:
     """Divide the norm's weight (input `at`, and its bias) by s, multiply the rows of its readers' weights by s."""
     beta_at = {"LayerNormalization": 2, "SkipLayerNormalization": 3}.get(node.op_type, -1)
     beta = node.input[beta_at] if 0 <= beta_at < len(node.input) else ""
     names = _weights(g, node.output[0])
     if names is None or not g.owned(node.input[at]) or (beta and not g.owned(beta)) or (
             node.op_type == "SkipLayerNormalization" and len(node.input) > 4 and node.input[4]):
-        return False
-    s = _scales(ranges, [g.array(w) for w in names], alpha)
+        return
+    s = choose(module, [g.array(w) for w in names])
+    if s is None:
+        return
     g.put(node.input[at], g.array(node.input[at]) / s)
     if beta:
         g.put(beta, g.array(beta) / s)
     for w in names:
         g.put(w, g.array(w) * s[:, None])
-    return True
+    done[module] = (s, names)
 
 
 def _up_columns(g: _Graph, x: str, width: int) -> tuple[str, str, slice] | None:
@@ -120,24 +126,26 @@ def _up_columns(g: _Graph, x: str, width: int) -> tuple[str, str, slice] | None:
     return node.input[1], bias, cols
 
 
-def _smooth_down(g: _Graph, down: onnx.NodeProto, ranges: np.ndarray, alpha: float) -> bool:
+def _smooth_down(g: _Graph, down: onnx.NodeProto, module: str, choose: Choose, done: Folded) -> None:
     """down(silu(gate) * up): divide up's columns (and bias) by s, multiply down's rows by s."""
     mul = g.producer.get(down.input[0])
     if mul is None or mul.op_type != "Mul" or not g.owned(down.input[1]) or len(g.consumers[mul.output[0]]) != 1:
-        return False
+        return
     w_down = g.array(down.input[1])  # (F, D)
     ups = [x for x in mul.input if g.producer.get(x) is not None and g.producer[x].op_type in ("MatMul", "Add",
                                                                                                 "Split")]
     if len(ups) != 1 or len(g.consumers.get(ups[0], [])) != 1:
-        return False
+        return
     found = _up_columns(g, ups[0], w_down.shape[0])
     if found is None:
-        return False
+        return
     w_up_name, bias, cols = found
-    s = _scales(ranges, [w_down], alpha)
     w_up = g.array(w_up_name)
-    if w_up[:, cols].shape[1] != len(s):
-        return False
+    if w_up[:, cols].shape[1] != w_down.shape[0]:
+        return
+    s = choose(module, [w_down])
+    if s is None:
+        return
     w_up[:, cols] /= s
     g.put(w_up_name, w_up)
     if bias:
@@ -145,28 +153,33 @@ def _smooth_down(g: _Graph, down: onnx.NodeProto, ranges: np.ndarray, alpha: flo
         b[..., cols] = b[..., cols] / s
         g.put(bias, b)
     g.put(down.input[1], w_down * s[:, None])
-    return True
+    done[module] = (s, [down.input[1]])
 
 
 def smooth(proto: onnx.ModelProto, ranges: Mapping[str, np.ndarray], alpha: float) -> list[str]:
     """Rescale `proto` in place where `ranges` (module name -> (in,) max |x_j|) says; -> the modules done."""
+    return list(fold(proto, ranges, lambda module, weights: _scales(ranges[module], weights, alpha)))
+
+
+def fold(proto: onnx.ModelProto, modules: Collection[str], choose: Choose) -> Folded:
+    """Rescale `proto` in place: each norm of `modules` and each down projection of `modules` whose weights can
+    take it (owned, read by MatMuls only) by the s `choose` gives; -> what was done, in graph order."""
     g = _Graph.of(proto.graph)
-    done = []
+    done: Folded = {}
     for node in list(proto.graph.node):
-        at = _gamma_at(g, node, ranges)
+        at = _gamma_at(g, node, modules)
         if at < 0:
             continue
         module = node.input[at].removesuffix(".weight")
-        if _smooth_norm(g, node, at, ranges[module], alpha):
-            done.append(module)
+        _smooth_norm(g, node, at, module, choose, done)
         down = f"{module.rsplit('.', 1)[0]}.mlp.c_proj" if module.endswith(".ln_2") else ""
-        if down not in ranges:
+        if down not in modules:
             continue
         reads = _weights(g, node.output[0]) or []
         muls = {c.output[0] for w in reads for c in _through(g, w)}
         downs = [c for m in muls for c in g.consumers.get(m, []) if c.op_type == "MatMul" and c.input[0] == m]
-        if len(downs) == 1 and _smooth_down(g, downs[0], ranges[down], alpha):
-            done.append(down)
+        if len(downs) == 1:
+            _smooth_down(g, downs[0], down, choose, done)
     return done
 
 
