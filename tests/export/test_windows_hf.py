@@ -27,8 +27,8 @@ from gptport.runtime.sampling import Sampling
 from gptport.training.checkpoint import load_model
 from gptport.training.model import GPT
 from gptport.training.torch_engine import TorchEngine
-from tests.export.test_hf_llama import (FLOAT32, MISTRAL_V01, QWEN25, _vocab, _widen, hf_tokenizer_dir,  # noqa: F401
-                                        relative_error)
+from tests.export import test_hf_llama as released
+from tests.export.test_hf_llama import FLOAT32, _vocab, _widen, hf_tokenizer_dir, relative_error  # noqa: F401
 from tests.support.cli import assert_one_line_error, gptport
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
@@ -186,13 +186,13 @@ def test_released_configs_keep_their_window() -> None:
     """Mistral 7B v0.1: 4096 on every layer of a 32k context; Qwen2.5 with use_sliding_window (the window from
     max_window_layers on); one that covers the whole context is none."""
     tokens, where = Specials(None, False, (2,), 2), Path("config.json")
-    mistral = family("mistral").model_config(MISTRAL_V01, 32000, tokens, where)
+    mistral = family("mistral").model_config(released.MISTRAL_V01, 32000, tokens, where)
     assert (mistral.n_ctx, mistral.sliding_window, mistral.window_layers) == (32768, 4096, tuple(range(32)))
-    qwen = family("qwen2").model_config({**QWEN25, "use_sliding_window": True, "sliding_window": 4096,
+    qwen = family("qwen2").model_config({**released.QWEN25, "use_sliding_window": True, "sliding_window": 4096,
                                          "max_window_layers": 21}, 151665, tokens, where)
     assert (qwen.n_ctx, qwen.sliding_window, qwen.window_layers) == (32768, 4096, (21, 22, 23))
-    whole = family("qwen2").model_config({**QWEN25, "use_sliding_window": True}, 151665, tokens, where)
+    whole = family("qwen2").model_config({**released.QWEN25, "use_sliding_window": True}, 151665, tokens, where)
     assert (whole.sliding_window, whole.window_layers) == (0, ())  # 32768 of 32768: every key seen
     with pytest.raises(Exception, match="max_window_layers must be 0 or more, not -1"):
-        family("qwen2").model_config({**QWEN25, "use_sliding_window": True, "sliding_window": 64,
+        family("qwen2").model_config({**released.QWEN25, "use_sliding_window": True, "sliding_window": 64,
                                       "max_window_layers": -1}, 151665, tokens, where)
