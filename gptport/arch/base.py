@@ -292,7 +292,7 @@ class Family:
 
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         """The ModelConfig of config.json `hf` (`vocab_size`: the tokenizer's, which may be smaller)."""
-        from gptport.arch import hf_rope  # it reads config.json with base's number()
+        from gptport.arch import hf_rope, hf_window  # they read config.json with base's number()
 
         self._check_keys(hf, where)
         for key in SHAPE:
@@ -311,7 +311,7 @@ class Family:
             "mlp_bias": bool(hf.get("mlp_bias", False)), "qk_norm": self.qk_norm,
             "bos_id": tokens.bos_id, "add_bos": tokens.add_bos, "eos_ids": tokens.eos_ids,
             **self.layer_choices(hf, where), **hf_rope.rope(hf, where, self)}
-        values.update(self._window(hf, values["n_layer"], values["n_ctx"], where))
+        values.update(hf_window.read(hf, values["n_layer"], values["n_ctx"], where, self.windowed))
         try:
             return ModelConfig(**values)
         except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig with config.json's keys
@@ -335,45 +335,11 @@ class Family:
             raise InputError(f"{where}: use_mrope is true (multimodal rotary positions), which gptport does not have")
 
     def _n_ctx(self, hf: Mapping[str, Any], where: Path) -> int:
-        """max_position_embeddings (a sliding window is a mask on its layers: _window)."""
+        """max_position_embeddings (a sliding window is a mask on its layers: hf_window.py)."""
         odd = [t for t in hf.get("layer_types") or [] if t not in ("full_attention", "sliding_attention")]
         if odd:
             raise InputError(f"{where}: layer type {odd[0]!r} is not one gptport has")
         return number(hf, "max_position_embeddings", where)
-
-    def _window(self, hf: Mapping[str, Any], n_layer: int, n_ctx: int, where: Path) -> dict[str, Any]:
-        """The sliding window and its layers as transformers reads them: Mistral's on every layer (unless
-        sliding_window is null), Qwen's only with use_sliding_window, on layer_types' sliding layers, else on
-        those from max_window_layers (28 by default) on. None where it covers the whole context (no key is
-        ever older than the window: full attention computes the same)."""
-        if not (self.windowed or hf.get("use_sliding_window")) or hf.get("sliding_window") is None:
-            return {}
-        window = number(hf, "sliding_window", where, positive=True)
-        types = hf.get("layer_types")
-        if self.windowed:
-            layers = tuple(range(n_layer))
-        elif types is not None:
-            if not isinstance(types, list) or len(types) != n_layer:
-                raise InputError(f"{where}: layer_types must list the {n_layer} layers' types")
-            layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-        else:
-            start = number(hf, "max_window_layers", where, 28)
-            if start < 0:
-                raise InputError(f"{where}: max_window_layers must be 0 or more, not {start}")
-            layers = tuple(range(start, n_layer))
-        if window >= n_ctx or not layers:
-            return {}
-        return {"sliding_window": window, "window_layers": layers}
-
-    def hf_window(self, cfg: ModelConfig) -> dict[str, Any]:
-        """config.json's window keys as Qwen2 and Qwen3 read them (model_config reads them back the same)."""
-        if not (cfg.sliding_window and cfg.window_layers):
-            return {"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.n_layer}
-        suffix = cfg.window_layers == tuple(range(cfg.window_layers[0], cfg.n_layer))
-        return {"use_sliding_window": True, "sliding_window": cfg.sliding_window,
-                "max_window_layers": cfg.window_layers[0] if suffix else cfg.n_layer,
-                "layer_types": ["sliding_attention" if cfg.windowed(i) else "full_attention"
-                                for i in range(cfg.n_layer)]}
 
     def hf_config(self, cfg: ModelConfig, ends: list[int]) -> dict[str, Any]:
         """config.json of this family's transformers class for `cfg` (`ends`: every end id), every key

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gptport.arch import hf_window
 from gptport.arch.base import Family
 from gptport.config import ModelConfig
 
@@ -17,7 +18,7 @@ WINDOW_KEYS = frozenset({"sliding_window", "use_sliding_window", "max_window_lay
 @dataclass(frozen=True)
 class Qwen2(Family):
     def hf_extra(self, cfg: ModelConfig) -> dict[str, Any]:
-        return self.hf_window(cfg)
+        return hf_window.written(cfg)
 
 
 QWEN2 = Qwen2("qwen2", "Qwen2ForCausalLM", "qwen2", WINDOW_KEYS | {"use_mrope"}, qkv_bias=True)
