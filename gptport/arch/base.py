@@ -292,7 +292,7 @@ class Family:
 
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         """The ModelConfig of config.json `hf` (`vocab_size`: the tokenizer's, which may be smaller)."""
-        from gptport.arch import hf_rope  # it reads config.json with base's number()
+        from gptport.arch import hf_rope, hf_window  # they read config.json with base's number()
 
         self._check_keys(hf, where)
         for key in SHAPE:
@@ -311,6 +311,7 @@ class Family:
             "mlp_bias": bool(hf.get("mlp_bias", False)), "qk_norm": self.qk_norm,
             "bos_id": tokens.bos_id, "add_bos": tokens.add_bos, "eos_ids": tokens.eos_ids,
             **self.layer_choices(hf, where), **hf_rope.rope(hf, where, self)}
+        values.update(hf_window.read(hf, values["n_layer"], values["n_ctx"], where, self.windowed))
         try:
             return ModelConfig(**values)
         except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig with config.json's keys
@@ -334,14 +335,11 @@ class Family:
             raise InputError(f"{where}: use_mrope is true (multimodal rotary positions), which gptport does not have")
 
     def _n_ctx(self, hf: Mapping[str, Any], where: Path) -> int:
-        """max_position_embeddings, or the sliding window where one is in effect: within it every layer sees
-        its whole context, so gptport's full attention computes the same."""
-        n_ctx = number(hf, "max_position_embeddings", where)
+        """max_position_embeddings (a sliding window is a mask on its layers: hf_window.py)."""
         odd = [t for t in hf.get("layer_types") or [] if t not in ("full_attention", "sliding_attention")]
         if odd:
             raise InputError(f"{where}: layer type {odd[0]!r} is not one gptport has")
-        window = hf.get("sliding_window") if self.windowed or hf.get("use_sliding_window") else None
-        return n_ctx if window is None else min(n_ctx, number(hf, "sliding_window", where, positive=True))
+        return number(hf, "max_position_embeddings", where)
 
     def hf_config(self, cfg: ModelConfig, ends: list[int]) -> dict[str, Any]:
         """config.json of this family's transformers class for `cfg` (`ends`: every end id), every key

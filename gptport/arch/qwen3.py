@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gptport.arch import hf_window
 from gptport.arch.base import Family
 from gptport.arch.qwen2 import WINDOW_KEYS
 from gptport.config import ModelConfig
@@ -15,8 +16,7 @@ from gptport.config import ModelConfig
 @dataclass(frozen=True)
 class Qwen3(Family):
     def hf_extra(self, cfg: ModelConfig) -> dict[str, Any]:
-        return {"head_dim": cfg.head_dim, "attention_bias": cfg.has_qkv_bias, "use_sliding_window": False,
-                "sliding_window": None, "max_window_layers": cfg.n_layer}
+        return {"head_dim": cfg.head_dim, "attention_bias": cfg.has_qkv_bias, **hf_window.written(cfg)}
 
 
 QWEN3 = Qwen3("qwen3", "Qwen3ForCausalLM", "qwen3", WINDOW_KEYS | {"attention_bias", "head_dim"}, qk_norm=True,

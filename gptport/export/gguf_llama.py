@@ -9,6 +9,7 @@ scaling as rope.scaling.type and factor. No torch."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import gguf
 import numpy as np
@@ -24,18 +25,23 @@ ROPE_FREQS = "rope_freqs.weight"
 
 def architecture(cfg: ModelConfig) -> str:
     """The llama.cpp architecture that computes what `cfg` does (as the converter picks it for the transformers
-    class export-hf writes); a combination none of them has is refused naming it."""
+    class export-hf writes); a combination none of them has is refused naming it (a window but Gemma 3's: llama.cpp's
+    llama, qwen2 and qwen3 attend to every position)."""
     for what, used in (("partial rotary", cfg.rotary_width != cfg.head_dim),
                        ("LongRoPE", cfg.rope_scaling == "longrope"), ("layers without rope", bool(cfg.no_rope_layers))):
         if used:
             raise InputError(f"{what}: gptport writes no llama.cpp architecture for it yet (its phi3 and smollm3)")
-    if cfg.gemma_choices():
+    if replace(cfg, sliding_window=0).gemma_choices():  # Gemma's choices besides a window
         wrong = gemma3.gguf_mismatches(cfg)
         if wrong:
             raise InputError(f"{', '.join(cfg.gemma_choices())} with {'; '.join(wrong)}: no llama.cpp architecture "
                              "computes it")
         return "gemma3"
     biased = cfg.has_qkv_bias or cfg.has_out_bias or cfg.has_mlp_bias
+    if cfg.sliding_window and cfg.window_layers:
+        raise InputError(f"a sliding window of {cfg.sliding_window} (layers {', '.join(map(str, cfg.window_layers))}): "
+                         "llama.cpp's llama, qwen2 and qwen3 architectures have none (they attend to every position); "
+                         "refusing rather than writing a model that computes otherwise past the window")
     if cfg.qk_norm:
         if biased:
             raise InputError("q/k norm with biases: llama.cpp's qwen3 architecture has neither q/k/v, output nor MLP "

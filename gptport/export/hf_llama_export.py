@@ -1,9 +1,9 @@
 """export-hf of the Llama family: a gptport model written as the transformers class of its architecture, the
 inverse of import-hf (each family's config.json and tensor names: gptport/arch/). LlamaForCausalLM (biases on q, k,
 v and o together, MLP biases), Qwen2ForCausalLM (q/k/v biases only), Qwen3ForCausalLM (q/k norm),
-MistralForCausalLM (a model import-hf read from one) and Gemma3ForCausalLM (Gemma's choices; 1 taken off its
-norms). config.json carries the shape, rope_theta and rope_scaling
-(linear, llama3), num_key_value_heads, head_dim, rms_norm_eps, tie_word_embeddings and the begin and end ids;
+MistralForCausalLM (a model import-hf read from one, or a window on every layer) and Gemma3ForCausalLM (Gemma's
+choices; 1 taken off its norms). config.json carries the shape, rope_theta and rope_scaling (linear, llama3),
+num_key_value_heads, head_dim, rms_norm_eps, tie_word_embeddings, the sliding window and the begin and end ids;
 model.safetensors holds transformers' names (c_attn split back into q_proj, k_proj and v_proj). No torch: the
 weights are read and written with safetensors' numpy API."""
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,15 @@ def architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
     """The transformers architecture (model_type) whose class computes what `cfg` does: qwen3 for q/k norm,
     qwen2 for q/k/v biases alone, mistral for a model imported from MistralForCausalLM without biases, else
     llama; gemma3_text for Gemma's choices (GeGLU, post-norms, a window, ...); phi3 and smollm3 for their rope (or
-    a model imported from theirs); a combination no class has is refused naming it."""
+    a model imported from theirs); a combination no class has is refused naming it. A window alone is Mistral's
+    (every layer, no biases), Qwen2's or Qwen3's (any layers)."""
     rope_class = rope_architecture(cfg, source)
+    if rope_class and cfg.sliding_window and cfg.window_layers:  # gptport writes theirs without a window
+        raise InputError(f"a sliding window of {cfg.sliding_window} with {rope_class}'s rope: gptport writes no "
+                         "transformers class for it yet")
     if rope_class:
         return rope_class
-    if cfg.gemma_choices():
+    if replace(cfg, sliding_window=0).gemma_choices():  # Gemma's choices besides a window
         wrong = gemma3.mismatches(cfg)
         if wrong:
             raise InputError(f"{', '.join(cfg.gemma_choices())} with {'; '.join(wrong)}: no transformers class "
@@ -65,6 +70,13 @@ def architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
         raise InputError("an output-projection bias without q/k/v biases is no transformers class (Llama's "
                          "attention_bias sets all four)")
     biased = cfg.has_qkv_bias or cfg.has_mlp_bias
+    if cfg.sliding_window and cfg.window_layers:
+        if biased or len(cfg.window_layers) != cfg.n_layer:
+            raise InputError(f"a sliding window of {cfg.sliding_window} on layers "
+                             f"{', '.join(map(str, cfg.window_layers))} of {cfg.n_layer}"
+                             f"{' with biases' if biased else ''} is no transformers class (Mistral's window is on "
+                             "every layer, without biases; Qwen2's has q/k/v biases alone)")
+        return "mistral"
     return "mistral" if source.get("architecture") == arch.family("mistral").hf_class and not biased else "llama"
 
 

@@ -213,14 +213,15 @@ def test_special_tokens_and_kept_files(tmp_path: Path, hf_tokenizer_dir: Path) -
 
 def test_mistral_bf16_sharded_with_a_sliding_window(tmp_path: Path, hf_tokenizer_dir: Path) -> None:
     """Shards listed by model.safetensors.index.json, bf16 widened to float32 (the logits of transformers'
-    float32 load of the same file), and n_ctx cut to the sliding window, inside which attention is whole."""
+    float32 load of the same file); the sliding window a mask on every layer, the context max_position_embeddings
+    (inside and past the window: tests/export/test_windows_hf.py)."""
     vocab = _vocab(hf_tokenizer_dir)
     hf_dir = make_hf("mistral", tmp_path / "hf", hf_tokenizer_dir, vocab, torch.bfloat16, max_shard_size="100KB")
     assert (hf_dir / "model.safetensors.index.json").is_file() and not (hf_dir / "model.safetensors").exists()
     import_hf(hf_dir, tmp_path / "m")
     ours, card = load_model(tmp_path / "m", bpe.load(tmp_path / "m"))
-    assert card.model.n_ctx == 32
-    ids = torch.randint(0, vocab, (2, 32))
+    assert (card.model.n_ctx, card.model.sliding_window, card.model.window_layers) == (64, 32, (0, 1))
+    ids = torch.randint(0, vocab, (2, 64))
     with torch.no_grad():
         assert relative_error(ours(ids)[0], hf_logits(hf_dir, ids)) <= RTOL
 
@@ -341,9 +342,9 @@ def test_released_configs_map_to_the_model_they_describe() -> None:
     assert (qwen.n_ctx, qwen.has_qkv_bias, qwen.has_out_bias, qwen.tie_embeddings, qwen.head_dim) == (
         32768, True, False, True, 64)  # use_sliding_window false: no window
     mistral = model_config(MISTRAL_V01, "mistral", 32000, tokens, Path("config.json"))
-    assert mistral.n_ctx == 4096 and mistral.rope_scaling == "none"
+    assert (mistral.n_ctx, mistral.sliding_window, mistral.rope_scaling) == (32768, 4096, "none")
     assert model_config({**MISTRAL_V01, "head_dim": None, "sliding_window": None}, "mistral", 32000, tokens,
-                        Path("c")).n_ctx == 32768
+                        Path("c")).sliding_window == 0
 
 
 def test_into_a_model_directory_only_with_force_and_no_stage_left(tmp_path: Path, hf_tokenizer_dir: Path) -> None:
