@@ -15,7 +15,7 @@ from gptport.arch.base import Family
 def _found() -> tuple[Family, ...]:
     out: list[Family] = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name not in ("base", "hf_rope", "hf_window"):
+        if info.name not in ("base", "hf_rope", "hf_window", "values"):  # helpers, not families
             out += importlib.import_module(f"{__name__}.{info.name}").FAMILIES
     return tuple(out)
 

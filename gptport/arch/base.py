@@ -8,7 +8,6 @@ module (llama.py, qwen2.py, ...) says only what differs."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from gptport.arch import hf_rope, hf_window
+from gptport.arch.values import number, refused
 from gptport.config import ModelConfig
 from gptport.errors import InputError, UsageError
 
@@ -201,28 +202,6 @@ def split(planned: Planned, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def number(hf: Mapping[str, Any], key: str, where: Path, default: Any = None, kind: type = int,
-           positive: bool = False) -> Any:
-    """config.json's `key` (or `default` when absent or null) as an int or a float, refused naming the key (and
-    refused when not above 0, where `positive`)."""
-    value = hf.get(key)
-    if value is None:
-        value = default
-    if value is None:
-        raise InputError(f"{where}: no {key}")
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise InputError(f"{where}: {key} must be {'a number' if kind is float else 'an integer'}, not {value!r:.40}")
-    if positive and not value > 0:
-        raise InputError(f"{where}: {key} must be positive, not {value}")
-    return kind(value)
-
-
-def refused(e: UsageError, keys: Mapping[str, str], where: Path) -> InputError:
-    """ModelConfig's refusal of a config.json's shape, said with the file's own keys (`keys`: ModelConfig's
-    field -> config.json's key): "num_hidden_layers must be at most 4,096", not "model.n_layer ..."."""
-    return InputError(f"{where}: " + re.sub(r"model\.(\w+)", lambda m: keys.get(m[1], m[0]), str(e)))
-
-
 
 # the Llama family's config.json (each key used, ignored because it does not change what the model computes, or
 # refused by name) and its layout of the tensors in transformers' and llama.cpp's formats
@@ -292,7 +271,6 @@ class Family:
 
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         """The ModelConfig of config.json `hf` (`vocab_size`: the tokenizer's, which may be smaller)."""
-        from gptport.arch import hf_rope, hf_window  # they read config.json with base's number()
 
         self._check_keys(hf, where)
         for key in SHAPE:

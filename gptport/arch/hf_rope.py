@@ -7,10 +7,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from gptport.arch.base import Family, number
+from gptport.arch.values import number
 from gptport.errors import InputError
+
+
+class Family(Protocol):
+    """What rope() reads of a family (base.Family has it)."""
+
+    partial_rope: bool
+    hf_class: str
+
 
 ROPE_KEYS = {"rope_theta", "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
              "original_max_position_embeddings", "partial_rotary_factor", "short_factor", "long_factor",

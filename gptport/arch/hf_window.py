@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gptport.arch.base import number
+from gptport.arch.values import number
 from gptport.config import ModelConfig
 from gptport.errors import InputError
 
