@@ -4,10 +4,10 @@ weights and onnxruntime-genai's int4 build of the same directory, batch 1, inter
 weight bytes each reads per token and the share of the probed memory bandwidth that its tokens/s read.
 
 What is measured is made once and kept (benchmarks.harness.int4_models): gptport's `import-hf` + `export
---precision int4 --no-gate` (the builder's MatMulNBits graphs: blocks of 32, int8 compute, the head at 8 bits);
+--precision int4 --no-gate` (the builder's MatMulNBits graphs: blocks of 128, int8 compute, the head at 8 bits);
 gptport's F32 GGUF (`export-gguf --outtype f32`) quantized by llama-quantize to Q4_0 and Q4_K_M; genai's builder
 (`-p int4 -e cpu`, in its own venv). --levers adds gptport's int4 static-cache graph built with other
-MatMulNBits settings (int4_models.LEVERS: block 64/128, accuracy level 0, the head at 4 bits); --caches concat
+MatMulNBits settings (int4_models.LEVERS: block 32/64, accuracy level 0, the head at 4 bits); --caches concat
 adds the contract graph (model.int4.onnx); --thread-levers 1 adds the export's graph on that many threads.
 
 Each round (probed; judged by probe.RULE) runs every configuration of a shape once, the order rotating between
@@ -112,14 +112,16 @@ def configurations(shape: str, args: Any, python: Path | None) -> dict[str, Meas
     return out
 
 
-def summarize(shape: str, rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per configuration: median decode and prefill tokens/s over `rounds`, bytes per token, the median share
-    of each round's bandwidth (the median of gptport's probes in it) its decode reads, and for gptport's
-    configurations the ratio of its median decode to each reference's (with each round's)."""
+def summarize(shape: str, rounds: list[dict[str, Any]], names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per configuration (`names`, in that order; default: the first round's): median decode and prefill
+    tokens/s over `rounds`, bytes per token, the median share of each round's bandwidth (the median of gptport's
+    probes in it) its decode reads, and for gptport's configurations the ratio of its median decode to each
+    reference's (with each round's)."""
     probes = [statistics.median(c["probe_gb_s"] for c in r.values() if "probe_gb_s" in c) * 1e9 for r in rounds]
-    med = {name: statistics.median(r[name]["decode_tok_s"] for r in rounds) for name in rounds[0]}
+    names = names or list(rounds[0])
+    med = {name: statistics.median(r[name]["decode_tok_s"] for r in rounds) for name in names}
     rows = []
-    for name in rounds[0]:
+    for name in names:
         figs = [r[name] for r in rounds]
         nbytes = figs[0]["bytes_per_token"]
         row = {"table": "int4 decode and prefill, batch 1", "shape": shape, "configuration": name,
@@ -144,8 +146,10 @@ def goal_rows(shape: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return []
     fastest = max(ours, key=lambda r: r["decode_tok_s"])
     out = []
-    for r in dict.fromkeys(x["configuration"] for x in (ours[0], fastest)):
-        row = next(x for x in ours if x["configuration"] == r)
+    for r in dict.fromkeys([EXPORTED, fastest["configuration"]]):
+        row = next((x for x in ours if x["configuration"] == r), None)
+        if row is None:
+            continue
         goal = {"table": "goals (issue 59)", "shape": shape, "configuration": r}
         for key, want in GOALS.items():
             if key in row:
@@ -191,7 +195,8 @@ def main() -> None:
         for rnd in run.series(args.rounds, shape=shape):
             for name in rnd.rotation(list(measure)):
                 rnd.data[name] = measure[name]()
-    rows = [row for shape in shapes for row in summarize(shape, [r.data for r in run.kept(shape=shape)])]
+    rows = [row for shape in shapes
+            for row in summarize(shape, [r.data for r in run.kept(shape=shape)], list(configs[shape]))]
     rows += [g for shape in shapes for g in goal_rows(shape, rows)]
     print("\n".join(tables.tables(rows)))
     first = next(v for v in run.rounds[0].data.values() if "build_commit" in v)

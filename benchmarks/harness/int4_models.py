@@ -24,11 +24,12 @@ from gptport.export.nbits import NBits
 
 CHILD_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
 GGUF_TYPES = {"q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}  # file suffix -> llama-quantize's type name
-# gptport's int4 export (variants.LADDER's direct rung): blocks of 32, int8 compute, the head at 8 bits
-EXPORTED = NBits(4, 32, 4, head_bits=8)
-LEVERS = {"b64": NBits(4, 64, 4, head_bits=8), "b128": NBits(4, 128, 4, head_bits=8),
-          "acc0": NBits(4, 32, 0, head_bits=8, head_level=4),  # the head's level kept: 8-bit acc0 is slow
-          "head4": NBits(4, 32, 4), "b128-head4": NBits(4, 128, 4), "b64-head4": NBits(4, 64, 4)}
+# gptport's int4 export of a large model (variants.LADDER's first direct rung): blocks of 128, int8 compute,
+# the head at 8 bits; the levers name their settings in full
+EXPORTED = NBits(4, 128, 4, head_bits=8)
+LEVERS = {"b32-head8": NBits(4, 32, 4, head_bits=8), "b64-head8": NBits(4, 64, 4, head_bits=8),
+          "b32-head4": NBits(4, 32, 4), "b64-head4": NBits(4, 64, 4), "b128-head4": NBits(4, 128, 4),
+          "b32-acc0": NBits(4, 32, 0, head_bits=8, head_level=4)}  # the head's level kept: 8-bit acc0 is slow
 
 
 def _run(args: list[str], log: Path) -> None:
@@ -49,11 +50,21 @@ def gptport_cmd(*args: str) -> list[str]:
 def gptport_dir(hf: Path, work: Path) -> Path:
     """work/gptport: the shape imported and exported to int4 (--no-gate: random weights)."""
     m = work / "gptport"
-    if not (m / "model.int4.static.onnx").is_file():
+    if {_block(m / "model.int4.onnx"), _block(m / "model.int4.static.onnx")} != {EXPORTED.block}:  # or an older
         say(f"{work.name}: gptport import-hf + export --precision int4 --no-gate")
         _run(gptport_cmd("import-hf", str(hf), "--out", str(m), "--force"), work / "logs" / "import.log")
         _run(gptport_cmd("export", str(m), "--precision", "int4", "--no-gate", "--force"), work / "logs" / "export.log")
     return m
+
+
+def _block(graph: Path) -> int | None:
+    """The block length of the first MatMulNBits of `graph` (None: no such file)."""
+    import onnx
+
+    if not graph.is_file():
+        return None
+    node = next(n for n in onnx.load(str(graph), load_external_data=False).graph.node if n.op_type == "MatMulNBits")
+    return next(a.i for a in node.attribute if a.name == "block_size")
 
 
 def ggufs(m: Path, work: Path, quantize: Path) -> dict[str, Path]:

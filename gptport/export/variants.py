@@ -84,6 +84,7 @@ SCHEMES = {s.name: s for s in [
     Scheme("nbits8-b16-acc4-smooth", bits=8, block=16, accuracy_level=4, smooth=0.5),
     Scheme("nbits4-b32-acc4", bits=4, block=32, accuracy_level=4),
     Scheme("nbits4-b32-acc4-head8", bits=4, block=32, accuracy_level=4, head_bits=8),
+    Scheme("nbits4-b128-acc4-head8", bits=4, block=128, accuracy_level=4, head_bits=8),
     Scheme("nbits4-b16-acc4-head8", bits=4, block=16, accuracy_level=4, head_bits=8),
     Scheme("nbits4-b32-acc0-head8", bits=4, block=32, accuracy_level=0, head_bits=8),
     Scheme("nbits4-b32-asym-acc4-head8", bits=4, block=32, accuracy_level=4, symmetric=False, head_bits=8),
@@ -112,11 +113,13 @@ SCHEMES = {s.name: s for s in [
 # grid.py; skipped where no matrix is), int8 compute then float compute (4-bit acc0 is ~2x faster than
 # fp32 per weight read, acc4 ~4x: design record 0039), then the requantizing schemes: activation-aware (awq.py:
 # held-out perplexity +9.5% over fp32 on SmolLM2 against plain rounding's +16%, design record 0051), the same with
-# the down projections at 8 bits, then plain rounding (what a model too large to quantize in memory gets).
+# the down projections at 8 bits, then plain rounding in blocks of 128, then of 32 (as int8's: block 128 decodes
+# ~1.2x and prefills ~1.4x faster at the 0.5B and 1B shapes, benchmarks/decode/int4_scale.py). A model too large to
+# quantize in memory (never gated) gets the first rung the builder writes: plain rounding in blocks of 128.
 LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4", "nbits8-b32-acc4-smooth", "nbits8-b32-acc4-smooth-fine16",
                   "nbits8-b16-acc4-smooth"),
           "int4": ("nbits4-grid-acc4-head8", "nbits4-grid-acc0-head8", "nbits4-b32-awq-acc4-head8",
-                   "nbits4-b32-awq-acc4-head8-down8", "nbits4-b32-acc4-head8")}
+                   "nbits4-b32-awq-acc4-head8-down8", "nbits4-b128-acc4-head8", "nbits4-b32-acc4-head8")}
 Ranges = Mapping[str, np.ndarray]  # calibration.activation_ranges: module name -> (channels,) max |x|
 # (an awq scheme's: calibration.activation_samples, module name -> (rows, channels))
 WIDE = {"qkv": ".attn.c_attn", "down": ".mlp.c_proj", "down-half": ".mlp.c_proj"}  # role -> its modules' suffix

@@ -30,7 +30,10 @@ def rounds() -> list[dict[str, dict[str, float]]]:
 
 
 def test_medians_ratios_and_bandwidth_share() -> None:
-    rows = {r["configuration"]: r for r in summarize("llama-3.2-1b", rounds())}
+    names = ["llama.cpp Q4_0", "gptport int4", "llama.cpp Q4_K_M", "gptport int4 b128", "genai int4"]
+    listed = summarize("llama-3.2-1b", rounds(), names)
+    assert [r["configuration"] for r in listed] == names  # in the order asked, not the rounds' own
+    rows = {r["configuration"]: r for r in listed}
     ours = rows["gptport int4"]
     assert ours["decode_tok_s"] == 31 and ours["prefill_tok_s"] == 100
     assert ours["vs_q4_0"] == pytest.approx(31 / 25) and ours["vs_q4_k_m"] == pytest.approx(31 / 21)
@@ -45,7 +48,7 @@ def test_medians_ratios_and_bandwidth_share() -> None:
 
 def test_goals_judge_the_export_and_the_fastest() -> None:
     rows = summarize("llama-3.2-1b", rounds())
-    goals = goal_rows("llama-3.2-1b", rows)
+    goals = goal_rows("llama-3.2-1b", rows[::-1])  # the export's row found by its name
     assert [g["configuration"] for g in goals] == ["gptport int4", "gptport int4 b128"]
     export, fastest = goals
     assert export["vs_q4_0_met"] is True and export["vs_genai_met"] is True  # 1.24
