@@ -208,8 +208,8 @@ class ModelConfig:
                 raise UsageError(f"model.{name} must be at most {most:,}, not {getattr(self, name):,}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise UsageError(f"model.{name} must be {' or '.join(repr(a) for a in allowed)}, "
-                                 f"not {getattr(self, name)!r}")
+                words = ", ".join(repr(a) for a in allowed[:-1]) + f" or {allowed[-1]!r}"
+                raise UsageError(f"model.{name} must be {words}, not {getattr(self, name)!r}")
         if self.n_head % self.n_kv_head:
             raise UsageError(f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head ({self.n_kv_head})")
         if self.pos_encoding == "sinusoidal" and self.d_model % 2:

@@ -103,8 +103,8 @@ def test_the_llama_keys_round_trip_through_json() -> None:
 LLAMA_BAD = [
     ({"n_kv_head": 3}, "model.n_head (4) must be a multiple of model.n_kv_head (3)"),
     ({"norm": "batchnorm"}, "model.norm must be 'layernorm' or 'rmsnorm'"),
-    ({"mlp": "reglu"}, "model.mlp must be 'gelu' or 'swiglu' or 'geglu'"),
-    ({"rope_scaling": "yarn"}, "model.rope_scaling must be 'none' or 'linear' or 'llama3'"),
+    ({"mlp": "reglu"}, "model.mlp must be 'gelu', 'swiglu' or 'geglu'"),
+    ({"rope_scaling": "yarn"}, "model.rope_scaling must be 'none', 'linear', 'llama3' or 'longrope'"),
     ({"rope_high_freq_factor": 1.0}, "model.rope_high_freq_factor (1.0) must exceed"),
     ({"head_dim": 15}, "model.head_dim must be even for rope positions"),
     ({"eos_ids": [2, 512]}, "model.eos_ids: token 512 is outside the vocabulary"),
