@@ -104,5 +104,5 @@ class Gemma2(Family):
                 "final_logit_softcapping": cfg.final_softcap or None}
 
 
-GEMMA2 = Gemma2("gemma2", "Gemma2ForCausalLM", "gemma2", KEYS, hf_layout=HF, gguf_layout=GGUF, head_dim=256)
+GEMMA2 = Gemma2("gemma2", "Gemma2ForCausalLM", None, KEYS, hf_layout=HF, gguf_layout=GGUF, head_dim=256)
 FAMILIES = (GEMMA2,)

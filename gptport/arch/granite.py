@@ -59,5 +59,5 @@ class Granite(Family):
                 "residual_multiplier": cfg.residual_scale, "logits_scaling": cfg.logits_divisor}
 
 
-GRANITE = Granite("granite", "GraniteForCausalLM", "granite", KEYS, gguf_layout=replace(GGUF_LAYOUT, permuted=True))
+GRANITE = Granite("granite", "GraniteForCausalLM", None, KEYS, gguf_layout=replace(GGUF_LAYOUT, permuted=True))
 FAMILIES = (GRANITE,)

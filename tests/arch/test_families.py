@@ -56,7 +56,7 @@ def test_the_registry_finds_each_family_by_its_names() -> None:
         assert arch.from_hf({"architectures": [f.hf_class]}) is f
         assert f.gguf_arch is None or arch.from_gguf(f.gguf_arch) is f
     assert arch.from_gguf("llama") is arch.family("llama")  # Mistral's GGUF is llama.cpp's `llama`
-    assert arch.from_hf({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}) is None
+    assert arch.from_hf({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}) is None
     assert arch.from_gguf("mamba") is None and arch.gguf_archs() == ["gemma3", "gpt2", "llama", "qwen2", "qwen3"]
 
 
