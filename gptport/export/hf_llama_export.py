@@ -20,7 +20,7 @@ import numpy as np
 
 from gptport import arch, atomic
 from gptport import tokenizer as bpe
-from gptport.arch import gemma2, gemma3, granite
+from gptport.arch import gemma2, gemma3, granite, olmo2
 from gptport.arch.base import split_all
 from gptport.config import ModelConfig
 from gptport.errors import InputError
@@ -51,7 +51,7 @@ def architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
     if rope_class:
         return rope_class
     if replace(cfg, sliding_window=0).gemma_choices():  # Gemma's choices besides a window
-        family = next((m for m in (gemma2, granite) if m.claims(cfg)), gemma3)  # whose choices they are
+        family = next((m for m in (gemma2, granite, olmo2) if m.claims(cfg)), gemma3)  # whose choices they are
         wrong = family.mismatches(cfg)
         if wrong:
             raise InputError(f"{', '.join(cfg.gemma_choices())} with {'; '.join(wrong)}: no transformers class "
