@@ -6,14 +6,23 @@ attention made of stock operators computes its scores; design record 0052 measur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from gptport import contract
+from gptport.config import ModelConfig
 
-if TYPE_CHECKING:
-    from gptport.export.graph_body import Builder
+
+class Builder(Protocol):
+    """What these need of graph_body.Builder (named here, not imported: graph_body imports this module)."""
+
+    config: ModelConfig
+
+    def const(self, name: str, array: np.ndarray) -> str: ...
+
+    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "",
+           **attrs: Any) -> list[str]: ...
 
 
 def softcap(g: Builder, x: str, cap: float, name: str) -> str:
