@@ -4,9 +4,9 @@ v and o together, MLP biases), Qwen2ForCausalLM (q/k/v biases only), Qwen3ForCau
 MistralForCausalLM (a model import-hf read from one, or a window on every layer), Gemma3ForCausalLM (Gemma's
 choices; 1 taken off its norms), Gemma2ForCausalLM (soft-capping, no q/k norm), GraniteForCausalLM (its
 multipliers) and Olmo2ForCausalLM (norms after the sublayers only). config.json carries the shape, rope_theta and
-rope_scaling (linear, llama3), num_key_value_heads, head_dim, rms_norm_eps, tie_word_embeddings, the sliding window and the begin and end ids;
-model.safetensors holds transformers' names (c_attn split back into q_proj, k_proj and v_proj). No torch: the
-weights are read and written with safetensors' numpy API."""
+rope_scaling (linear, llama3), num_key_value_heads, head_dim, rms_norm_eps, tie_word_embeddings, the sliding
+window and the begin and end ids; model.safetensors holds transformers' names (c_attn split back into q_proj,
+k_proj and v_proj). No torch: the weights are read and written with safetensors' numpy API."""
 
 from __future__ import annotations
 
