@@ -24,6 +24,7 @@ Gelu = Literal["tanh", "exact"]
 Norm = Literal["layernorm", "rmsnorm"]
 Mlp = Literal["gelu", "swiglu", "geglu"]
 RopeScaling = Literal["none", "linear", "llama3", "longrope"]
+QkNormSpan = Literal["head", "all"]
 MODEL_FORMAT_VERSION = 3  # config.json's format_version: 2 added the Llama family's keys (design record 0035), 3 the
 #                          keys after eos_ids (Gemma's, Phi's, ...: issue 59)
 MODEL_FORMAT_VERSIONS = (1, 2, 3)  # what this gptport reads: an older file is a newer one at the defaults
@@ -36,7 +37,8 @@ _SCALING_KEYS = {"linear": ("rope_factor",), "llama3": ("rope_factor", "rope_low
                               "rope_attention_factor")}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pos_encoding": ("learned", "sinusoidal", "rope"), "gelu": ("tanh", "exact"), "norm": ("layernorm", "rmsnorm"),
-    "mlp": ("gelu", "swiglu", "geglu"), "rope_scaling": ("none", "linear", "llama3", "longrope")}
+    "mlp": ("gelu", "swiglu", "geglu"), "rope_scaling": ("none", "linear", "llama3", "longrope"),
+    "qk_norm_span": ("head", "all")}
 
 
 def swiglu_width(d_model: int) -> int:
@@ -101,6 +103,17 @@ class ModelConfig:
     rope_long_factor: tuple[float, ...] = ()  # longrope: the divisors once it is longer
     rope_attention_factor: float = 1.0  # longrope: cos and sin multiplied by it
     no_rope_layers: tuple[int, ...] = ()  # indices of the layers that do not rotate q and k (SmolLM3)
+    # format_version 3, Gemma 2, Granite and OLMo 2 (design record 0052)
+    attn_softcap: float = 0.0  # > 0: each attention score s (after the scale, before the mask) becomes
+    #                            tanh(s / attn_softcap) * attn_softcap (Gemma 2's attn_logit_softcapping); 0: none
+    final_softcap: float = 0.0  # > 0: each logit l becomes tanh(l / final_softcap) * final_softcap (Gemma 2); 0: none
+    residual_scale: float = 1.0  # each sublayer's output is multiplied by it before the residual add (Granite's
+    #                              residual_multiplier)
+    logits_divisor: float = 1.0  # the logits are divided by it (Granite's logits_scaling)
+    pre_norms: bool = True  # a norm (ln_1, ln_2) before the attention and the MLP; false: none (OLMo 2, whose
+    #                         post_norms are its only ones)
+    qk_norm_span: QkNormSpan = "head"  # qk_norm's RMSNorm over each head's head_dim ("head": Qwen3, Gemma 3) or
+    #                                    over all heads of q (q_width) and of k (kv_width) together ("all": OLMo 2)
 
     def __post_init__(self) -> None:
         if self.n_kv_head == 0:
@@ -175,7 +188,12 @@ class ModelConfig:
             ("GeGLU", self.mlp == "geglu"), (f"embeddings scaled by {self.embed_scale:g}", self.embed_scale != 1.0),
             (f"softmax scale {self.attn_scale:g}", self.attn_scale != 0.0), ("post-norms", self.post_norms),
             (f"a sliding window of {self.sliding_window}", self.sliding_window > 0 and bool(self.window_layers)),
-            (f"local RoPE base {self.rope_local_theta:g}", self.rope_local_theta > 0)) if used]
+            (f"local RoPE base {self.rope_local_theta:g}", self.rope_local_theta > 0),
+            (f"attention soft-capping at {self.attn_softcap:g}", self.attn_softcap > 0),
+            (f"logit soft-capping at {self.final_softcap:g}", self.final_softcap > 0),
+            (f"residual scale {self.residual_scale:g}", self.residual_scale != 1.0),
+            (f"logits divided by {self.logits_divisor:g}", self.logits_divisor != 1.0),
+            ("no pre-norms", not self.pre_norms), ("q/k norm over all heads", self.qk_norm_span == "all")) if used]
 
     def inert(self) -> dict[str, str]:
         """The fields this model's other choices leave without effect, each with why (a `--set` of one of
@@ -188,6 +206,8 @@ class ModelConfig:
         elif not self.window_layers:
             out |= {k: f"model.window_layers is empty ({k} is the window layers')"
                     for k in ("sliding_window", "rope_local_theta")}
+        if not self.qk_norm:
+            out["qk_norm_span"] = "model.qk_norm is false (qk_norm_span is the q/k norm's)"
         if self.pos_encoding != "rope":
             out |= {k: f"model.pos_encoding is {self.pos_encoding!r} ({k} is rope's)" for k in _ROPE}
         else:
@@ -235,6 +255,13 @@ class ModelConfig:
             raise UsageError(f"model.window_layers: layer {bad[0]} is not one of the {self.n_layer} layers")
         if self.rope_local_theta > 0 and self.pos_encoding != "rope":
             raise UsageError("model.rope_local_theta is set but model.pos_encoding is not 'rope'")
+        for name in ("attn_softcap", "final_softcap", "residual_scale", "logits_divisor"):
+            value, off = getattr(self, name), name.endswith("softcap")  # a softcap's 0 is none
+            if not 0 <= value < math.inf or (value == 0 and not off):
+                kind = "number >= 0 (0: none)" if off else "positive number"
+                raise UsageError(f"model.{name} must be a finite {kind}, not {value}")
+        if not self.pre_norms and not self.post_norms:
+            raise UsageError("model.pre_norms and model.post_norms are both false: a block without a norm")
 
     def _validate_rope(self) -> None:
         for name in ("rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
@@ -279,10 +306,10 @@ class ModelConfig:
         qkv_b, out_b, mlp_b = int(self.has_qkv_bias), int(self.has_out_bias), int(self.has_mlp_bias)
         norm = d + (d if self.norm == "layernorm" and self.bias else 0)
         attn = d * (q + 2 * kv) + qkv_b * (q + 2 * kv) + q * d + out_b * d
-        attn += 2 * self.head_dim if self.qk_norm else 0
+        attn += (2 * self.head_dim if self.qk_norm_span == "head" else q + kv) if self.qk_norm else 0
         gated = self.mlp != "gelu"
         mlp = (3 if gated else 2) * d * f + mlp_b * ((2 if gated else 1) * f + d)
-        norm_layer = (4 if self.post_norms else 2) * norm
+        norm_layer = (2 * self.pre_norms + 2 * self.post_norms) * norm
         emb = v * d + (self.n_ctx * d if self.pos_encoding == "learned" else 0)
         head = 0 if self.tie_embeddings else v * d
         return emb + self.n_layer * (attn + mlp + norm_layer) + norm + head
@@ -449,7 +476,7 @@ _JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
     "int | None": ((int, type(None)), "an integer or null"), "tuple[int, ...]": ((list,), "a list of integers"),
     "tuple[float, ...]": ((list,), "a list of numbers"),
-    **{kind: ((str,), "a string") for kind in ("PosEncoding", "Gelu", "Norm", "Mlp", "RopeScaling")}}
+    **{kind: ((str,), "a string") for kind in ("PosEncoding", "Gelu", "Norm", "Mlp", "RopeScaling", "QkNormSpan")}}
 
 
 def model_config_from_dict(data: Mapping[str, Any], where: str = CONFIG) -> ModelConfig:

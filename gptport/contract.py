@@ -6,6 +6,8 @@ INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 POSITION_IDS = "position_ids"
 LOGITS = "logits"
+HEAD = "head_logits"  # the head MatMul's output in a graph that finishes the logits after it (Granite, Gemma 2)
+HEADS = (LOGITS, HEAD)  # what the head MatMul writes: a node with either output is the head
 
 BATCH, SEQUENCE, PAST, TOTAL = "batch", "sequence", "past_sequence", "total_sequence"
 

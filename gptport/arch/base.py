@@ -97,9 +97,10 @@ def gptport_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         out["lm_head.weight"] = (v, d)
     mlp = {"mlp.c_fc": (f, d), "mlp.c_proj": (d, f), **({"mlp.c_gate": (f, d)} if cfg.mlp != "gelu" else {})}
     for i in range(cfg.n_layer):
-        block = {"ln_1.weight": (d,), "ln_2.weight": (d,), "attn.c_attn.weight": (q + 2 * kv, d),
-                 "attn.c_proj.weight": (d, q), **{f"{k}.weight": s for k, s in mlp.items()}}
-        if norm_bias:
+        block = {**({"ln_1.weight": (d,), "ln_2.weight": (d,)} if cfg.pre_norms else {}),
+                 "attn.c_attn.weight": (q + 2 * kv, d), "attn.c_proj.weight": (d, q),
+                 **{f"{k}.weight": s for k, s in mlp.items()}}
+        if norm_bias and cfg.pre_norms:
             block.update({"ln_1.bias": (d,), "ln_2.bias": (d,)})
         if cfg.has_qkv_bias:
             block["attn.c_attn.bias"] = (q + 2 * kv,)
@@ -108,7 +109,8 @@ def gptport_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.has_mlp_bias:
             block.update({f"{k}.bias": (s[0],) for k, s in mlp.items()})
         if cfg.qk_norm:
-            block.update({"attn.q_norm.weight": (cfg.head_dim,), "attn.k_norm.weight": (cfg.head_dim,)})
+            spans = (cfg.head_dim, cfg.head_dim) if cfg.qk_norm_span == "head" else (q, kv)  # OLMo 2's: all heads
+            block.update({"attn.q_norm.weight": (spans[0],), "attn.k_norm.weight": (spans[1],)})
         if cfg.post_norms:
             block.update({"ln_1_post.weight": (d,), "ln_2_post.weight": (d,)})
             if norm_bias:

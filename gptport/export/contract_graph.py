@@ -29,6 +29,7 @@ from gptport import contract
 from gptport.config import ModelConfig
 from gptport.export import graph_body
 from gptport.export.graph_body import PORTABLE, Builder, Forms, Qkv
+from gptport.export.graph_caps import softcap
 from gptport.export.nbits import NBits
 from gptport.export.rope_graph import Rotary
 from gptport.export.tensor_sink import Sink
@@ -63,7 +64,7 @@ class _Attention:
         v = g.op("Concat", [pasts[2 * i + 1], v], [presents[2 * i + 1]], axis=2)[0]  # (B, Hkv, T, hd)
         mask = self._mask(g, cfg.sliding_window if cfg.windowed(i) else 0)  # (B, 1, 1, S, T)
         if Hkv == H:
-            scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])[0]])[0]  # (B, H, S, T)
+            scores = self._capped(g, g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])[0]])[0])
             probs = g.op("Softmax", [g.op("Add", [scores, g.op("Squeeze", [mask, g.const("axis_1", _i64(1))])[0]
                                               ])[0]], axis=-1)[0]
             y = g.op("MatMul", [probs, v])[0]  # (B, H, S, hd)
@@ -71,11 +72,18 @@ class _Attention:
             q = g.op("Reshape", [q, g.const("grouped", _i64(0, Hkv, H // Hkv, -1, hd))])[0]
             k, v = (g.op("Unsqueeze", [x, g.const("axis_2", _i64(2))])[0] for x in (k, v))
             scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 2, 4, 3])[0]])[0]  # (B, Hkv, G, S, T)
+            scores = self._capped(g, scores)
             probs = g.op("Softmax", [g.op("Add", [scores, mask])[0]], axis=-1)[0]
             y = g.op("MatMul", [probs, v])[0]  # (B, Hkv, G, S, hd)
             y = g.op("Reshape", [y, g.const("ungrouped", _i64(0, H, -1, hd))])[0]  # (B, H, S, hd)
         y = g.op("Transpose", [y], perm=[0, 2, 1, 3])[0]  # (B, S, H, hd)
         return g.op("Reshape", [y, g.const("joined", _i64(0, 0, H * hd))])[0]  # (B, S, H*hd)
+
+    def _capped(self, g: Builder, scores: str) -> str:
+        """The scores (B, H, S, T), or grouped (B, Hkv, G, S, T), soft-capped before the mask where the model caps
+        them (attn_softcap: Gemma 2's)."""
+        cap = self.config.attn_softcap
+        return softcap(g, scores, cap, "attn_softcap") if cap > 0 else scores
 
     def _mask(self, g: Builder, window: int) -> str:
         """(B, 1, 1, S, T) float32: 0 where a query may attend, float32's lowest elsewhere; with a `window`, only

@@ -52,7 +52,9 @@ def unchecked(config: ModelConfig) -> str:
     named = [what for what, used in ((f"a sliding window of {config.sliding_window}", bool(config.window_layers)
                                       and config.sliding_window > 0),
                                      ("a local RoPE base", config.rope_local_theta > 0),
-                                     (f"softmax scale {config.attn_scale:g}", config.attn_scale != 0)) if used]
+                                     (f"softmax scale {config.attn_scale:g}", config.attn_scale != 0),
+                                     (f"attention soft-capping at {config.attn_softcap:g}", config.attn_softcap > 0)
+                                     ) if used]
     return f"{', '.join(named)}: the CUDA graphs do not compute it yet" if named else ""
 
 

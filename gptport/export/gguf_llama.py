@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 
 from gptport import arch
-from gptport.arch import gemma3
+from gptport.arch import gemma2, gemma3, granite, olmo2
 from gptport.arch.base import split_all
 from gptport.config import ModelConfig
 from gptport.errors import InputError
@@ -31,6 +31,10 @@ def architecture(cfg: ModelConfig) -> str:
                        ("LongRoPE", cfg.rope_scaling == "longrope"), ("layers without rope", bool(cfg.no_rope_layers))):
         if used:
             raise InputError(f"{what}: gptport writes no llama.cpp architecture for it yet (its phi3 and smollm3)")
+    family = next((m for m in (gemma2, granite, olmo2) if m.claims(cfg)), None)
+    if family is not None:  # llama.cpp has gemma2, granite and olmo2; gptport does not write them yet (record 0052)
+        raise InputError(f"{', '.join(cfg.gemma_choices())}: {family.FAMILIES[0].hf_class}'s choices, which "
+                         "export-gguf does not write yet")
     if replace(cfg, sliding_window=0).gemma_choices():  # Gemma's choices besides a window
         wrong = gemma3.gguf_mismatches(cfg)
         if wrong:

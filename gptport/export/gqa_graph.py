@@ -99,6 +99,8 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
             rope.update(do_rotary=1, rotary_interleaved=0)
         if config.windowed(i):  # keys q - window < k: onnxruntime's CPU kernel keeps local_window_size of them,
             rope["local_window_size"] = config.sliding_window  # its own included (measured: test_gemma3_export.py)
+        if config.attn_softcap > 0:  # tanh(s / cap) * cap after the scale, before the mask (measured: 0052)
+            rope["softcap"] = config.attn_softcap
         q, k, v = (qkv.packed, "", "") if qkv.parts is None else qkv.parts  # packed, or apart after q/k norm
         return g.op("GroupQueryAttention", [q, k, v, pasts[2 * i], pasts[2 * i + 1], *lengths, *tables],
                     [f"h.{i}.attn", presents[2 * i], presents[2 * i + 1]], domain="com.microsoft",

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 
 from gptport import contract
 from gptport.config import ModelConfig
+from gptport.export.graph_caps import finish, finishes, scaled
 from gptport.export.nbits import NBits, Quant, slabs
 from gptport.export.tensor_sink import InlineSink, Sink
 
@@ -170,6 +171,9 @@ class Builder:
         model's first layer). By default Add and LayerNormalization rather than the fused
         SkipLayerNormalization, whose CPU kernel is 2x slower (benchmarks/results): Forms.layer and
         Forms.rms say which."""
+        if not self.config.pre_norms:  # OLMo 2's: the sum itself goes in
+            total = self.op("Add", [x, self.op("Add", [delta, bias])[0] if bias else delta])[0] if delta else x
+            return total, total
         if not delta:
             return self.norm(x, weights, prefix), x
         if self.config.norm == "layernorm" and self.forms.layer == "skip":
@@ -277,6 +281,10 @@ class Builder:
         if not self.config.qk_norm:
             return Qkv(packed)
         q, k, v = self.split_qkv(packed)
+        if self.config.qk_norm_span == "all":  # over every head together (OLMo 2's)
+            q, k = (self.rms_norm(x, self.const(f"{prefix}.{n}.weight", weights[f"{prefix}.{n}.weight"]))
+                    for x, n in ((q, "q_norm"), (k, "k_norm")))
+            return Qkv("", (q, k, v))
         q, k = (self.head_norm(x, self.const(f"{prefix}.{n}.weight", weights[f"{prefix}.{n}.weight"]), width)
                 for x, n, width in ((q, "q_norm", self.config.q_width), (k, "k_norm", self.config.kv_width)))
         return Qkv("", (q, k, v))
@@ -340,13 +348,14 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
             delta = g.op("Gather", [g.const("positions", table), contract.POSITION_IDS])[0]  # (B, S, D)
     for i in range(config.n_layer):
         p = f"h.{i}"
-        h, x = g.add_norm(x, delta, delta_bias, w, f"{p}.ln_1")  # x += delta; h = norm(x)
+        h, x = g.add_norm(x, *scaled(g, delta, delta_bias), w, f"{p}.ln_1")  # x += delta; h = norm(x)
         if i:
             g.residuals.append(x)  # (B, S, D): layer i - 1's output
         attn = attend(g, i, g.qkv(h, w, f"{p}.attn"))  # (B, S, H*hd)
         delta, delta_bias = g.post_norm(*g.matmul(attn, w, f"{p}.attn.c_proj"), w, f"{p}.ln_1_post")
-        h, x = g.add_norm(x, delta, delta_bias, w, f"{p}.ln_2")
+        h, x = g.add_norm(x, *scaled(g, delta, delta_bias), w, f"{p}.ln_2")
         delta, delta_bias = g.post_norm(*g.mlp(h, w, f"{p}.mlp"), w, f"{p}.ln_2_post")
+    delta, delta_bias = scaled(g, delta, delta_bias)
     if delta_bias:
         delta = g.op("Add", [delta, delta_bias])[0]
     x = g.op("Add", [x, delta])[0]  # (B, S, D)
@@ -355,13 +364,16 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
         index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", _i64(-1))])[0]
         x = g.op("GatherND", [x, index], batch_dims=1)[0]  # (B, L, D): only the positions asked for
     h = g.norm(x, w, "ln_f")
+    out = contract.HEAD if finishes(g) else contract.LOGITS  # (B, L, V)
     if config.tie_embeddings and nbits is not None:  # the quantized head is a matrix of its own
-        g.nbits_matmul(h, w["wte.weight"], "lm_head", nbits.of("head"), out=contract.LOGITS)  # (B, L, V)
+        g.nbits_matmul(h, w["wte.weight"], "lm_head", nbits.of("head"), out=out)
     elif config.tie_embeddings:  # stored once; onnxruntime folds the Transpose when it loads the graph
         head = g.op("Transpose", ["wte.weight"], perm=[1, 0])[0]  # (D, V)
-        g.op("MatMul", [h, head], [contract.LOGITS])  # (B, L, V)
+        g.op("MatMul", [h, head], [out])
     else:
-        g.linear(h, w, "lm_head", out=contract.LOGITS)  # (B, L, V)
+        g.linear(h, w, "lm_head", out=out)
+    if out == contract.HEAD:
+        finish(g, out)  # divided, soft-capped: graph_caps.py
     return g
 
 

@@ -98,7 +98,7 @@ def untie_folded_head(proto: onnx.ModelProto) -> None:
     case the copy is dropped and a Transpose node, which onnxruntime folds when it loads, takes its place."""
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
-    head = next((n for n in graph.node if contract.LOGITS in n.output and n.op_type == "MatMul"), None)
+    head = next((n for n in graph.node if n.op_type == "MatMul" and set(n.output) & set(contract.HEADS)), None)
     gather = next((n for n in graph.node if n.op_type == "Gather" and n.input[1] == contract.INPUT_IDS), None)
     if head is None or gather is None or gather.input[0] not in inits:
         raise ValidationError("export: unexpected graph (no head MatMul or token Gather); cannot check tied weights")

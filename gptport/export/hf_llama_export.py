@@ -1,11 +1,12 @@
 """export-hf of the Llama family: a gptport model written as the transformers class of its architecture, the
 inverse of import-hf (each family's config.json and tensor names: gptport/arch/). LlamaForCausalLM (biases on q, k,
 v and o together, MLP biases), Qwen2ForCausalLM (q/k/v biases only), Qwen3ForCausalLM (q/k norm),
-MistralForCausalLM (a model import-hf read from one, or a window on every layer) and Gemma3ForCausalLM (Gemma's
-choices; 1 taken off its norms). config.json carries the shape, rope_theta and rope_scaling (linear, llama3),
-num_key_value_heads, head_dim, rms_norm_eps, tie_word_embeddings, the sliding window and the begin and end ids;
-model.safetensors holds transformers' names (c_attn split back into q_proj, k_proj and v_proj). No torch: the
-weights are read and written with safetensors' numpy API."""
+MistralForCausalLM (a model import-hf read from one, or a window on every layer), Gemma3ForCausalLM (Gemma's
+choices; 1 taken off its norms), Gemma2ForCausalLM (soft-capping, no q/k norm), GraniteForCausalLM (its
+multipliers) and Olmo2ForCausalLM (norms after the sublayers only). config.json carries the shape, rope_theta and
+rope_scaling (linear, llama3), num_key_value_heads, head_dim, rms_norm_eps, tie_word_embeddings, the sliding
+window and the begin and end ids; model.safetensors holds transformers' names (c_attn split back into q_proj,
+k_proj and v_proj). No torch: the weights are read and written with safetensors' numpy API."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from gptport import arch, atomic
 from gptport import tokenizer as bpe
-from gptport.arch import gemma3
+from gptport.arch import gemma2, gemma3, granite, olmo2
 from gptport.arch.base import split_all
 from gptport.config import ModelConfig
 from gptport.errors import InputError
@@ -50,11 +51,12 @@ def architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
     if rope_class:
         return rope_class
     if replace(cfg, sliding_window=0).gemma_choices():  # Gemma's choices besides a window
-        wrong = gemma3.mismatches(cfg)
+        family = next((m for m in (gemma2, granite, olmo2) if m.claims(cfg)), gemma3)  # whose choices they are
+        wrong = family.mismatches(cfg)
         if wrong:
             raise InputError(f"{', '.join(cfg.gemma_choices())} with {'; '.join(wrong)}: no transformers class "
                              "computes it")
-        return gemma3.GEMMA3.model_type
+        return family.FAMILIES[0].model_type
     if cfg.qk_norm:
         if cfg.has_qkv_bias != cfg.has_out_bias or cfg.has_mlp_bias:
             raise InputError("q/k norm with these biases (q/k/v "

@@ -53,6 +53,7 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
         additive,
         attention_mask_4d,
         default_position_ids,
+        finished_logits,
         layer_inputs,
         scaled_embeddings,
         sinusoidal,
@@ -92,7 +93,7 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
         head = "wte." if cfg.tie_embeddings else "lm_head."
-        logits = _head(x, head, weight, (cfg.vocab_size, cfg.d_model), dtype)  # (B, T, V)
+        logits = finished_logits(_head(x, head, weight, (cfg.vocab_size, cfg.d_model), dtype), cfg)  # (B, T, V)
     yield logits.numpy()
 
 def compare_layers(reference: Iterable[LayerOut | np.ndarray], got: Callable[[int], LayerOut],

@@ -110,8 +110,9 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
         key = g.op("Slice", [key, start, longest, axis])[0]  # (B, Hkv, P, hd): the positions any row attends to
         value = g.op("Slice", [value, start, longest, axis])[0]
         mask = window_mask(g) if config.windowed(i) else ""  # a window layer's: causal and within the window
+        capped = {"softcap": config.attn_softcap} if config.attn_softcap > 0 else {}  # before the mask, as Gemma 2's
         y = g.op("Attention", [q, key, value, mask, "", "", each], is_causal=0 if mask else 1,
-                 scale=config.attn_scale or 1.0 / math.sqrt(head_dim))[0]  # (B, H, K, hd): head h reads h // (H / Hkv)
+                 scale=config.attn_scale or 1.0 / math.sqrt(head_dim), **capped)[0]  # (B, H, K, hd)
         y = g.op("Transpose", [y], perm=[0, 2, 1, 3])[0]  # (B, K, H, hd)
         y = g.op("Reshape", [y, g.const("tokens_q", np.array([-1, config.q_width], dtype=np.int64))])[0]  # (B*K, H*hd)
         y = g.op("Gather", [y, contract.UNPACK_INDEX], axis=0)[0]  # (T, H*hd): back to the packed order

@@ -27,7 +27,7 @@ def materialize_head(proto: onnx.ModelProto) -> onnx.ModelProto:
     (Transpose of the embedding), and at GPT-2 sizes the head is a third of the bytes read per token."""
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
-    head = next((n for n in graph.node if contract.LOGITS in n.output and n.op_type == "MatMul"), None)
+    head = next((n for n in graph.node if n.op_type == "MatMul" and set(n.output) & set(contract.HEADS)), None)
     producer = next((n for n in graph.node if head is not None and head.input[1] in n.output), None)
     if producer is None or producer.op_type != "Transpose" or producer.input[0] not in inits:
         return proto
@@ -151,7 +151,7 @@ def _down_projections(proto: onnx.ModelProto) -> list[str]:
     (whose N is the vocabulary) never among them."""
     inits = {i.name: i for i in proto.graph.initializer}
     return [n.name for n in proto.graph.node if w8a8.weight_matmul(n, inits)
-            and inits[n.input[1]].dims[0] > inits[n.input[1]].dims[1] and contract.LOGITS not in n.output]
+            and inits[n.input[1]].dims[0] > inits[n.input[1]].dims[1] and not set(n.output) & {*contract.HEADS}]
 
 
 def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None) -> None:
@@ -170,7 +170,7 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
         layers = sum(1 for i in proto.graph.initializer if i.name.endswith(".attn.c_attn.weight_t"))
         skip = {m.replace(".attn.c_attn", ".ln_1") for m in wide_modules(scheme.wide, layers)}  # their norms'
         awq.apply(proto, ranges, scheme.block, scheme.symmetric, skip=skip, int8=scheme.accuracy_level == 4)
-    head = next((n.name for n in proto.graph.node if contract.LOGITS in n.output), None)  # None: a bare MatMul's
+    head = next((n.name for n in proto.graph.node if set(n.output) & set(contract.HEADS)), None)  # None: a bare MatMul
     if scheme.kind == "w8a8":
         w8a8.rewrite(proto)
         onnx.save_model(proto, str(dst))

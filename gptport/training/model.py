@@ -75,10 +75,13 @@ class CausalSelfAttention(nn.Module):
         self.widths = [cfg.q_width, cfg.kv_width, cfg.kv_width]
         self.c_attn = nn.Linear(cfg.d_model, sum(self.widths), bias=cfg.has_qkv_bias)
         self.c_proj = nn.Linear(cfg.q_width, cfg.d_model, bias=cfg.has_out_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.ln_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.ln_eps) if cfg.qk_norm else None
+        self.span = cfg.qk_norm_span  # "head": each head's hd values; "all": every head's together (OLMo 2)
+        q_dim, k_dim = (cfg.head_dim, cfg.head_dim) if self.span == "head" else (cfg.q_width, cfg.kv_width)
+        self.q_norm = RMSNorm(q_dim, cfg.ln_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_dim, cfg.ln_eps) if cfg.qk_norm else None
         self.dropout = cfg.dropout
         self.scale = cfg.attn_scale or None  # None: SDPA's 1/sqrt(hd)
+        self.softcap = cfg.attn_softcap  # > 0: scores capped by tanh (Gemma 2), which SDPA does not do
 
     def forward(self, x: Tensor, mask: Tensor | None, past: KV | None, rope: Rope | None = None) -> tuple[Tensor, KV]:
         """mask None: plain causal attention without padding or cache (the training path, where
@@ -89,8 +92,11 @@ class CausalSelfAttention(nn.Module):
             q, k, v = qkv.split(self.widths[0], dim=2)  # (B, T, H*hd) each
         else:
             q, k, v = qkv.split(self.widths, dim=2)  # (B, T, H*hd), (B, T, Hkv*hd) twice
-        q = self._heads(q, self.n_head, self.q_norm)  # (B, H, T, hd)
-        k = self._heads(k, self.n_kv_head, self.k_norm)  # (B, Hkv, T, hd)
+        if self.span == "all" and self.q_norm is not None and self.k_norm is not None:  # before the head split
+            q, k = self.q_norm(q), self.k_norm(k)  # (B, T, H*hd), (B, T, Hkv*hd)
+        head_norms = self.span == "head"
+        q = self._heads(q, self.n_head, self.q_norm if head_norms else None)  # (B, H, T, hd)
+        k = self._heads(k, self.n_kv_head, self.k_norm if head_norms else None)  # (B, Hkv, T, hd)
         v = self._heads(v, self.n_kv_head, None)  # (B, Hkv, T, hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # (B, H, T, hd), (B, Hkv, T, hd)
@@ -98,11 +104,28 @@ class CausalSelfAttention(nn.Module):
             k = torch.cat([past[0], k], dim=2)  # (B, Hkv, P+T, hd)
             v = torch.cat([past[1], v], dim=2)  # (B, Hkv, P+T, hd)
         n_rep = self.n_head // self.n_kv_head
-        y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask,
-                                           is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0,
-                                           scale=self.scale)  # (B, H, T, hd)
+        if self.softcap > 0:
+            y = self._capped(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)  # (B, H, T, hd)
+        else:
+            y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask,
+                                               is_causal=mask is None,
+                                               dropout_p=self.dropout if self.training else 0.0,
+                                               scale=self.scale)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, H*hd)
         return self.c_proj(y), (k, v)
+
+    def _capped(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """softmax(tanh(q k^T * scale / cap) * cap + mask) v, in transformers' Gemma 2 order (the cap before the
+        mask, the softmax in float32): q (B, H, T, hd), k and v (B, H, P+T, hd) -> (B, H, T, hd)."""
+        scores = torch.matmul(q, k.transpose(2, 3)) * (self.scale or self.head_dim ** -0.5)  # (B, H, T, P+T)
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        if mask is None:  # the training path: causal
+            T = q.shape[2]
+            mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else (
+            scores + mask)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # (B, H, T, P+T)
+        return torch.matmul(F.dropout(probs, self.dropout, self.training), v)  # (B, H, T, hd)
 
     def _heads(self, x: Tensor, n: int, norm: nn.Module | None) -> Tensor:
         """(B, T, n*hd) -> (B, n, T, hd), each head normalised over hd first when `norm` (q/k norm)."""
@@ -133,20 +156,25 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.ln_1 = make_norm(cfg, cfg.d_model)
+        self.ln_1 = make_norm(cfg, cfg.d_model) if cfg.pre_norms else nn.Identity()
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = make_norm(cfg, cfg.d_model)
+        self.ln_2 = make_norm(cfg, cfg.d_model) if cfg.pre_norms else nn.Identity()
         self.mlp: nn.Module = MLP(cfg) if cfg.mlp == "gelu" else SwiGLU(cfg)
         self.ln_1_post = make_norm(cfg, cfg.d_model) if cfg.post_norms else None
         self.ln_2_post = make_norm(cfg, cfg.d_model) if cfg.post_norms else None
         self.drop = nn.Dropout(cfg.dropout)
+        self.residual_scale = cfg.residual_scale
 
     def forward(self, x: Tensor, mask: Tensor | None, past: KV | None, rope: Rope | None = None) -> tuple[Tensor, KV]:
         a, present = self.attn(self.ln_1(x), mask, past, rope)
-        x = x + self.drop(a if self.ln_1_post is None else self.ln_1_post(a))
+        x = x + self._scaled(self.drop(a if self.ln_1_post is None else self.ln_1_post(a)))
         m = self.mlp(self.ln_2(x))  # (B, T, D)
-        x = x + self.drop(m if self.ln_2_post is None else self.ln_2_post(m))
+        x = x + self._scaled(self.drop(m if self.ln_2_post is None else self.ln_2_post(m)))
         return x, present
+
+    def _scaled(self, delta: Tensor) -> Tensor:
+        """A sublayer's output times residual_scale (Granite's residual_multiplier, a float32 multiply)."""
+        return delta if self.residual_scale == 1.0 else delta * self.residual_scale  # (B, T, D)
 
 
 def layer_inputs(cfg: ModelConfig, layer: int, masks: tuple[Tensor | None, Tensor | None],
@@ -167,6 +195,16 @@ def scaled_embeddings(x: Tensor, cfg: ModelConfig) -> Tensor:
     if cfg.embed_scale == 1.0:
         return x
     return x * torch.tensor(cfg.embed_scale, dtype=torch.float32, device=x.device).to(x.dtype)  # (B, T, D)
+
+
+def finished_logits(logits: Tensor, cfg: ModelConfig) -> Tensor:
+    """The head's output as the model returns it: divided by logits_divisor (Granite), then soft-capped by
+    final_softcap (Gemma 2), each as transformers computes it."""
+    if cfg.logits_divisor != 1.0:
+        logits = logits / cfg.logits_divisor  # (B, T, V)
+    if cfg.final_softcap > 0:
+        logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap  # (B, T, V)
+    return logits
 
 
 class GPT(nn.Module):
@@ -225,7 +263,7 @@ class GPT(nn.Module):
         x, present = self._trunk(input_ids, position_ids, (mask, window), past)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
-        return self.lm_head(x), present  # (B, T, V), or (B, 1, V)
+        return finished_logits(self.lm_head(x), self.cfg), present  # (B, T, V), or (B, 1, V)
 
     def loss(self, input_ids: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
         """Next-token cross-entropy (nats) of a batch without padding or cache: the mean, or
@@ -237,7 +275,7 @@ class GPT(nn.Module):
             ones = torch.ones(B, T, dtype=torch.long, device=input_ids.device)
             window = attention_mask_4d(ones, T, self.cfg.sliding_window)  # (B, 1, T, T)
         x, _ = self._trunk(input_ids, position_ids, (None, window), None)
-        logits = self.lm_head(x)  # (B, T, V)
+        logits = finished_logits(self.lm_head(x), self.cfg)  # (B, T, V)
         return F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), reduction=reduction)
 
     def _trunk(self, input_ids: Tensor, position_ids: Tensor, masks: tuple[Tensor | None, Tensor | None],

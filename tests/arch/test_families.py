@@ -49,14 +49,14 @@ CONFIGS: dict[str, ModelConfig] = {  # a model each family's class computes (tie
 
 
 def test_the_registry_finds_each_family_by_its_names() -> None:
-    assert [f.model_type for f in arch.FAMILIES] == ["gemma3_text", "gpt2", "llama", "mistral", "phi3", "qwen2",
-                                                     "qwen3", "smollm3"]
+    assert [f.model_type for f in arch.FAMILIES] == ["gemma2", "gemma3_text", "gpt2", "granite", "llama", "mistral",
+                                                     "olmo2", "phi3", "qwen2", "qwen3", "smollm3"]
     for f in arch.FAMILIES:
         assert arch.from_hf({"model_type": f.model_type}) is f
         assert arch.from_hf({"architectures": [f.hf_class]}) is f
         assert f.gguf_arch is None or arch.from_gguf(f.gguf_arch) is f
     assert arch.from_gguf("llama") is arch.family("llama")  # Mistral's GGUF is llama.cpp's `llama`
-    assert arch.from_hf({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}) is None
+    assert arch.from_hf({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}) is None
     assert arch.from_gguf("mamba") is None and arch.gguf_archs() == ["gemma3", "gpt2", "llama", "qwen2", "qwen3"]
 
 

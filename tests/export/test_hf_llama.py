@@ -271,8 +271,8 @@ def _broken(tmp_path: Path, hf_tokenizer_dir: Path, change: Callable[[dict[str, 
 
 BAD = [
     (lambda c: {**c, "rope_thetta": 1.0}, "key 'rope_thetta' is not one gptport knows for a llama model"),
-    (lambda c: {**c, "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]},
-     "architecture Gemma2ForCausalLM is not one gptport imports"),
+    (lambda c: {**c, "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]},
+     "architecture GPTNeoXForCausalLM is not one gptport imports"),
     (lambda c: {**c, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
      "rope type 'yarn' is not one gptport has"),
     (lambda c: {**c, "hidden_act": "gelu"}, "hidden_act 'gelu' is not silu"),

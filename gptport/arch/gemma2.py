@@ -1,0 +1,108 @@
+"""Gemma 2 (Gemma2ForCausalLM; llama.cpp's `gemma2`): Gemma 3's layers (gemma3.py: embeddings times
+sqrt(hidden_size), (1 + w) norms, GeGLU, a norm after the attention and after the MLP, softmax scale
+query_pre_attn_scalar^-0.5, sliding-window layers between global ones) without its q/k norm and with one RoPE
+base, plus soft-capping: each attention score tanh(s / attn_logit_softcapping) * cap after the scale and before
+the mask, each logit tanh(l / final_logit_softcapping) * cap (design record 0052). Without layer_types the even
+layers (0, 2, ...) are the window ones, as transformers' Gemma2Config makes them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gptport.arch.base import Family, Specials, number, refused
+from gptport.arch.gemma3 import GELUS, GGUF, HF
+from gptport.config import ModelConfig
+from gptport.errors import InputError, UsageError
+
+KEYS = frozenset({"head_dim", "attention_bias", "query_pre_attn_scalar", "sliding_window", "layer_types",
+                  "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation",
+                  "use_bidirectional_attention", "cache_implementation"})
+FIELDS = {"attn_softcap": "attn_logit_softcapping", "final_softcap": "final_logit_softcapping",
+          "sliding_window": "sliding_window", "attn_scale": "query_pre_attn_scalar"}  # ModelConfig's -> config.json's
+
+
+def claims(cfg: ModelConfig) -> bool:
+    """Whether `cfg` is Gemma 2's rather than Gemma 3's (export-hf's pick): soft-capping, or GeGLU without q/k norm."""
+    return cfg.attn_softcap > 0 or cfg.final_softcap > 0 or (cfg.mlp == "geglu" and not cfg.qk_norm)
+
+
+def mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from transformers' Gemma2ForCausalLM (empty when it computes it)."""
+    wants = (("mlp", "geglu"), ("norm", "rmsnorm"), ("pos_encoding", "rope"), ("qk_norm", False), ("post_norms", True),
+             ("pre_norms", True), ("mlp_bias", False), ("bias", False), ("residual_scale", 1.0),
+             ("logits_divisor", 1.0), ("rope_local_theta", 0.0))
+    out = [f"{name} is {getattr(cfg, name)!r} (Gemma 2's is {want!r})" for name, want in wants
+           if getattr(cfg, name) != want]
+    if cfg.embed_scale != math.sqrt(cfg.d_model):
+        out.append(f"embed_scale is {cfg.embed_scale:g} (Gemma 2 scales by sqrt(d_model))")
+    if cfg.has_qkv_bias != cfg.has_out_bias:
+        out.append("q/k/v biases without an output bias (Gemma 2's attention_bias sets all four)")
+    return out
+
+
+def _window_layers(hf: Mapping[str, Any], n_layer: int, where: Path) -> tuple[int, ...]:
+    """The sliding layers: layer_types', else the even ones (transformers' Gemma2Config default)."""
+    types = hf.get("layer_types")
+    if types is None:
+        return tuple(range(0, n_layer, 2))
+    if not isinstance(types, list) or len(types) != n_layer:
+        raise InputError(f"{where}: layer_types must list the {n_layer} layers' types")
+    odd = [t for t in types if t not in ("full_attention", "sliding_attention")]
+    if odd:
+        raise InputError(f"{where}: layer type {odd[0]!r} is not one gptport has")
+    return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+
+
+def _cap(hf: Mapping[str, Any], key: str, where: Path) -> float:
+    """A soft-cap of config.json (null or absent: none, 0)."""
+    return number(hf, key, where, 0.0, kind=float)
+
+
+@dataclass(frozen=True)
+class Gemma2(Family):
+    def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
+        if hf.get("use_bidirectional_attention"):
+            raise InputError(f"{where}: use_bidirectional_attention is {hf['use_bidirectional_attention']!r}, which "
+                             "gptport does not compute; refusing")
+        act = hf.get("hidden_activation", hf.get("hidden_act", "gelu_pytorch_tanh"))
+        if act not in GELUS:
+            raise InputError(f"{where}: hidden_activation {act!r} is not a GELU gptport has")
+        rest = {k: v for k, v in hf.items() if k not in KEYS and k != "hidden_act"}
+        cfg = super().model_config({**rest, "head_dim": hf.get("head_dim"), "attention_bias": hf.get("attention_bias")},
+                                   vocab_size, tokens, where)
+        window = number(hf, "sliding_window", where, 0, positive=hf.get("sliding_window") is not None)
+        layers = _window_layers(hf, cfg.n_layer, where) if window else ()
+        scalar = number(hf, "query_pre_attn_scalar", where, cfg.head_dim, kind=float, positive=True)
+        try:
+            return replace(cfg, mlp="geglu", gelu=GELUS[act], post_norms=True,  # type: ignore[arg-type]
+                           embed_scale=math.sqrt(cfg.d_model), attn_scale=scalar ** -0.5,
+                           sliding_window=window if layers else 0, window_layers=layers,
+                           attn_softcap=_cap(hf, "attn_logit_softcapping", where),
+                           final_softcap=_cap(hf, "final_logit_softcapping", where),
+                           tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
+        except UsageError as e:
+            raise refused(e, FIELDS, where) from e
+
+    def hf_config(self, cfg: ModelConfig, ends: list[int]) -> dict[str, Any]:
+        out = super().hf_config(cfg, ends)
+        del out["hidden_act"]
+        return out
+
+    def hf_extra(self, cfg: ModelConfig) -> dict[str, Any]:
+        scalar = cfg.softmax_scale ** -2
+        return {"head_dim": cfg.head_dim, "attention_bias": cfg.has_qkv_bias,
+                "hidden_activation": "gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
+                "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar,
+                "sliding_window": cfg.sliding_window or None,
+                "layer_types": ["sliding_attention" if cfg.windowed(i) else "full_attention"
+                                for i in range(cfg.n_layer)],
+                "attn_logit_softcapping": cfg.attn_softcap or None,
+                "final_logit_softcapping": cfg.final_softcap or None}
+
+
+GEMMA2 = Gemma2("gemma2", "Gemma2ForCausalLM", None, KEYS, hf_layout=HF, gguf_layout=GGUF, head_dim=256)
+FAMILIES = (GEMMA2,)
