@@ -352,3 +352,6 @@ class Family:
     def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
         """A GGUF file's ModelConfig values beyond the Llama family's (`f`: export/gguf_file.GGUFFile)."""
         return values
+
+    def gguf_write(self, writer: Any, cfg: ModelConfig) -> None:
+        """The `{gguf_arch}.*` metadata only this family has (`writer`: a gguf.GGUFWriter); gguf_values reads it."""

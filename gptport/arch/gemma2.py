@@ -3,7 +3,9 @@ sqrt(hidden_size), (1 + w) norms, GeGLU, a norm after the attention and after th
 query_pre_attn_scalar^-0.5, sliding-window layers between global ones) without its q/k norm and with one RoPE
 base, plus soft-capping: each attention score tanh(s / attn_logit_softcapping) * cap after the scale and before
 the mask, each logit tanh(l / final_logit_softcapping) * cap (design record 0052). Without layer_types the even
-layers (0, 2, ...) are the window ones, as transformers' Gemma2Config makes them."""
+layers (0, 2, ...) are the window ones, as transformers' Gemma2Config makes them. llama.cpp's `gemma2` holds both
+caps (50 and 30 where absent), the window (4096) and its layers (every 2nd), always ties the head and derives the
+softmax scale: gguf_values reads it, gguf_write writes it, gguf_mismatches names what it cannot hold."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gptport.arch.base import Family, Specials, number, refused
-from gptport.arch.gemma3 import GELUS, GGUF, HF
+from gptport.arch.base import GGUF_KEYS, Family, Specials, number, refused
+from gptport.arch.gemma3 import GELUS, GGUF, HF, gguf_window_layers, llama_cpp_scale
 from gptport.config import ModelConfig
 from gptport.errors import InputError, UsageError
 
@@ -23,6 +25,9 @@ KEYS = frozenset({"head_dim", "attention_bias", "query_pre_attn_scalar", "slidin
                   "use_bidirectional_attention", "cache_implementation"})
 FIELDS = {"attn_softcap": "attn_logit_softcapping", "final_softcap": "final_logit_softcapping",
           "sliding_window": "sliding_window", "attn_scale": "query_pre_attn_scalar"}  # ModelConfig's -> config.json's
+GGUF_KEYS_GEMMA2 = GGUF_KEYS | {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window",
+                                "attention.sliding_window_pattern", "rope.freq_base_swa"}
+LAYERS_27B = 46  # llama.cpp's gemma2 derives 27B's softmax scale from d_model / n_head
 
 
 def claims(cfg: ModelConfig) -> bool:
@@ -41,6 +46,25 @@ def mismatches(cfg: ModelConfig) -> list[str]:
         out.append(f"embed_scale is {cfg.embed_scale:g} (Gemma 2 scales by sqrt(d_model))")
     if cfg.has_qkv_bias != cfg.has_out_bias:
         out.append("q/k/v biases without an output bias (Gemma 2's attention_bias sets all four)")
+    return out
+
+
+def gguf_mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from llama.cpp's gemma2 (empty when it computes it): Gemma 2's choices (a local
+    RoPE base aside: llama.cpp reads rope.freq_base_swa), its tied head, no biases, GELU's tanh form, both caps
+    (llama.cpp divides by each), the softmax scale it derives."""
+    out = [m for m in mismatches(cfg) if not m.startswith("rope_local_theta")]
+    if not cfg.tie_embeddings:
+        out.append("an untied head (llama.cpp's gemma2 computes the logits with token_embd)")
+    if cfg.has_qkv_bias or cfg.has_out_bias:
+        out.append("attention biases (llama.cpp's gemma2 has no output bias)")
+    if cfg.gelu != "tanh":
+        out.append(f"gelu is {cfg.gelu!r} (llama.cpp's gemma2 takes GELU's tanh form)")
+    out += [f"no {what} soft-cap (llama.cpp's gemma2 always caps)" for what, cap in
+            (("attention", cfg.attn_softcap), ("final", cfg.final_softcap)) if cap == 0]
+    want = llama_cpp_scale(cfg, LAYERS_27B)
+    if not math.isclose(cfg.softmax_scale, want, rel_tol=1e-6):
+        out.append(f"softmax scale {cfg.softmax_scale:g}, not the {want:g} llama.cpp's gemma2 derives")
     return out
 
 
@@ -64,6 +88,32 @@ def _cap(hf: Mapping[str, Any], key: str, where: Path) -> float:
 
 @dataclass(frozen=True)
 class Gemma2(Family):
+    def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
+        """llama.cpp's gemma2 metadata, with its defaults: the caps (50, 30), the window (4096) on every 2nd layer
+        (a window covering the context is none), their RoPE base (the global one); the scale it derives."""
+        p = f"{self.gguf_arch}."
+        if "output.weight" in f.tensors:
+            raise InputError(f"{f.path}: tensor output.weight, which llama.cpp's gemma2 never reads (it ties the head "
+                             "to token_embd); refusing rather than computing otherwise than llama.cpp")
+        window = f.integer(p + "attention.sliding_window", 4096)
+        layers = gguf_window_layers(f, p + "attention.sliding_window_pattern", values["n_layer"], 2)
+        layers = layers if 0 < window < values["n_ctx"] else ()
+        local = f.number(p + "rope.freq_base_swa", values["rope_theta"])
+        out = {**values, "mlp": "geglu", "gelu": "tanh", "post_norms": True, "qk_norm": False,
+               "embed_scale": math.sqrt(values["d_model"]), "sliding_window": window if layers else 0,
+               "window_layers": layers, "rope_local_theta": local if layers and local != values["rope_theta"] else 0.0,
+               "attn_softcap": f.number(p + "attn_logit_softcapping", 50.0),
+               "final_softcap": f.number(p + "final_logit_softcapping", 30.0)}
+        return {**out, "attn_scale": llama_cpp_scale(ModelConfig(**{**out, "attn_scale": 0.0}), LAYERS_27B)}
+
+    def gguf_write(self, writer: Any, cfg: ModelConfig) -> None:
+        """Both caps, and the window always (llama.cpp's default is 4096 on every 2nd layer): a model without one
+        as a window of n_ctx, which masks nothing."""
+        writer.add_attn_logit_softcapping(cfg.attn_softcap)
+        writer.add_final_logit_softcapping(cfg.final_softcap)
+        if not (cfg.sliding_window and cfg.window_layers):
+            writer.add_sliding_window(cfg.n_ctx)
+
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         if hf.get("use_bidirectional_attention"):
             raise InputError(f"{where}: use_bidirectional_attention is {hf['use_bidirectional_attention']!r}, which "
@@ -104,5 +154,6 @@ class Gemma2(Family):
                 "final_logit_softcapping": cfg.final_softcap or None}
 
 
-GEMMA2 = Gemma2("gemma2", "Gemma2ForCausalLM", None, KEYS, hf_layout=HF, gguf_layout=GGUF, head_dim=256)
+GEMMA2 = Gemma2("gemma2", "Gemma2ForCausalLM", "gemma2", KEYS, hf_layout=HF, gguf_layout=GGUF,
+                gguf_keys=frozenset(GGUF_KEYS_GEMMA2), head_dim=256)
 FAMILIES = (GEMMA2,)

@@ -74,10 +74,10 @@ def mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
-def llama_cpp_scale(cfg: ModelConfig) -> float:
-    """The softmax scale llama.cpp's gemma3 derives (no metadata holds it): 1/sqrt(head_dim), 27B's (62 layers)
-    1/sqrt(d_model / n_head)."""
-    return 1 / math.sqrt(cfg.d_model // cfg.n_head if cfg.n_layer == 62 else cfg.head_dim)
+def llama_cpp_scale(cfg: ModelConfig, layers_27b: int = 62) -> float:
+    """The softmax scale llama.cpp's gemma3 (and gemma2) derives (no metadata holds it): 1/sqrt(head_dim), 27B's
+    (`layers_27b` layers: gemma3's 62, gemma2's 46) 1/sqrt(d_model / n_head)."""
+    return 1 / math.sqrt(cfg.d_model // cfg.n_head if cfg.n_layer == layers_27b else cfg.head_dim)
 
 
 def gguf_mismatches(cfg: ModelConfig) -> list[str]:
@@ -92,22 +92,26 @@ def gguf_mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def gguf_window_layers(f: Any, key: str, n_layer: int, default: int) -> tuple[int, ...]:
+    """The sliding layers of llama.cpp's `key`: a list of per-layer flags, or a number n (layer i slides where
+    i % n < n - 1, its set_swa_pattern; 0: every layer), `default` where absent."""
+    pattern = f.value(key, default)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise InputError(f"{f.path}: {key} lists {len(pattern)} layers, not {n_layer}")
+        return tuple(i for i, swa in enumerate(pattern) if swa)
+    n = f.integer(key, default)
+    return tuple(i for i in range(n_layer) if n == 0 or i % n < n - 1)
+
+
 @dataclass(frozen=True)
 class Gemma3(Family):
     def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
         """llama.cpp's gemma3 metadata: the window, its layers (a list of flags, or every n-th layer global: 6 by
         default) and their RoPE base (10,000 by default); the softmax scale as llama.cpp derives it."""
-        p, n_layer = f"{self.gguf_arch}.", values["n_layer"]
+        p = f"{self.gguf_arch}."
         window = f.integer(p + "attention.sliding_window", 0)
-        pattern = f.value(p + "attention.sliding_window_pattern", 6)
-        if isinstance(pattern, list):
-            if len(pattern) != n_layer:
-                raise InputError(f"{f.path}: {p}attention.sliding_window_pattern lists {len(pattern)} layers, "
-                                 f"not {n_layer}")
-            layers = tuple(i for i, swa in enumerate(pattern) if swa)
-        else:
-            n = f.integer(p + "attention.sliding_window_pattern", 6)
-            layers = tuple(i for i in range(n_layer) if n == 0 or i % n < n - 1)
+        layers = gguf_window_layers(f, p + "attention.sliding_window_pattern", values["n_layer"], 6)
         layers = layers if window > 0 else ()
         out = {**values, "mlp": "geglu", "gelu": "tanh", "post_norms": True,
                "embed_scale": math.sqrt(values["d_model"]), "sliding_window": window if layers else 0,

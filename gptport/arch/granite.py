@@ -2,7 +2,10 @@
 transformers applies it: the embeddings times embedding_multiplier (ModelConfig.embed_scale), the scores times
 attention_multiplier in place of 1/sqrt(head_dim) (attn_scale), each attention and MLP output times
 residual_multiplier before its residual add (residual_scale), the logits divided by logits_scaling
-(logits_divisor). q, k, v and o biases together under attention_bias, MLP biases under mlp_bias."""
+(logits_divisor). q, k, v and o biases together under attention_bias, MLP biases under mlp_bias. llama.cpp's
+`granite` holds them as logit_scale (required), residual_scale, embedding_scale and attention.scale (0 or absent:
+none), q and k rows permuted as its `llama`'s, Llama 3's scaling as rope_freqs.weight, and rope switched off by a
+false rope.scaling.finetuned (refused)."""
 
 from __future__ import annotations
 
@@ -11,13 +14,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gptport.arch.base import GGUF_LAYOUT, Family, Specials, number, refused
+from gptport.arch.base import GGUF_KEYS, GGUF_LAYOUT, Family, Specials, number, refused
 from gptport.config import ModelConfig
-from gptport.errors import UsageError
+from gptport.errors import InputError, UsageError
 
 MULTIPLIERS = {"embed_scale": "embedding_multiplier", "attn_scale": "attention_multiplier",
                "residual_scale": "residual_multiplier", "logits_divisor": "logits_scaling"}  # ModelConfig's -> theirs
 KEYS = frozenset({"attention_bias", "mlp_bias", *MULTIPLIERS.values()})
+GGUF_SCALES = {"embed_scale": "embedding_scale", "attn_scale": "attention.scale", "residual_scale": "residual_scale",
+               "logits_divisor": "logit_scale"}  # ModelConfig's -> llama.cpp's granite.* (0 or absent: none)
 
 
 def claims(cfg: ModelConfig) -> bool:
@@ -43,8 +48,33 @@ def mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def gguf_mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from llama.cpp's granite (empty when it computes it): Granite's choices (its
+    heads d_model wide, rope over whole heads, as llama.cpp asserts)."""
+    return mismatches(cfg)
+
+
 @dataclass(frozen=True)
 class Granite(Family):
+    def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
+        """llama.cpp's granite multipliers (a scale of 0 or absent is none, as llama.cpp reads it; logit_scale
+        required); a false rope.scaling.finetuned (no rope at all) refused by name."""
+        p = f"{self.gguf_arch}."
+        if f.value(p + "rope.scaling.finetuned", True) is not True:
+            raise InputError(f"{f.path}: {p}rope.scaling.finetuned is false, which switches llama.cpp's granite "
+                             "rope off; gptport's Granite rotates every layer")
+        read = {ours: f.number(p + key, 0.0) for ours, key in GGUF_SCALES.items() if ours != "logits_divisor"}
+        return {**values, "embed_scale": read["embed_scale"] or 1.0, "attn_scale": read["attn_scale"],
+                "residual_scale": read["residual_scale"] or 1.0, "logits_divisor": f.number(p + "logit_scale")}
+
+    def gguf_write(self, writer: Any, cfg: ModelConfig) -> None:
+        """The four multipliers (the softmax scale only where it is not 1/sqrt(head_dim))."""
+        writer.add_logit_scale(cfg.logits_divisor)
+        writer.add_residual_scale(cfg.residual_scale)
+        writer.add_embedding_scale(cfg.embed_scale)
+        if cfg.attn_scale:
+            writer.add_attention_scale(cfg.attn_scale)
+
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         cfg = super().model_config(hf, vocab_size, tokens, where)
         values = {ours: number(hf, theirs, where, 1.0, kind=float) for ours, theirs in MULTIPLIERS.items()}
@@ -59,5 +89,6 @@ class Granite(Family):
                 "residual_multiplier": cfg.residual_scale, "logits_scaling": cfg.logits_divisor}
 
 
-GRANITE = Granite("granite", "GraniteForCausalLM", None, KEYS, gguf_layout=replace(GGUF_LAYOUT, permuted=True))
+GRANITE = Granite("granite", "GraniteForCausalLM", "granite", KEYS, gguf_layout=replace(GGUF_LAYOUT, permuted=True),
+                  gguf_keys=GGUF_KEYS | set(GGUF_SCALES.values()), rope_freqs=True)
 FAMILIES = (GRANITE,)

@@ -1,7 +1,9 @@
 """OLMo 2 (Olmo2ForCausalLM; llama.cpp's `olmo2`): Llama's layers with the norms moved after the sublayers, x +
 norm(attn(x)), then x + norm(mlp(x)) (ModelConfig's post_norms without pre_norms), and a q/k norm over all heads
 of q and of k together, before the head split (qk_norm_span "all": one RMSNorm q_width wide, one kv_width wide).
-q, k, v and o biases together under attention_bias. Everything else is base.py's."""
+q, k, v and o biases together under attention_bias. llama.cpp's `olmo2` has the same tensors (q/k rows in halves
+order) but no biases and always an output tensor; its OLMo 3 window (attention.sliding_window) is refused as a key
+gptport does not read. Everything else is base.py's."""
 
 from __future__ import annotations
 
@@ -41,8 +43,22 @@ def mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def gguf_mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from llama.cpp's olmo2 (empty when it computes it)."""
+    out = mismatches(cfg)
+    if cfg.tie_embeddings:
+        out.append("a tied head (llama.cpp's olmo2 reads the head from an output tensor of its own)")
+    if cfg.has_qkv_bias or cfg.has_out_bias:
+        out.append("attention biases (llama.cpp's olmo2 has no output bias)")
+    return out
+
+
 @dataclass(frozen=True)
 class Olmo2(Family):
+    def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
+        """OLMo 2's norms: after the sublayers only, q and k normalised over all heads."""
+        return {**values, "pre_norms": False, "post_norms": True, "qk_norm": True, "qk_norm_span": "all"}
+
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         cfg = super().model_config(hf, vocab_size, tokens, where)
         return replace(cfg, pre_norms=False, post_norms=True, qk_norm=True, qk_norm_span="all")
@@ -51,5 +67,5 @@ class Olmo2(Family):
         return {"attention_bias": cfg.has_qkv_bias}
 
 
-OLMO2 = Olmo2("olmo2", "Olmo2ForCausalLM", None, frozenset({"attention_bias"}), hf_layout=HF, gguf_layout=GGUF)
+OLMO2 = Olmo2("olmo2", "Olmo2ForCausalLM", "olmo2", frozenset({"attention_bias"}), hf_layout=HF, gguf_layout=GGUF)
 FAMILIES = (OLMO2,)

@@ -1,6 +1,7 @@
 """The Llama family as llama.cpp's GGUF architectures, as its convert_hf_to_gguf.py writes them: `llama` (Llama,
 Mistral, SmolLM, a model trained here with --preset llama-tiny; biases where the model has them), `qwen2` (q/k/v
-biases alone), `qwen3` (q/k norm) and `gemma3` (Gemma's choices: gptport/arch/gemma3.py). The tensors are the
+biases alone), `qwen3` (q/k norm), `gemma3` (Gemma's choices: gptport/arch/gemma3.py) and `gemma2`, `granite` and
+`olmo2` (each family module's gguf_mismatches and gguf_write). The tensors are the
 family's GGUF plan split back (gptport/arch/: for
 `llama`, each q and k head's rows permuted from halves order to interleaved pairs, biases too). Llama 3's rope
 scaling goes in as the frequency factors of rope_freqs.weight, computed as the converter computes them; linear
@@ -31,10 +32,16 @@ def architecture(cfg: ModelConfig) -> str:
                        ("LongRoPE", cfg.rope_scaling == "longrope"), ("layers without rope", bool(cfg.no_rope_layers))):
         if used:
             raise InputError(f"{what}: gptport writes no llama.cpp architecture for it yet (its phi3 and smollm3)")
+    if cfg.rope_scaling == "llama3" and not (cfg.mlp == "swiglu" and cfg.pre_norms and not cfg.post_norms):
+        raise InputError("Llama 3's rope scaling outside Llama's layers: only llama.cpp's llama and granite "
+                         "architectures apply its rope_freqs")
     family = next((m for m in (gemma2, granite, olmo2) if m.claims(cfg)), None)
-    if family is not None:  # llama.cpp has gemma2, granite and olmo2; gptport does not write them yet (record 0052)
-        raise InputError(f"{', '.join(cfg.gemma_choices())}: {family.FAMILIES[0].hf_class}'s choices, which "
-                         "export-gguf does not write yet")
+    if family is not None:  # llama.cpp's gemma2, granite and olmo2 (record 0052)
+        name, wrong = family.FAMILIES[0].gguf_arch, family.gguf_mismatches(cfg)
+        if wrong:
+            raise InputError(f"{', '.join(cfg.gemma_choices())} with {'; '.join(wrong)}: llama.cpp's {name} does not "
+                             "compute it")
+        return str(name)
     if replace(cfg, sliding_window=0).gemma_choices():  # Gemma's choices besides a window
         wrong = gemma3.gguf_mismatches(cfg)
         if wrong:
@@ -112,9 +119,12 @@ def add_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
         writer.add_sliding_window(cfg.sliding_window)
         writer.add_sliding_window_pattern([cfg.windowed(i) for i in range(cfg.n_layer)])
         writer.add_rope_freq_base_swa(cfg.rope_local_theta or cfg.rope_theta)
-    if cfg.q_width != cfg.d_model or writer.arch == "gemma3":  # heads wider than d_model / n_head (Qwen3, Gemma)
+    if cfg.q_width != cfg.d_model or writer.arch in ("gemma2", "gemma3"):  # heads wider than d_model / n_head
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
+    family = arch.from_gguf(writer.arch)
+    if family is not None:
+        family.gguf_write(writer, cfg)  # the family's own keys (gemma2's caps, granite's multipliers)
     if cfg.rope_scaling == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_factor)
