@@ -260,6 +260,7 @@ class Family:
     head_dim: int | None = None  # the class's head_dim when config.json has none (None: hidden_size / heads)
     windowed: bool = False  # a sliding window always in effect (Mistral's); else only with use_sliding_window
     partial_rope: bool = False  # the class reads partial_rotary_factor and LongRoPE ("longrope", "su": Phi-3's)
+    gguf_side: frozenset[str] = frozenset()  # GGUF tensors gguf_values reads besides the plan's (Phi-3's factors)
 
     def canonical(self, name: str) -> str:
         """A source tensor's name as the layout spells it."""

@@ -3,7 +3,11 @@
 row blocks of one source, RowsOf), no biases, rope over the first partial_rotary_factor of each head (Phi-4-mini:
 0.75) with LongRoPE's short and long factors ("longrope", Phi-3's "su"). Its sliding_window is taken only where it
 covers the whole context (gptport's attention has no window yet: a shorter one is refused by name). The dropout
-keys change nothing at inference. Everything else is base.py's."""
+keys change nothing at inference. llama.cpp's `phi3` holds q|k|v as attn_qkv and gate|up as ffn_up, the rotary
+width as rope.dimension_count, LongRoPE's factors as the tensors rope_factors_short/long and its attention factor
+as rope.scaling.attn_factor; it picks the long factors by the context it is run with (-c above the original
+context: every position), not by a sequence's length as transformers and gptport do (gguf_note), and disables
+Phi-3's sliding window (an export with one is refused). Everything else is base.py's."""
 
 from __future__ import annotations
 
@@ -12,13 +16,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gptport.arch.base import HF_LAYOUT, Family, RowsOf, Specials, number
+import numpy as np
+
+from gptport.arch.base import GGUF_KEYS, GGUF_LAYOUT, HF_LAYOUT, Family, RowsOf, Specials, number
 from gptport.config import ModelConfig
 from gptport.errors import InputError
 
 HF_LAYOUT_PHI3 = replace(HF_LAYOUT, modules={
     **HF_LAYOUT.modules, "attn.c_attn": "self_attn.qkv_proj", "mlp.c_gate": RowsOf("mlp.gate_up_proj", 0, 2),
     "mlp.c_fc": RowsOf("mlp.gate_up_proj", 1, 2)})
+GGUF_LAYOUT_PHI3 = replace(GGUF_LAYOUT, modules={
+    **GGUF_LAYOUT.modules, "attn.c_attn": "attn_qkv", "mlp.c_gate": RowsOf("ffn_up", 0, 2),
+    "mlp.c_fc": RowsOf("ffn_up", 1, 2)})
+FACTORS = {"rope_short_factor": "rope_factors_short.weight", "rope_long_factor": "rope_factors_long.weight"}
+GGUF_KEYS_PHI3 = GGUF_KEYS | {"rope.scaling.attn_factor", "attention.sliding_window"}
 KEYS = frozenset({"resid_pdrop", "embd_pdrop", "original_max_position_embeddings", "partial_rotary_factor",
                   "sliding_window"})
 
@@ -34,8 +45,64 @@ def refuse_window(hf: Mapping[str, Any], where: Path, key: str = "sliding_window
     return n_ctx
 
 
+def gguf_mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from llama.cpp's phi3 (empty when it computes it, the LongRoPE choice aside:
+    gguf_note)."""
+    out = mismatches(cfg)
+    if cfg.attn_scale:
+        out.append(f"softmax scale {cfg.attn_scale:g} (llama.cpp's phi3 takes 1/sqrt(head_dim))")
+    if cfg.sliding_window and cfg.window_layers:
+        out.append(f"a sliding window of {cfg.sliding_window} (llama.cpp's phi3 disables Phi-3's window and attends "
+                   "to every position)")
+    wants = (("mlp", "swiglu"), ("norm", "rmsnorm"), ("pre_norms", True), ("post_norms", False), ("embed_scale", 1.0),
+             ("residual_scale", 1.0), ("logits_divisor", 1.0), ("attn_softcap", 0.0), ("final_softcap", 0.0))
+    return out + [f"{name} is {getattr(cfg, name)!r} (Phi-3's is {want!r})" for name, want in wants
+                  if getattr(cfg, name) != want]
+
+
+def gguf_note(cfg: ModelConfig) -> str:
+    """When llama.cpp's phi3 computes what gptport does ('' where always)."""
+    if cfg.rope_scaling != "longrope":
+        return ""
+    n = cfg.rope_original_n_ctx
+    return (f"LongRoPE: llama.cpp computes what gptport does when run with a context (-c, which it rounds up to a "
+            f"multiple of 256) of at most {n} tokens (the short factors at every position); above {n} it takes the "
+            f"long factors at every position, which gptport takes only once a sequence is longer than {n} tokens")
+
+
 @dataclass(frozen=True)
 class Phi3(Family):
+    def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
+        """The rotary width, LongRoPE (both factor tensors, each value the shortest decimal of its float32, the
+        attention factor, the original context) and
+        Phi-3's window (llama.cpp disables it; gptport computes it, as transformers does, on every layer)."""
+        p, head_dim = f"{self.gguf_arch}.", values["head_dim"]
+        rotary = f.integer(p + "rope.dimension_count", head_dim)
+        out = {**values, "rotary_dim": 0 if rotary == head_dim else rotary}
+        present = [name for name in FACTORS.values() if name in f.tensors]
+        if present:
+            if len(present) == 1:
+                raise InputError(f"{f.path}: {present[0]} without its pair ({', '.join(FACTORS.values())})")
+            if values.get("rope_scaling", "none") != "none":
+                raise InputError(f"{f.path}: LongRoPE's factor tensors with {p}rope.scaling.type linear")
+            out.update({ours: tuple(float(str(x)) for x in np.asarray(f.dequantize(name), dtype=np.float32))
+                        for ours, name in FACTORS.items()},
+                       rope_scaling="longrope", rope_attention_factor=f.number(p + "rope.scaling.attn_factor", 1.0),
+                       rope_original_n_ctx=f.integer(p + "rope.scaling.original_context_length", values["n_ctx"]))
+        elif f.number(p + "rope.scaling.attn_factor", 1.0) != 1.0:
+            raise InputError(f"{f.path}: {p}rope.scaling.attn_factor {f.number(p + 'rope.scaling.attn_factor')} "
+                             "without LongRoPE's factor tensors, which gptport does not compute")
+        window = f.integer(p + "attention.sliding_window", 0)
+        if 0 < window < values["n_ctx"]:
+            out.update(sliding_window=window, window_layers=tuple(range(values["n_layer"])))
+        return out
+
+    def gguf_write(self, writer: Any, cfg: ModelConfig) -> None:
+        """LongRoPE's attention factor and original context (its factors are tensors: gguf_llama.tensors)."""
+        if cfg.rope_scaling == "longrope":
+            writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_n_ctx)
+            writer.add_rope_scaling_attn_factors(cfg.rope_attention_factor)
+
     def _n_ctx(self, hf: Mapping[str, Any], where: Path) -> int:
         return refuse_window(hf, where)
 
@@ -65,5 +132,6 @@ def mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
-PHI3 = Phi3("phi3", "Phi3ForCausalLM", None, KEYS, hf_layout=HF_LAYOUT_PHI3, partial_rope=True)
+PHI3 = Phi3("phi3", "Phi3ForCausalLM", "phi3", KEYS, hf_layout=HF_LAYOUT_PHI3, gguf_layout=GGUF_LAYOUT_PHI3,
+            gguf_keys=frozenset(GGUF_KEYS_PHI3), partial_rope=True, gguf_side=frozenset(FACTORS.values()))
 FAMILIES = (PHI3,)

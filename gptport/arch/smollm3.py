@@ -2,16 +2,18 @@
 config.json's no_rope_layers is one flag per layer, 1 where the layer USES rope and 0 where it does not (the name
 says the opposite); without it, every no_rope_layer_interval-th layer (the 4th, 8th, ...) goes without. gptport's
 no_rope_layers lists the indices of the layers without. A sliding window (use_sliding_window) is taken only where
-it covers the whole context (gptport's attention has no window yet). Everything else is base.py's."""
+it covers the whole context (gptport's attention has no window yet). llama.cpp's `smollm3` has no key for the
+layers without rope: it skips rope on every 4th layer (3, 7, ...), so only that pattern is written (others refused
+by name); its q and k rows are permuted as its `llama`'s. Everything else is base.py's."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gptport.arch.base import Family, Specials, number
+from gptport.arch.base import GGUF_LAYOUT, Family, Specials, number
 from gptport.arch.phi3 import refuse_window
 from gptport.config import ModelConfig
 from gptport.errors import InputError
@@ -21,8 +23,36 @@ KEYS = frozenset({"attention_bias", "mlp_bias", "no_rope_layers", "no_rope_layer
                   "sliding_window", "layer_types", "max_window_layers"})
 
 
+def llama_cpp_no_rope(n_layer: int) -> tuple[int, ...]:
+    """The layers llama.cpp's smollm3 does not rotate: every 4th (its n_no_rope_layer_step, fixed)."""
+    return tuple(i for i in range(n_layer) if (i + 1) % 4 == 0)
+
+
+def gguf_mismatches(cfg: ModelConfig) -> list[str]:
+    """What keeps a gptport model from llama.cpp's smollm3 (empty when it computes it)."""
+    out = []
+    if cfg.no_rope_layers != llama_cpp_no_rope(cfg.n_layer):
+        out.append(f"layers without rope {list(cfg.no_rope_layers)} (llama.cpp's smollm3 skips rope on every 4th "
+                   f"layer: {list(llama_cpp_no_rope(cfg.n_layer))})")
+    if cfg.sliding_window and cfg.window_layers:
+        out.append(f"a sliding window of {cfg.sliding_window} (llama.cpp's smollm3 attends to every position)")
+    if cfg.has_out_bias or cfg.has_mlp_bias or cfg.has_qkv_bias:
+        out.append("biases (llama.cpp's smollm3 has neither an output nor MLP biases)")
+    if cfg.rotary_width != cfg.head_dim or cfg.rope_scaling not in ("none", "linear"):
+        out.append(f"rope over {cfg.rotary_width} of {cfg.head_dim} or rope scaling {cfg.rope_scaling!r} "
+                   "(llama.cpp's smollm3 rotates whole heads, without frequency factors)")
+    wants = (("mlp", "swiglu"), ("norm", "rmsnorm"), ("qk_norm", False), ("pre_norms", True), ("post_norms", False),
+             ("embed_scale", 1.0), ("attn_scale", 0.0), ("residual_scale", 1.0), ("logits_divisor", 1.0),
+             ("attn_softcap", 0.0), ("final_softcap", 0.0))
+    return out + [f"{name} is {getattr(cfg, name)!r} (SmolLM3's is {want!r})" for name, want in wants
+                  if getattr(cfg, name) != want]
+
+
 @dataclass(frozen=True)
 class SmolLM3(Family):
+    def gguf_values(self, f: Any, values: dict[str, Any]) -> dict[str, Any]:
+        return {**values, "no_rope_layers": llama_cpp_no_rope(values["n_layer"])}
+
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if "rope_theta" not in hf and not (isinstance(params, dict) and "rope_theta" in params):
@@ -56,5 +86,5 @@ class SmolLM3(Family):
                 "pad_token_id": None}  # SmolLM3Config's default 128004 is no id of a smaller vocabulary
 
 
-SMOLLM3 = SmolLM3("smollm3", "SmolLM3ForCausalLM", None, KEYS)
+SMOLLM3 = SmolLM3("smollm3", "SmolLM3ForCausalLM", "smollm3", KEYS, gguf_layout=replace(GGUF_LAYOUT, permuted=True))
 FAMILIES = (SMOLLM3,)

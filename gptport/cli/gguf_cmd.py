@@ -41,7 +41,8 @@ def export_gguf(
     force: Force = False,
 ) -> None:
     """Write the model and its tokenizer as a GGUF file that llama.cpp runs (architecture gpt2 for GPT-2's layers;
-    llama, qwen2 or qwen3 for the Llama family's, as llama.cpp's converter writes each)."""
+    llama, qwen2, qwen3, gemma2, gemma3, granite, olmo2, phi3 or smollm3 for the others, as llama.cpp's converter
+    writes each)."""
     from gptport.export.gguf_export import export_gguf as run
 
     s = run(model_dir, outtype.value, out, force)
@@ -49,11 +50,14 @@ def export_gguf(
     err.print(f"wrote {s.path} ({human_bytes(s.n_bytes)}, {s.architecture}, {s.outtype}): "
               f"{s.n_params / 1e6:.2f}M parameters in {sum(s.tensor_types.values())} tensors ({types}); "
               f"vocabulary {s.vocab_size}, {s.n_merges} merges")
+    if s.note:
+        err.print(f"note: {s.note}")
     err.print(f"next: llama-cli -m {s.path} -p \"...\" --temp 0")
 
 
 def import_gguf(
-    gguf_file: Annotated[Path, typer.Argument(help="A llama.cpp GGUF file of architecture llama, qwen2, qwen3 or gpt2 "
+    gguf_file: Annotated[Path, typer.Argument(help="A llama.cpp GGUF file of architecture llama, qwen2, qwen3, "
+                                              "gpt2, gemma2, gemma3, granite, olmo2, phi3 or smollm3 "
                                               "(F32, F16, BF16 or block-quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
                                               "Q2_K-Q6_K, IQ4_NL, IQ4_XS, IQ3_S).",
                                               show_default=False)],

@@ -99,7 +99,7 @@ def model_config(f: GGUFFile, family: Family, vocab_size: int, tokens: Specials)
                       ln_eps=f.number(p + "attention.layer_norm_epsilon"))
     else:
         head_dim = f.integer(p + "attention.key_length", d_model // n_head if n_head else 0)
-        for key in ("attention.value_length", "rope.dimension_count"):
+        for key in ("attention.value_length",) + (() if family.partial_rope else ("rope.dimension_count",)):
             if f.integer(p + key, head_dim) != head_dim:
                 raise InputError(f"{f.path}: {p + key} {f.integer(p + key)} differs from the heads' width {head_dim} "
                                  "(gptport rotates and attends over whole heads)")
@@ -110,7 +110,7 @@ def model_config(f: GGUFFile, family: Family, vocab_size: int, tokens: Specials)
             qkv_bias=blk + "attn_q.bias" in f.tensors, out_bias=blk + "attn_output.bias" in f.tensors,
             mlp_bias=blk + "ffn_up.bias" in f.tensors, qk_norm=blk + "attn_q_norm.weight" in f.tensors,
             **_rope(f, p, head_dim, family.rope_freqs))
-        values = family.gguf_values(f, values)  # the family's own keys (gemma3's window)
+        values = family.gguf_values(f, values)  # the family's own keys (gemma3's window, phi3's rotary width)
     try:
         return ModelConfig(**values)
     except UsageError as e:  # a shape gptport's model cannot have, said by ModelConfig
@@ -127,7 +127,7 @@ def plan(f: GGUFFile, family: Family, cfg: ModelConfig) -> list[Planned]:
         raise ArtifactError(f"{f.path}: tensor {embd} has {rows} rows, fewer than the {cfg.vocab_size} tokens of the "
                             "file's tokenizer")
     planned = family.gguf_plan(cfg, rows)
-    used = {ROPE_FREQS} if family.rope_freqs else set()
+    used = ({ROPE_FREQS} if family.rope_freqs else set()) | (family.gguf_side & set(f.tensors))
     for p in planned:
         for part in p.parts:
             if part.name not in f.tensors:

@@ -46,6 +46,7 @@ class Summary:
     vocab_size: int = 0
     n_merges: int = 0
     architecture: str = ARCH
+    note: str = ""  # when llama.cpp computes what gptport does, where not always (Phi-3's LongRoPE)
 
 
 def architecture(files: ModelFiles) -> str:
@@ -132,7 +133,8 @@ def export_gguf(model_dir: Path, outtype: str = "f32", out: Path | None = None, 
     counts: dict[str, int] = {}
     for _, _, qtype in tensors:
         counts[qtype.name] = counts.get(qtype.name, 0) + 1
-    return Summary(out, outtype, out.stat().st_size, n_params, counts, len(vocab.tokens), len(vocab.merges), arch)
+    return Summary(out, outtype, out.stat().st_size, n_params, counts, len(vocab.tokens), len(vocab.merges), arch,
+                   gguf_llama.note(cfg, arch))
 
 
 def _write_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig, outtype: str, name: str) -> None:

@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 
 from gptport import arch
-from gptport.arch import gemma2, gemma3, granite, olmo2
+from gptport.arch import gemma2, gemma3, granite, olmo2, phi3, smollm3
 from gptport.arch.base import split_all
 from gptport.config import ModelConfig
 from gptport.errors import InputError
@@ -26,21 +26,29 @@ ROPE_FREQS = "rope_freqs.weight"
 
 def architecture(cfg: ModelConfig) -> str:
     """The llama.cpp architecture that computes what `cfg` does (as the converter picks it for the transformers
-    class export-hf writes); a combination none of them has is refused naming it (a window but Gemma 3's: llama.cpp's
-    llama, qwen2 and qwen3 attend to every position)."""
-    for what, used in (("partial rotary", cfg.rotary_width != cfg.head_dim),
-                       ("LongRoPE", cfg.rope_scaling == "longrope"), ("layers without rope", bool(cfg.no_rope_layers))):
-        if used:
-            raise InputError(f"{what}: gptport writes no llama.cpp architecture for it yet (its phi3 and smollm3)")
-    if cfg.rope_scaling == "llama3" and not (cfg.mlp == "swiglu" and cfg.pre_norms and not cfg.post_norms):
-        raise InputError("Llama 3's rope scaling outside Llama's layers: only llama.cpp's llama and granite "
-                         "architectures apply its rope_freqs")
-    family = next((m for m in (gemma2, granite, olmo2) if m.claims(cfg)), None)
-    if family is not None:  # llama.cpp's gemma2, granite and olmo2 (record 0052)
+    class export-hf writes); a combination none of them has is refused naming it (a window but Gemma's: llama.cpp's
+    llama, qwen2, qwen3, phi3 and smollm3 attend to every position)."""
+    name = _pick(cfg)
+    family = arch.from_gguf(name)
+    if cfg.rope_scaling == "llama3" and not (family is not None and family.rope_freqs):
+        raise InputError(f"Llama 3's rope scaling: llama.cpp's {name} architecture applies no rope_freqs")
+    return name
+
+
+def note(cfg: ModelConfig, arch_name: str) -> str:
+    """When llama.cpp computes what gptport does, where not always ('' where always: Phi-3's LongRoPE)."""
+    return phi3.gguf_note(cfg) if arch_name == "phi3" else ""
+
+
+def _pick(cfg: ModelConfig) -> str:
+    special = ((phi3, cfg.rotary_width != cfg.head_dim or cfg.rope_scaling == "longrope"),
+               (smollm3, bool(cfg.no_rope_layers)), *((m, m.claims(cfg)) for m in (gemma2, granite, olmo2)))
+    family = next((m for m, claimed in special if claimed), None)
+    if family is not None:  # llama.cpp's phi3, smollm3, gemma2, granite and olmo2 (records 0050, 0052)
         name, wrong = family.FAMILIES[0].gguf_arch, family.gguf_mismatches(cfg)
         if wrong:
-            raise InputError(f"{', '.join(cfg.gemma_choices())} with {'; '.join(wrong)}: llama.cpp's {name} does not "
-                             "compute it")
+            chosen = ", ".join(cfg.gemma_choices()) or f"{family.FAMILIES[0].hf_class}'s choices"
+            raise InputError(f"{chosen} with {'; '.join(wrong)}: llama.cpp's {name} does not compute it")
         return str(name)
     if replace(cfg, sliding_window=0).gemma_choices():  # Gemma's choices besides a window
         wrong = gemma3.gguf_mismatches(cfg)
@@ -97,6 +105,8 @@ def tensors(state: dict[str, np.ndarray], cfg: ModelConfig, arch_name: str) -> l
     out = []
     if cfg.rope_scaling == "llama3" and family.rope_freqs:
         out.append((ROPE_FREQS, llama3_factors(cfg)))
+    if cfg.rope_scaling == "longrope":  # phi3's factor tensors, as its converter writes them
+        out += [(name, np.array(getattr(cfg, ours), dtype=np.float32)) for ours, name in phi3.FACTORS.items()]
     out += split_all(family.gguf_plan(cfg, cfg.vocab_size), state.pop)
     if state:
         raise InputError(f"tensor {sorted(state)[0]} has no place in llama.cpp's {arch_name} architecture")
@@ -114,7 +124,7 @@ def add_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_layer_norm_rms_eps(cfg.ln_eps)
     writer.add_vocab_size(cfg.vocab_size)
-    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_dimension_count(cfg.rotary_width)
     if cfg.window_layers and cfg.sliding_window:  # gemma3's window: its size, its layers, their RoPE base
         writer.add_sliding_window(cfg.sliding_window)
         writer.add_sliding_window_pattern([cfg.windowed(i) for i in range(cfg.n_layer)])

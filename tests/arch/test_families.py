@@ -58,7 +58,8 @@ def test_the_registry_finds_each_family_by_its_names() -> None:
     assert arch.from_gguf("llama") is arch.family("llama")  # Mistral's GGUF is llama.cpp's `llama`
     assert arch.from_hf({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}) is None
     assert arch.from_gguf("mamba") is None
-    assert arch.gguf_archs() == ["gemma2", "gemma3", "gpt2", "granite", "llama", "olmo2", "qwen2", "qwen3"]
+    assert arch.gguf_archs() == ["gemma2", "gemma3", "gpt2", "granite", "llama", "olmo2", "phi3", "qwen2", "qwen3",
+                                 "smollm3"]
 
 
 def test_the_llama_plan_names_every_source_and_how_it_combines() -> None:
