@@ -1,4 +1,4 @@
-"""import-gguf: a llama.cpp GGUF file (architecture llama, qwen2, qwen3 or gpt2, float or block-quantized tensors) as
+"""import-gguf: a llama.cpp GGUF file (any architecture of gptport/arch/, float or block-quantized tensors) as
 a gptport model directory. The file is read memory-mapped (gguf_file.py); its tokenizer is rebuilt (gguf_tokenizer.py),
 its metadata becomes a ModelConfig and its tensors gptport's (gguf_config.py). Every check runs before anything
 is written; the weights are then dequantized a piece at a time and streamed into model.safetensors (float32,
