@@ -1,13 +1,14 @@
 """Phi-3, Phi-3.5 and Phi-4-mini (Phi3ForCausalLM): the Llama family's decoder with q|k|v fused in one qkv_proj
-(gptport's c_attn as it is) and the gate and up projections in one gate_up_proj (the gate's rows, then up's: two
-row blocks of one source, RowsOf), no biases, rope over the first partial_rotary_factor of each head (Phi-4-mini:
-0.75) with LongRoPE's short and long factors ("longrope", Phi-3's "su"). Its sliding_window is taken only where it
-covers the whole context (gptport's attention has no window yet: a shorter one is refused by name). The dropout
-keys change nothing at inference. llama.cpp's `phi3` holds q|k|v as attn_qkv and gate|up as ffn_up, the rotary
-width as rope.dimension_count, LongRoPE's factors as the tensors rope_factors_short/long and its attention factor
-as rope.scaling.attn_factor; it picks the long factors by the context it is run with (-c above the original
-context: every position), not by a sequence's length as transformers and gptport do (gguf_note), and disables
-Phi-3's sliding window (an export with one is refused). Everything else is base.py's."""
+(gptport's c_attn as it is) and the gate and up projections in one gate_up_proj (the gate's rows, then up's: two row
+blocks of one source, RowsOf), no biases, rope over the first partial_rotary_factor of each head (Phi-4-mini: 0.75)
+with LongRoPE's short and long factors ("longrope", Phi-3's "su"). Its sliding_window (Phi-3-mini-4k's 2047) is a
+window on every layer, as transformers 5.24 applies it (query q sees keys q - window < k <= q: hf_window.py; null:
+none); export-hf writes it back. The dropout keys change nothing at inference. llama.cpp's `phi3` holds q|k|v as
+attn_qkv and gate|up as ffn_up, the rotary width as rope.dimension_count, LongRoPE's factors as the tensors
+rope_factors_short/long and its attention factor as rope.scaling.attn_factor; it picks the long factors by the
+context it is run with (-c above the original context: every position), not by a sequence's length as transformers
+and gptport do (gguf_note), and disables Phi-3's sliding window (an export with one is refused). Everything else is
+base.py's."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gptport.arch.base import GGUF_KEYS, GGUF_LAYOUT, HF_LAYOUT, Family, RowsOf, Specials, number
+from gptport.arch.base import GGUF_KEYS, GGUF_LAYOUT, HF_LAYOUT, Family, RowsOf, Specials
 from gptport.config import ModelConfig
 from gptport.errors import InputError
 
@@ -32,17 +33,6 @@ FACTORS = {"rope_short_factor": "rope_factors_short.weight", "rope_long_factor":
 GGUF_KEYS_PHI3 = GGUF_KEYS | {"rope.scaling.attn_factor", "attention.sliding_window"}
 KEYS = frozenset({"resid_pdrop", "embd_pdrop", "original_max_position_embeddings", "partial_rotary_factor",
                   "sliding_window"})
-
-
-def refuse_window(hf: Mapping[str, Any], where: Path, key: str = "sliding_window") -> int:
-    """max_position_embeddings, with a sliding window refused unless it covers it (a window shorter than the
-    context is no full attention, and gptport's has no window yet)."""
-    n_ctx = number(hf, "max_position_embeddings", where)
-    window = hf.get(key)
-    if window is not None and number(hf, key, where, positive=True) < n_ctx:
-        raise InputError(f"{where}: {key} {window} is shorter than max_position_embeddings {n_ctx}; gptport's "
-                         "attention has no sliding window (refusing rather than computing full attention)")
-    return n_ctx
 
 
 def gguf_mismatches(cfg: ModelConfig) -> list[str]:
@@ -103,9 +93,6 @@ class Phi3(Family):
             writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_n_ctx)
             writer.add_rope_scaling_attn_factors(cfg.rope_attention_factor)
 
-    def _n_ctx(self, hf: Mapping[str, Any], where: Path) -> int:
-        return refuse_window(hf, where)
-
     def model_config(self, hf: Mapping[str, Any], vocab_size: int, tokens: Specials, where: Path) -> ModelConfig:
         if hf.get("attention_bias") or hf.get("mlp_bias"):  # Phi3's layers have none (nor read these keys)
             raise InputError(f"{where}: Phi3ForCausalLM has no biases")
@@ -115,7 +102,8 @@ class Phi3(Family):
         partial = cfg.rotary_width / cfg.head_dim
         if int(cfg.head_dim * partial) != cfg.rotary_width:  # what transformers will compute back
             raise InputError(f"rotary_dim {cfg.rotary_width} is no partial_rotary_factor of head_dim {cfg.head_dim}")
-        extra: dict[str, Any] = {"partial_rotary_factor": partial, "sliding_window": None, "resid_pdrop": 0.0,
+        extra: dict[str, Any] = {"partial_rotary_factor": partial, "resid_pdrop": 0.0,
+                                 "sliding_window": cfg.sliding_window if cfg.window_layers else None,  # every layer's
                                  "embd_pdrop": 0.0, "pad_token_id": None}
         if cfg.rope_scaling == "longrope":
             extra["original_max_position_embeddings"] = cfg.rope_original_n_ctx
@@ -128,10 +116,13 @@ def mismatches(cfg: ModelConfig) -> list[str]:
         ("biases", cfg.has_qkv_bias or cfg.has_out_bias or cfg.has_mlp_bias), ("q/k norm", cfg.qk_norm),
         (f"head_dim {cfg.head_dim} is not d_model / n_head", cfg.head_dim * cfg.n_head != cfg.d_model),
         (f"rope scaling {cfg.rope_scaling!r}", cfg.rope_scaling not in ("none", "longrope")),
-        ("layers without rope", bool(cfg.no_rope_layers))) if bad]
+        ("layers without rope", bool(cfg.no_rope_layers)),
+        (f"a sliding window on layers {', '.join(map(str, cfg.window_layers))} of {cfg.n_layer} (Phi-3's is on every "
+         "layer)", bool(cfg.sliding_window and cfg.window_layers) and len(cfg.window_layers) != cfg.n_layer)) if bad]
     return out
 
 
 PHI3 = Phi3("phi3", "Phi3ForCausalLM", "phi3", KEYS, hf_layout=HF_LAYOUT_PHI3, gguf_layout=GGUF_LAYOUT_PHI3,
-            gguf_keys=frozenset(GGUF_KEYS_PHI3), partial_rope=True, gguf_side=frozenset(FACTORS.values()))
+            gguf_keys=frozenset(GGUF_KEYS_PHI3), partial_rope=True, gguf_side=frozenset(FACTORS.values()),
+            windowed=True)
 FAMILIES = (PHI3,)

@@ -1,10 +1,12 @@
 """SmolLM3 (SmolLM3ForCausalLM): the Llama family's decoder in which some layers do not rotate q and k. Its
 config.json's no_rope_layers is one flag per layer, 1 where the layer USES rope and 0 where it does not (the name
 says the opposite); without it, every no_rope_layer_interval-th layer (the 4th, 8th, ...) goes without. gptport's
-no_rope_layers lists the indices of the layers without. A sliding window (use_sliding_window) is taken only where
-it covers the whole context (gptport's attention has no window yet). llama.cpp's `smollm3` has no key for the
-layers without rope: it skips rope on every 4th layer (3, 7, ...), so only that pattern is written (others refused
-by name); its q and k rows are permuted as its `llama`'s. Everything else is base.py's."""
+no_rope_layers lists the indices of the layers without. Its sliding window is on layer_types' "sliding_attention"
+layers (without the list: with use_sliding_window and a sliding_window, the layers without rope), as transformers
+5.24 applies it (q - window < k <= q: hf_window.py); sliding layers without use_sliding_window are refused
+(transformers' eager and sdpa attention apply the window there, its flash attention does not). llama.cpp's `smollm3`
+has no key for the layers without rope: it skips rope on every 4th layer (3, 7, ...), so only that pattern is written
+(others refused by name); its q and k rows are permuted as its `llama`'s. Everything else is base.py's."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from gptport.arch.base import GGUF_LAYOUT, Family, Specials, number
-from gptport.arch.phi3 import refuse_window
 from gptport.config import ModelConfig
 from gptport.errors import InputError
 
@@ -57,15 +58,8 @@ class SmolLM3(Family):
         params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if "rope_theta" not in hf and not (isinstance(params, dict) and "rope_theta" in params):
             hf = {**hf, "rope_theta": DEFAULT_THETA}  # SmolLM3Config's default_theta
-        return super().model_config(hf, vocab_size, tokens, where)
-
-    def _n_ctx(self, hf: Mapping[str, Any], where: Path) -> int:
-        odd = [t for t in hf.get("layer_types") or [] if t not in ("full_attention", "sliding_attention")]
-        if odd:
-            raise InputError(f"{where}: layer type {odd[0]!r} is not one gptport has")
-        if not hf.get("use_sliding_window"):  # transformers applies no window without it
-            return number(hf, "max_position_embeddings", where)
-        return refuse_window(hf, where)
+        return super().model_config(window_keys(hf, self.layer_choices(hf, where)["no_rope_layers"], where),
+                                    vocab_size, tokens, where)
 
     def layer_choices(self, hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
         n_layer = number(hf, "num_hidden_layers", where, positive=True)
@@ -81,9 +75,31 @@ class SmolLM3(Family):
 
     def hf_extra(self, cfg: ModelConfig) -> dict[str, Any]:
         uses = [int(i not in cfg.no_rope_layers) for i in range(cfg.n_layer)]  # 1: the layer uses rope
-        return {"attention_bias": cfg.has_qkv_bias, "mlp_bias": cfg.has_mlp_bias, "use_sliding_window": False,
-                "sliding_window": None, "no_rope_layers": uses, "layer_types": ["full_attention"] * cfg.n_layer,
+        window = bool(cfg.sliding_window and cfg.window_layers)
+        return {"attention_bias": cfg.has_qkv_bias, "mlp_bias": cfg.has_mlp_bias, "use_sliding_window": window,
+                "sliding_window": cfg.sliding_window if window else None, "no_rope_layers": uses,
+                "layer_types": ["sliding_attention" if cfg.windowed(i) else "full_attention"
+                                for i in range(cfg.n_layer)],
                 "pad_token_id": None}  # SmolLM3Config's default 128004 is no id of a smaller vocabulary
+
+
+def window_keys(hf: Mapping[str, Any], no_rope: tuple[int, ...], where: Path) -> dict[str, Any]:
+    """config.json with layer_types as SmolLM3Config fills it in (the layers without rope slide, given
+    use_sliding_window and a sliding_window), for hf_window.read; sliding layers transformers' attention
+    implementations disagree on, or without a window, refused."""
+    types = hf.get("layer_types")
+    if types is None:
+        slide = bool(hf.get("use_sliding_window")) and hf.get("sliding_window") is not None
+        return {**hf, "layer_types": ["sliding_attention" if slide and i in no_rope else "full_attention"
+                                      for i in range(number(hf, "num_hidden_layers", where, positive=True))]}
+    if isinstance(types, list) and "sliding_attention" in types:
+        if hf.get("sliding_window") is None:
+            raise InputError(f"{where}: layer_types has sliding_attention layers but sliding_window is null")
+        if not hf.get("use_sliding_window"):
+            raise InputError(f"{where}: layer_types has sliding_attention layers but use_sliding_window is false "
+                             "(transformers' eager and sdpa attention apply the window, its flash attention does "
+                             "not): refusing rather than choosing one")
+    return hf
 
 
 SMOLLM3 = SmolLM3("smollm3", "SmolLM3ForCausalLM", "smollm3", KEYS, gguf_layout=replace(GGUF_LAYOUT, permuted=True))

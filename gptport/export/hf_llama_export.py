@@ -42,12 +42,9 @@ def architecture(cfg: ModelConfig, source: dict[str, Any]) -> str:
     """The transformers architecture (model_type) whose class computes what `cfg` does: qwen3 for q/k norm,
     qwen2 for q/k/v biases alone, mistral for a model imported from MistralForCausalLM without biases, else
     llama; gemma3_text for Gemma's choices (GeGLU, post-norms, a window, ...); phi3 and smollm3 for their rope (or
-    a model imported from theirs); a combination no class has is refused naming it. A window alone is Mistral's
-    (every layer, no biases), Qwen2's or Qwen3's (any layers)."""
-    rope_class = rope_architecture(cfg, source)
-    if rope_class and cfg.sliding_window and cfg.window_layers:  # gptport writes theirs without a window
-        raise InputError(f"a sliding window of {cfg.sliding_window} with {rope_class}'s rope: gptport writes no "
-                         "transformers class for it yet")
+    a model imported from theirs, each with its window); a combination no class has is refused naming it. A window
+    alone is Mistral's (every layer, no biases), Qwen2's or Qwen3's (any layers)."""
+    rope_class = rope_architecture(cfg, source)  # with its window (Phi-3's on every layer, SmolLM3's on any)
     if rope_class:
         return rope_class
     if replace(cfg, sliding_window=0).gemma_choices():  # Gemma's choices besides a window

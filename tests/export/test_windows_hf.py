@@ -1,11 +1,13 @@
 """Sliding windows of the Llama family, real (a mask on the window layers, n_ctx max_position_embeddings, never
-a context cut to the window): a tiny random Mistral (a window of 8 on every layer) and Qwen2 (use_sliding_window,
-a window of 8 from max_window_layers on, full layers before it) built with transformers, weights drawn wide.
+a context cut to the window): a tiny random Mistral (a window of 8 on every layer), Qwen2 (use_sliding_window,
+a window of 8 from max_window_layers on, full layers before it), Phi-3 (8 on every layer, rope over half of each
+head) and SmolLM3 (use_sliding_window: 8 on its layers without rope) built with transformers, weights drawn wide.
 gptport's torch model gives transformers' logits inside and past the window, through its KV cache, and the same
-greedy tokens past it; a model without the window fails the comparison; export-hf writes the class that
-computes it (transformers' logits past the window, read back to the same model); `gptport export` of the Qwen2
-passes every gate and `generate` on each cache gives transformers' greedy tokens past the window; export-gguf
-refuses the window by name (llama.cpp's llama and qwen2 attend to every position)."""
+greedy tokens past it; a model without the window, or with one of 7 or 9, fails the comparison; export-hf writes
+the class that computes it (transformers' logits past the window, read back to the same model); `gptport export`
+of the Qwen2, the Phi-3 and the SmolLM3 passes every gate and `generate` on each cache gives transformers' greedy
+tokens past the window; export-gguf refuses the window by name (llama.cpp's llama, qwen2, phi3 and smollm3 attend
+to every position)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,11 @@ CASES: dict[str, tuple[str, str, dict[str, Any], tuple[int, ...]]] = {  # config
     "mistral": ("MistralConfig", "MistralForCausalLM", {"num_hidden_layers": 2}, (0, 1)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_hidden_layers": 3, "use_sliding_window": True,
                                                   "max_window_layers": 1, "rope_theta": 1e6}, (1, 2)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"num_hidden_layers": 2, "pad_token_id": None, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}, (0, 1)),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"num_hidden_layers": 4, "pad_token_id": None,
+                                                        "use_sliding_window": True, "no_rope_layers": [1, 0, 1, 0]},
+                (1, 3)),  # SmolLM3Config's layer_types: the layers without rope slide
 }
 PROMPT = "ka to ri 12 sa ne mo"  # 15 tokens with the begin token: past the window already
 NEW = 16
@@ -130,7 +137,7 @@ def test_greedy_tokens_past_the_window_equal_transformers(windowed: tuple[str, P
 def test_the_comparison_fails_without_the_window(windowed: tuple[str, Path, Path]) -> None:
     _, hf_dir, model_dir = windowed
     model = _ours(model_dir)
-    for window in (0, WINDOW + 1):
+    for window in (0, WINDOW - 1, WINDOW + 1):
         wrong = GPT(replace(model.cfg, sliding_window=window))
         wrong.load_state_dict(model.state_dict())
         ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
@@ -158,13 +165,15 @@ def test_export_gguf_refuses_the_window_by_name(windowed: tuple[str, Path, Path]
     _, _, model_dir = windowed
     out = tmp_path / "m.gguf"
     assert_one_line_error(gptport("export-gguf", str(model_dir), "--out", str(out)), 1,
-                          f"a sliding window of {WINDOW}", "have none")
+                          f"a sliding window of {WINDOW}", "to every position")
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_export_and_generate_past_the_window(tmp_path: Path, hf_tokenizer_dir: Path) -> None:  # noqa: F811
-    """Qwen2's mixed layers through every gate; `generate` on both caches gives transformers' greedy tokens."""
-    hf_dir = make_windowed("qwen2", tmp_path / "hf", hf_tokenizer_dir, _vocab(hf_tokenizer_dir))
+@pytest.mark.parametrize("case", ["qwen2", "phi3", "smollm3"])
+def test_export_and_generate_past_the_window(case: str, tmp_path: Path, hf_tokenizer_dir: Path) -> None:  # noqa: F811
+    """Qwen2's and SmolLM3's mixed layers, Phi-3's partial rotary, through every gate; `generate` on both caches
+    gives transformers' greedy tokens."""
+    hf_dir = make_windowed(case, tmp_path / "hf", hf_tokenizer_dir, _vocab(hf_tokenizer_dir))
     out = tmp_path / "m"
     for args in (("import-hf", str(hf_dir), "--out", str(out)), ("export", str(out))):
         r = gptport(*args)
