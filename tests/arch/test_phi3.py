@@ -110,8 +110,25 @@ def test_phi3_mini_without_scaling_and_whole_heads(tmp_path: Path, hf_tokenizer_
         assert relative_error(model(ids)[0], hf_model(hf_dir)(ids).logits) <= RTOL
 
 
+def test_phi3_mini_4k_keeps_its_window_on_every_layer() -> None:
+    """Phi-3-mini-4k-instruct's config.json: sliding_window 2047 of a 4096-token context, on all 32 layers."""
+    from gptport.arch import family
+    from gptport.arch.base import Specials
+
+    mini = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064, "hidden_size": 3072,
+            "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+            "rope_scaling": None, "sliding_window": 2047, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+            "tie_word_embeddings": False, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0}
+    cfg = family("phi3").model_config(mini, 32064, Specials(1, False, (32000,), 32000), Path("config.json"))
+    assert (cfg.n_ctx, cfg.sliding_window, cfg.window_layers) == (4096, 2047, tuple(range(32)))
+    whole = family("phi3").model_config({**mini, "sliding_window": 4096}, 32064, Specials(1, False, (32000,), 32000),
+                                        Path("config.json"))
+    assert (whole.sliding_window, whole.window_layers) == (0, ())  # covers the context: full attention
+
+
 BAD = [
-    (lambda c: {**c, "sliding_window": 32}, "sliding_window 32 is shorter than max_position_embeddings 64"),
+    (lambda c: {**c, "sliding_window": 0}, "sliding_window"),
     (lambda c: {**c, "rope_scaling": None, "rope_parameters": {**c["rope_parameters"], "long_factor": [1.0]}},
      "long_factor must have 4 values (one per frequency), not 1"),
     (lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "rope_type": "yarn"}}, "rope type 'yarn'"),
@@ -119,7 +136,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("change", "says"), BAD, ids=["short-window", "factor-count", "yarn", "head-dim"])
+@pytest.mark.parametrize(("change", "says"), BAD, ids=["window-0", "factor-count", "yarn", "head-dim"])
 def test_bad_config_is_refused_in_one_line(change: Any, says: str, phi3: tuple[Path, Any], tmp_path: Path) -> None:
     import shutil
 

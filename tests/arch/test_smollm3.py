@@ -86,11 +86,14 @@ def test_without_the_list_every_fourth_layer_goes_without(tmp_path: Path, hf_tok
 BAD = [
     (lambda c: {**c, "no_rope_layers": [1, 0, 1]}, "no_rope_layers must be 4 flags of 0 or 1"),
     (lambda c: {**c, "no_rope_layers": [1, 2, 1, 1]}, "no_rope_layers must be 4 flags of 0 or 1"),
-    (lambda c: {**c, "use_sliding_window": True, "sliding_window": 16}, "sliding_window 16 is shorter"),
+    (lambda c: {**c, "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"] * 2},
+     "layer_types has sliding_attention layers but use_sliding_window is false"),
+    (lambda c: {**c, "use_sliding_window": True, "layer_types": ["full_attention", "sliding_attention"] * 2},
+     "layer_types has sliding_attention layers but sliding_window is null"),
 ]
 
 
-@pytest.mark.parametrize(("change", "says"), BAD, ids=["three-flags", "flag-2", "short-window"])
+@pytest.mark.parametrize(("change", "says"), BAD, ids=["three-flags", "flag-2", "sliding-unused", "no-window"])
 def test_bad_config_is_refused_in_one_line(change: Any, says: str, smol: tuple[Path, GPT], tmp_path: Path) -> None:
     hf_dir = tmp_path / "hf"
     shutil.copytree(smol[0], hf_dir)
@@ -99,3 +102,21 @@ def test_bad_config_is_refused_in_one_line(change: Any, says: str, smol: tuple[P
     out = tmp_path / "out"
     assert_one_line_error(gptport("import-hf", str(hf_dir), "--out", str(out)), 1, "config.json", says)
     assert not out.exists()
+
+
+def test_the_window_is_on_layer_types_sliding_layers_else_on_those_without_rope() -> None:
+    """As SmolLM3Config fills layer_types in: with use_sliding_window and a window, the layers without rope slide;
+    without use_sliding_window (and no layer_types) none does; a window covering the context is none."""
+    from gptport.arch import family
+    from gptport.arch.base import Specials
+
+    hf = {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "vocab_size": 100, **SHAPE,
+          "no_rope_layers": [1, 1, 0, 0], "sliding_window": 16}
+    read = lambda c: family("smollm3").model_config(c, 100, Specials(None, False, (99,), 99),  # noqa: E731
+                                                     Path("config.json"))
+    cfg = read({**hf, "use_sliding_window": True})
+    assert (cfg.n_ctx, cfg.sliding_window, cfg.window_layers, cfg.no_rope_layers) == (64, 16, (2, 3), (2, 3))
+    assert read(hf).window_layers == ()
+    listed = read({**hf, "use_sliding_window": True, "layer_types": ["sliding_attention", *["full_attention"] * 3]})
+    assert (listed.sliding_window, listed.window_layers) == (16, (0,))
+    assert read({**hf, "use_sliding_window": True, "sliding_window": 64}).window_layers == ()
