@@ -162,11 +162,13 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
     proto = materialize_head(onnx.load(str(src)))
     if scheme.smooth:
         if ranges is None:
-            raise ValueError(f"{scheme.name}: smoothing needs the activations' ranges (calibration.py)")
+            raise NotApplicable("smoothing needs the activations' ranges, measured on the gate's held-out text, "
+                                "and --no-gate has none")
         smooth.smooth(proto, ranges, scheme.smooth)
     if scheme.awq:
         if ranges is None:
-            raise ValueError(f"{scheme.name}: AWQ needs the activations' samples (calibration.py)")
+            raise NotApplicable("AWQ needs the activations' samples, drawn from the gate's held-out text, and "
+                                "--no-gate has none")
         layers = sum(1 for i in proto.graph.initializer if i.name.endswith(".attn.c_attn.weight_t"))
         skip = {m.replace(".attn.c_attn", ".ln_1") for m in wide_modules(scheme.wide, layers)}  # their norms'
         awq.apply(proto, ranges, scheme.block, scheme.symmetric, skip=skip, int8=scheme.accuracy_level == 4)

@@ -134,7 +134,7 @@ class Tampered:
 
     def __init__(self, engine: Any, at: int = -1, row: int = 0) -> None:
         self.engine, self.at, self.row, self.calls, self.tokens = engine, at, row, 0, 0
-        self.n_ctx, self.capabilities = engine.n_ctx, engine.capabilities
+        self.n_ctx, self.capabilities, self.config = engine.n_ctx, engine.capabilities, engine.config
 
     def empty_past(self, batch: int) -> Any:
         return self.engine.empty_past(batch)

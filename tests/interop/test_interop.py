@@ -118,9 +118,9 @@ def test_import_hf_bad_input(hf_gpt2: Path, tmp_path: Path) -> None:
     other = tmp_path / "llama"
     shutil.copytree(hf_gpt2, other)
     cfg = json.loads((other / "config.json").read_text())
-    gemma = {**cfg, "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}
-    (other / "config.json").write_text(json.dumps(gemma))
-    assert_one_line_error(gptport("import-hf", str(other), "--out", str(tmp_path / "o1")), 1, "Gemma2ForCausalLM",
+    neox = {**cfg, "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}
+    (other / "config.json").write_text(json.dumps(neox))
+    assert_one_line_error(gptport("import-hf", str(other), "--out", str(tmp_path / "o1")), 1, "GPTNeoXForCausalLM",
                           "is not one gptport imports")
     nofile = tmp_path / "noweights"
     shutil.copytree(hf_gpt2, nofile, ignore=shutil.ignore_patterns("model.safetensors"))
