@@ -126,7 +126,9 @@ def test_the_q4_k_m_layers_kept_wide() -> None:
 
 
 def test_the_int4_ladder_tries_awq_before_plain_rounding() -> None:
-    ladder = variants.LADDER["int4"]
-    assert ladder.index("nbits4-b32-awq-acc4-head8") < ladder.index("nbits4-b32-acc4-head8") == len(ladder) - 1
-    assert all(variants.SCHEMES[s].awq for s in ladder[2:-1])
-    assert variants.direct(ladder[-1]) is not None and variants.direct(ladder[2]) is None  # a large model's: RTN
+    rungs = variants.LADDER["int4"][2:]  # after the two grid encodings
+    awq = [s for s in rungs if variants.SCHEMES[s].awq]
+    plain = [s for s in rungs if not variants.SCHEMES[s].awq]
+    assert awq and plain and list(rungs) == awq + plain  # every activation-aware rung before plain rounding
+    assert variants.direct(awq[0]) is None  # AWQ needs the float graph and its activations
+    assert all(variants.direct(s) is not None for s in plain)  # a large model's: RTN, built from the weights
