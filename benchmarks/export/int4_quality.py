@@ -29,13 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.export import bits
 from benchmarks.harness import cli, results
 from benchmarks.harness.models import WORK
 from benchmarks.harness.run import Run
 
-SCHEMES = ("nbits4-b32-acc4-head8", "nbits4-b32-asym-acc4-head8", "nbits4-b32-acc4-head8-down8",
-           "nbits4-b32-awq-acc4-head8", "nbits4-b32-asym-awq-acc4-head8", "nbits4-b32-awq-acc4-head8-downhalf8",
-           "nbits4-b32-awq-acc4-head8-down8", "nbits4-b32-awq-acc0-head8", "nbits4-grid-acc4-head8")
+SCHEMES = ("nbits4-b32-acc4-head8", "nbits4-b128-acc4-head8", "nbits4-b32-acc4-head8-down8",
+           "nbits4-b128-acc4-head8-down8", "nbits4-b32-acc4-head8-qkv8-down8", "nbits4-b32-awq-acc4-head8",
+           "nbits4-b128-awq-acc4-head8", "nbits4-b32-awq-acc4-head8-down8", "nbits4-grid-acc4-head8")
 LLAMA_TYPES = ("Q4_0", "Q4_K_M")
 PPL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 RUNNING = re.compile(r"\[(\d+)\]([0-9.]+),")  # llama-perplexity's estimate after each chunk
@@ -110,6 +111,12 @@ def llama_ppl(binary: Path, gguf: Path, text: Path, ctx: int, count: int, thread
     raise SystemExit(f"llama-perplexity on {gguf.name} failed ({r.returncode}): {tail}")
 
 
+def size(path: Path, params: int) -> dict[str, float]:
+    """A row's bits per weight (bits.summary) of the graph or GGUF at `path`, of a model of `params` parameters."""
+    sizes = bits.gguf_sizes(path) if path.suffix == ".gguf" else bits.onnx_sizes(path)
+    return bits.summary(sizes, path.stat().st_size, params)
+
+
 def ggufs(d: Path, f32: Path | None, quantize: Path, work: Path) -> dict[str, Path]:
     """{"F32", "Q4_0", "Q4_K_M"} -> the GGUFs of MODEL_DIR's weights, made under `work` where missing."""
     out = {"F32": f32 or work / "model.f32.gguf"} | {t: work / f"model.{t.lower()}.gguf" for t in LLAMA_TYPES}
@@ -162,6 +169,7 @@ def main() -> None:
     tok = bpe.load(d)
     model, card = load_model(d, tok)
     cfg = card.model
+    params = sum(int(p.numel()) for p in model.parameters())  # a tied head counted once, as llama.cpp counts
     data = chunks(tok.encode(held_text), args.ctx, args.chunks, cfg.bos_id if cfg.add_bos else None)
     windows = validate.heldout(d, model, tok, work / "calibration.txt").windows
     fp32 = work / "fp32.onnx"
@@ -171,7 +179,7 @@ def main() -> None:
     with run.round() as rnd:
         ppl, secs = graph_ppl(fp32, data, args.threads)
         rows.append({"engine": "gptport", "name": "fp32", "ppl": ppl, "mb": fp32.stat().st_size / 1e6,
-                     "score_s": secs} | (decode(fp32, args.threads, args.gen) if args.gen else {}))
+                     "score_s": secs} | size(fp32, params) | (decode(fp32, args.threads, args.gen) if args.gen else {}))
         print(f"gptport fp32: ppl {ppl:.4f} ({secs:.0f} s)")
         samples = ranges = None
         for name in names:
@@ -190,15 +198,16 @@ def main() -> None:
             graph_files.set_metadata(out, graph_files.metadata(card, "int4", "static"))
             ppl, secs = graph_ppl(out, data, args.threads)
             rows.append({"engine": "gptport", "name": name, "ppl": ppl, "mb": out.stat().st_size / 1e6,
-                         "quantize_s": made, "score_s": secs} | (decode(out, args.threads, args.gen) if args.gen
-                                                                  else {}))
+                         "quantize_s": made, "score_s": secs} | size(out, params)
+                        | (decode(out, args.threads, args.gen) if args.gen else {}))
             print(f"gptport {name}: ppl {ppl:.4f} ({made:.0f} s to make, {secs:.0f} s to score)")
         files = ggufs(d, args.gguf, args.llama_bin / "llama-quantize", work)
         for t, path in files.items():
             ppl = llama_ppl(args.llama_bin / "llama-perplexity", path, held, args.ctx, len(data), args.threads)
             fallback = (work / f"{t}.fallbacks").read_text().split() if t != "F32" else []
             rows.append({"engine": "llama.cpp", "name": t, "ppl": ppl, "mb": path.stat().st_size / 1e6,
-                         "fallback_tensors": len(fallback), "fallback_types": sorted(set(fallback))})
+                         "fallback_tensors": len(fallback), "fallback_types": sorted(set(fallback))}
+                        | size(path, params))
             print(f"llama.cpp {t}: ppl {ppl:.4f}")
         rnd.data["rows"] = rows
     base = {r["engine"]: r["ppl"] for r in rows if r["name"] in ("fp32", "F32")}
