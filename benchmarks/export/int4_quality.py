@@ -9,7 +9,9 @@ its chunking: the text tokenized whole (a BOS first where the model adds one), c
 chunk's first token replaced by BOS where the model adds one, the second half of each chunk scored (the
 positions CTX/2 .. CTX-2 predicting the next token), perplexity = exp(mean negative log-likelihood). The fp32
 row beside llama.cpp's F32 is the check that both sides compute the same thing. Each gptport scheme is made from
-the fp32 static-cache graph as `gptport export` makes it (variants.quantize); sizes are the files' bytes; each
+the fp32 static-cache graph as `gptport export` makes it (variants.quantize); sizes are the files' bytes and
+each role's bits per weight (bits.py: int4 schemes compared at equal size); each scheme's top-1 picks on the
+scored positions are compared with fp32's (what export's gate measures, against torch, with ties); each
 gptport graph's scoring time (prefill of CTX tokens) and its batch-1 decode speed (--gen tokens, quant.speeds)
 are recorded beside it, for the accuracy levels' choice (one run, not interleaved rounds: indicative).
 
@@ -71,19 +73,21 @@ def nll(logits: np.ndarray, chunk: np.ndarray) -> np.ndarray:
     return logz - z[np.arange(len(z)), chunk[first + 1:]]
 
 
-def graph_ppl(path: Path, data: np.ndarray, threads: int) -> tuple[float, float]:
-    """(perplexity, seconds) of the graph at `path` over the chunks `data` (n, ctx)."""
+def graph_ppl(path: Path, data: np.ndarray, threads: int) -> tuple[float, float, np.ndarray]:
+    """(perplexity, seconds, the top-1 picks of the scored positions (n, ctx - ctx//2 - 1)) of the graph at
+    `path` over the chunks `data` (n, ctx)."""
     from gptport.export.validate import positions
     from gptport.runtime.onnx_engine import load_cpu
 
     model = load_cpu(path, threads)
-    step, losses, t0 = model.step(), [], time.perf_counter()
+    step, losses, picks, t0 = model.step(), [], [], time.perf_counter()
     for chunk in data:
         ids = chunk[None, :]  # (1, ctx)
         mask = np.ones_like(ids)
         logits = step(ids, mask, positions(mask), model.empty_past(1))[0][0]  # (ctx, V)
         losses.append(nll(np.asarray(logits, np.float32), chunk))
-    return float(np.exp(np.concatenate(losses).mean())), time.perf_counter() - t0
+        picks.append(np.asarray(logits)[len(chunk) // 2:-1].argmax(-1))  # (S,)
+    return float(np.exp(np.concatenate(losses).mean())), time.perf_counter() - t0, np.stack(picks)
 
 
 def decode(path: Path, threads: int, gen: int) -> dict[str, float]:
@@ -177,7 +181,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     run = Run()
     with run.round() as rnd:
-        ppl, secs = graph_ppl(fp32, data, args.threads)
+        ppl, secs, want = graph_ppl(fp32, data, args.threads)
         rows.append({"engine": "gptport", "name": "fp32", "ppl": ppl, "mb": fp32.stat().st_size / 1e6,
                      "score_s": secs} | size(fp32, params) | (decode(fp32, args.threads, args.gen) if args.gen else {}))
         print(f"gptport fp32: ppl {ppl:.4f} ({secs:.0f} s)")
@@ -196,11 +200,13 @@ def main() -> None:
                 continue
             made = time.perf_counter() - t0
             graph_files.set_metadata(out, graph_files.metadata(card, "int4", "static"))
-            ppl, secs = graph_ppl(out, data, args.threads)
+            ppl, secs, got = graph_ppl(out, data, args.threads)
             rows.append({"engine": "gptport", "name": name, "ppl": ppl, "mb": out.stat().st_size / 1e6,
-                         "quantize_s": made, "score_s": secs} | size(out, params)
+                         "quantize_s": made, "score_s": secs, "top1_vs_fp32": float((got == want).mean())}
+                        | size(out, params)
                         | (decode(out, args.threads, args.gen) if args.gen else {}))
-            print(f"gptport {name}: ppl {ppl:.4f} ({made:.0f} s to make, {secs:.0f} s to score)")
+            print(f"gptport {name}: ppl {ppl:.4f}, top-1 {(got == want).mean():.1%} of fp32's ({made:.0f} s to "
+                  f"make, {secs:.0f} s to score)")
         files = ggufs(d, args.gguf, args.llama_bin / "llama-quantize", work)
         for t, path in files.items():
             ppl = llama_ppl(args.llama_bin / "llama-perplexity", path, held, args.ctx, len(data), args.threads)
