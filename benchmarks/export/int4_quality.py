@@ -39,6 +39,8 @@ from benchmarks.harness.run import Run
 SCHEMES = ("nbits4-b32-acc4-head8", "nbits4-b128-acc4-head8", "nbits4-b32-acc4-head8-down8",
            "nbits4-b128-acc4-head8-down8", "nbits4-b32-acc4-head8-qkv8-down8", "nbits4-b32-awq-acc4-head8",
            "nbits4-b128-awq-acc4-head8", "nbits4-b32-awq-acc4-head8-down8", "nbits4-grid-acc4-head8")
+FIRST = ("model", "engine", "name", "ppl", "increase_pct", "top1_vs_fp32", "bpw_blocks", "bpw_head",
+         "bpw_embedding", "bpw_file", "mb")  # a row's leading keys
 LLAMA_TYPES = ("Q4_0", "Q4_K_M")
 PPL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 RUNNING = re.compile(r"\[(\d+)\]([0-9.]+),")  # llama-perplexity's estimate after each chunk
@@ -113,6 +115,11 @@ def llama_ppl(binary: Path, gguf: Path, text: Path, ctx: int, count: int, thread
             return float(running[str(count)])
     tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
     raise SystemExit(f"llama-perplexity on {gguf.name} failed ({r.returncode}): {tail}")
+
+
+def ordered(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` with its quality and size first (the rendered table's columns follow the first row's keys)."""
+    return {k: row[k] for k in FIRST if k in row} | {k: v for k, v in row.items() if k not in FIRST}
 
 
 def size(path: Path, params: int) -> dict[str, float]:
@@ -220,6 +227,7 @@ def main() -> None:
     for r in rows:
         r["model"] = d.resolve().name
         r["increase_pct"] = 100 * (r["ppl"] / base[r["engine"]] - 1)
+    rows = [ordered(r) for r in rows]
     settings = cli.settings(args, scored=f"{len(data)} chunks x {args.ctx - args.ctx // 2 - 1} tokens",
                             heldout_tokens=int(data.size), calibration_windows=int(len(windows)))
     results.write(results.document(results.benchmark_name(__spec__), run, rows, settings, label=args.label,
