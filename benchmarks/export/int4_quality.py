@@ -43,7 +43,7 @@ FIRST = ("model", "engine", "name", "ppl", "increase_pct", "top1_vs_fp32", "bpw_
          "bpw_embedding", "bpw_file", "mb")  # a row's leading keys
 LLAMA_TYPES = ("Q4_0", "Q4_K_M")
 PPL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
-RUNNING = re.compile(r"\[(\d+)\]([0-9.]+),")  # llama-perplexity's estimate after each chunk
+RUNNING = re.compile(r"\[(\d+)\](\d+\.\d+)")  # llama-perplexity's estimate after each chunk (the last: no comma)
 
 
 def split(text: str, fraction: float) -> tuple[str, str]:
@@ -102,8 +102,8 @@ def decode(path: Path, threads: int, gen: int) -> dict[str, float]:
 
 def llama_ppl(binary: Path, gguf: Path, text: Path, ctx: int, count: int, threads: int) -> float:
     """llama-perplexity's final estimate for `gguf` over `text`, else its running estimate after the last chunk
-    (its log is written by a thread that an exit can cut short: then one more try)."""
-    for _ in range(2):
+    (its log is written by a thread that an exit can cut short: then up to two more tries)."""
+    for _ in range(3):
         r = subprocess.run([str(binary), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
                             "--chunks", str(count), "-t", str(threads)], capture_output=True, text=True, check=False)
         out = r.stdout + r.stderr
