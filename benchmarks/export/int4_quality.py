@@ -101,18 +101,20 @@ def decode(path: Path, threads: int, gen: int) -> dict[str, float]:
 
 
 def llama_ppl(binary: Path, gguf: Path, text: Path, ctx: int, count: int, threads: int) -> float:
-    """llama-perplexity's final estimate for `gguf` over `text`, else its running estimate after the last chunk
-    (its log is written by a thread that an exit can cut short: then up to two more tries)."""
+    """llama-perplexity's estimate for `gguf` over the first `count` chunks of `text`. Its log is written by a
+    thread that its exit often cuts short (the last chunk's estimate and the final one lost, measured: one run
+    in three), so it is asked for one chunk more and its running estimate after `count` chunks is read (the
+    final one where the text holds no more); up to three tries."""
     for _ in range(3):
         r = subprocess.run([str(binary), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
-                            "--chunks", str(count), "-t", str(threads)], capture_output=True, text=True, check=False)
+                            "--chunks", str(count + 1), "-t", str(threads)], capture_output=True, text=True,
+                           check=False)
         out = r.stdout + r.stderr
-        found = PPL.search(out)
-        if r.returncode == 0 and found:
-            return float(found.group(1))
-        running = dict(RUNNING.findall(out))
+        running, found = dict(RUNNING.findall(out)), PPL.search(out)
         if r.returncode == 0 and str(count) in running:
             return float(running[str(count)])
+        if r.returncode == 0 and found and f"calculating perplexity over {count} chunks" in out:
+            return float(found.group(1))
     tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
     raise SystemExit(f"llama-perplexity on {gguf.name} failed ({r.returncode}): {tail}")
 
