@@ -119,13 +119,14 @@ SCHEMES = {s.name: s for s in [
 # grid.py; skipped where no matrix is), int8 compute then float compute (4-bit acc0 is ~2x faster than
 # fp32 per weight read, acc4 ~4x: design record 0039), then the requantizing schemes: activation-aware (awq.py:
 # held-out perplexity +9.5% over fp32 on SmolLM2 against plain rounding's +16%, design record 0051), the same with
-# the down projections at 8 bits, then plain rounding in blocks of 128, then of 32 (as int8's: block 128 decodes
-# ~1.2x and prefills ~1.4x faster at the 0.5B and 1B shapes, benchmarks/decode/int4_scale.py). A model too large to
-# quantize in memory (never gated) gets the first rung the builder writes: plain rounding in blocks of 128.
+# the down projections at 8 bits, then plain rounding in blocks of 32, then of 128. Block 128 decodes ~1.2x faster at
+# the 0.5B and 1B shapes (benchmarks/decode/int4_scale.py) but costs held-out perplexity: +22% over fp32 on SmolLM2
+# against block 32's +16%, +66% against +44% on Gemma 3 270M (benchmarks/export/int4_quality.py, record 0051). A model
+# too large to quantize in memory (never gated) gets the first rung the builder writes: plain rounding in blocks of 32.
 LADDER = {"int8": ("nbits8-b128-acc4", "nbits8-b32-acc4", "nbits8-b32-acc4-smooth", "nbits8-b32-acc4-smooth-fine16",
                   "nbits8-b16-acc4-smooth"),
           "int4": ("nbits4-grid-acc4-head8", "nbits4-grid-acc0-head8", "nbits4-b32-awq-acc4-head8",
-                   "nbits4-b32-awq-acc4-head8-down8", "nbits4-b128-acc4-head8", "nbits4-b32-acc4-head8")}
+                   "nbits4-b32-awq-acc4-head8-down8", "nbits4-b32-acc4-head8", "nbits4-b128-acc4-head8")}
 Ranges = Mapping[str, np.ndarray]  # calibration.activation_ranges: module name -> (channels,) max |x|
 # (an awq scheme's: calibration.activation_samples, module name -> (rows, channels))
 WIDE = {"qkv": ".attn.c_attn", "down": ".mlp.c_proj", "down-half": ".mlp.c_proj"}  # role -> its modules' suffix
