@@ -15,8 +15,8 @@ from gptport.training.model import GPT
 def float64_copy(model: GPT) -> GPT:
     """`model` computed in float64 for the cost of one module's float64 weights at a time (a whole copy is twice
     the model's bytes: 1.1 GB for 135M parameters): its structure on the meta device, each module given its
-    weights from `model`'s, widened, just before it runs, and dropped after. Buffers (RoPE's inverse
-    frequencies) are widened once."""
+    weights from `model`'s, widened, just before it runs, and dropped after; an embedding widens only the rows
+    it looks up. Buffers (RoPE's inverse frequencies) are widened once."""
     with torch.device("meta"):
         m64 = GPT(model.cfg).double()
     for name, buf in model.named_buffers():
@@ -24,10 +24,18 @@ def float64_copy(model: GPT) -> GPT:
         setattr(m64.get_submodule(owner), attr, buf.detach().double())
     sources = dict(model.named_modules())
     for name, module in m64.named_modules():
-        if next(module.parameters(recurse=False), None) is not None:
+        if isinstance(module, torch.nn.Embedding):  # rows looked up, then widened: not the whole table
+            module.forward = functools.partial(_lookup, sources[name])  # type: ignore[method-assign]
+        elif next(module.parameters(recurse=False), None) is not None:
             module.register_forward_pre_hook(functools.partial(_widen, sources[name]))
             module.register_forward_hook(_drop)
     return m64.eval()
+
+
+def _lookup(source: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """The float64 embedding of `ids`: `source`'s float32 rows gathered, then widened (exactly the widened
+    table's rows, without widening a 262,144-row vocabulary for a few tokens)."""
+    return torch.nn.functional.embedding(ids, source.weight.detach()).double()  # (B, T, D)
 
 
 def _widen(source: torch.nn.Module, module: torch.nn.Module, args: object) -> None:

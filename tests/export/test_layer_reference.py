@@ -5,6 +5,7 @@ float64_reference's and near float32; the weights read layer by layer as the lay
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +164,16 @@ def test_compare_layers_passes_the_same_weights_and_names_the_first_layer_of_a_w
     off = checks(dict(weights, **{"h.1.mlp.c_fc.weight": weights["h.1.mlp.c_fc.weight"] * 1.1}))
     assert all(off[f"layer 0 {q}"] for q in ("hidden", "keys", "values")) and off["layer 1 keys"]
     assert not off["layer 1 hidden"] and not off["layer 2 keys"] and not off["logits"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_float64_copy_is_the_model_widened_bit_for_bit(tmp_path: Path, variant: str) -> None:
+    """Its embeddings look up float32 rows and widen them: the same numbers as a whole widened copy's."""
+    model, _ = tiny(tmp_path, **VARIANTS[variant])
+    ids, mask = inputs()
+    with torch.no_grad():
+        want, want_present = copy.deepcopy(model).double()(torch.from_numpy(ids), torch.from_numpy(mask))
+        got, present = float64_copy(model)(torch.from_numpy(ids), torch.from_numpy(mask))
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    for pair, want_pair in zip(present, want_present, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(pair, want_pair, strict=True))
