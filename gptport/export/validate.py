@@ -101,11 +101,12 @@ def far_name(far: int, n_ctx: int) -> str:
     return f" at positions {far}..{n_ctx - 1}" if far else ""
 
 
-def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:
+def cases(model: GPT, rng: np.random.Generator, ref: StepFn | None = None
+          ) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, Past]]:
     """(name, ids, mask, pos, past) for (1,1,0), (1,L,0), (3,7,5) left-padded and (2,1,L-1) ending at position
-    n_ctx-1, L = min(n_ctx, PARITY_SPAN) (span)."""
+    n_ctx-1, L = min(n_ctx, PARITY_SPAN) (span); the pasts from `ref` (by default torch_step(model))."""
     cfg = model.cfg
-    ref = torch_step(model)
+    ref = ref or torch_step(model)
     V, n = cfg.vocab_size, cfg.n_ctx
     length, far = span(n)
 
@@ -132,13 +133,15 @@ def cases(model: GPT, rng: np.random.Generator) -> list[tuple[str, np.ndarray, n
     return out
 
 
-def parity(model: GPT, step: StepFn, tol: Tolerance, seed: int = 0, exact: StepFn | None = None) -> list[ParityRow]:
+def parity(model: GPT, step: StepFn, tol: Tolerance, seed: int = 0, exact: StepFn | None = None,
+           ref: StepFn | None = None) -> list[ParityRow]:
     """Torch against `step`, case by case: the logits and each layer's present keys and values, each
     within `tol` (of its own magnitude and of torch's own float32 error, measured against `exact`, by default
-    a new exact_step), and the logits' top-1 agreement."""
-    ref, exact = torch_step(model), exact or exact_step(model)
+    a new exact_step), and the logits' top-1 agreement. `ref`: torch's step (by default torch_step(model); a
+    Memo where two graphs are checked on the same cases)."""
+    ref, exact = ref or torch_step(model), exact or exact_step(model)
     rows = []
-    for name, ids, mask, pos, past in cases(model, np.random.default_rng(seed)):
+    for name, ids, mask, pos, past in cases(model, np.random.default_rng(seed), ref):
         want_logits, want_present = ref(ids, mask, pos, past)
         exact_logits, exact_present = exact(ids, mask, pos, past)
         got_logits, got_present = step(ids, mask, pos, [p.astype(np.float32) for p in past])
@@ -256,22 +259,30 @@ def prompts(model_dir: Path, tok: BPETokenizer, n_ctx: int, count: int = 3,
     return [[*start, *tok.encode(p)[:width]] or [tok.eot_id] for p in FALLBACK_PROMPTS[:count]]
 
 
-def greedy_match(model: GPT, engine: Engine, prompt_ids: list[list[int]]) -> int:
-    """Greedy-decode the prompts as one left-padded batch in torch and on `engine`; the tokens must
-    be identical. Returns how many tokens were compared."""
+def torch_greedy(model: GPT, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Torch's greedy tokens after each prompt (one left-padded batch): what greedy_match compares with."""
     n_new = min(GREEDY_TOKENS, model.cfg.n_ctx - max(len(p) for p in prompt_ids))
-    want = generate(TorchEngine(model), prompt_ids, n_new, Sampling(), eot_id=-1)
+    return [r.new_ids for r in generate(TorchEngine(model), prompt_ids, n_new, Sampling(), eot_id=-1)]
+
+
+def greedy_match(model: GPT, engine: Engine, prompt_ids: list[list[int]], want: list[list[int]] | None = None
+                 ) -> int:
+    """Greedy-decode the prompts as one left-padded batch in torch (or take `want`, torch_greedy's tokens of
+    the same prompts) and on `engine`; the tokens must be identical. Returns how many tokens were compared."""
+    want = want or torch_greedy(model, prompt_ids)
+    n_new = len(want[0])
     got = generate(engine, prompt_ids, n_new, Sampling(), eot_id=-1)
-    for i, (w, g) in enumerate(zip(want, got, strict=True)):
-        if w.new_ids != g.new_ids:
-            first = next(j for j, (a, b) in enumerate(zip(w.new_ids, g.new_ids, strict=True)) if a != b)
+    for i, (w, g) in enumerate(zip(want, (r.new_ids for r in got), strict=True)):
+        if w != g:
+            first = next(j for j, (a, b) in enumerate(zip(w, g, strict=True)) if a != b)
             raise ValidationError(f"export: greedy decoding differs from torch for prompt {i} at new token {first}")
     return n_new * len(prompt_ids)
 
 
-def check_again(model: GPT, engine: OnnxModel, tol: Tolerance, label: str, exact: StepFn | None = None) -> None:
-    """Parity and greedy decoding for a rewritten graph (the optimized one)."""
-    refuse(f"{label} parity", parity(model, engine.step(), tol, exact=exact))
+def check_again(model: GPT, engine: OnnxModel, tol: Tolerance, label: str, exact: StepFn | None = None,
+                ref: StepFn | None = None) -> None:
+    """Parity and greedy decoding for a rewritten graph (the optimized one); `exact` and `ref` as parity's."""
+    refuse(f"{label} parity", parity(model, engine.step(), tol, exact=exact, ref=ref))
     greedy_match(model, engine, [[1, 2, 3], [4], [5, 6]])
 
 

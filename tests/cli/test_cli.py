@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.core import TyperGroup, TyperOption
 
-from gptport import __version__
+from gptport import __version__, arch
 from gptport.cli.main import app
 from tests.support.cli import assert_one_line_error, gptport
 
@@ -122,3 +122,13 @@ def test_help_fits_80_columns_with_every_option_whole(name: str | None) -> None:
     assert "\u2026" not in r.stdout
     body = re.split(r"\n  Examples?:\n", r.stdout)[0]
     assert [line for line in body.splitlines() if len(line) > 80] == []
+
+
+def test_import_help_names_every_architecture_read() -> None:
+    """import-gguf's argument names each GGUF architecture a family reads, import-hf's each transformers class."""
+    for command, names in (("import-gguf", arch.gguf_archs()), ("import-hf", arch.hf_classes())):
+        r = gptport(command, "--help", columns=200)
+        assert r.returncode == 0, r.stderr
+        text = " ".join(r.stdout.split())
+        for name in names:
+            assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), f"{command} --help: no {name}"

@@ -16,10 +16,6 @@ exported and run on the CPU."""
 from __future__ import annotations
 
 import json
-import os
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +33,16 @@ from gptport.runtime.sampling import Sampling
 from gptport.serve.api.chat_template import renderer
 from gptport.training.checkpoint import load_model
 from gptport.training.torch_engine import TorchEngine
-from tests.support import server_proc
+from tests.support import walkthrough
 from tests.support.cli import gptport
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 pytest.importorskip("accelerate", reason="transformers loads a GGUF file only with accelerate: pip install accelerate")
 
 pytestmark = pytest.mark.slow
-README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- walkthrough:smollm2 -->"
 NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "models/smollm2"
-README_PORT = "8000"
 PROMPTS = [[{"role": "user", "content": "What is the capital of France?"}],
            [{"role": "system", "content": "You answer in one sentence."},
             {"role": "user", "content": "Why is the sky blue? Give 2 reasons."}]]
@@ -56,37 +50,12 @@ N_NEW = 16
 ANSWER = "The capital of France is Paris."
 
 
-def walkthrough() -> tuple[list[str], str, list[str]]:
-    """The README's walk-through (the bash block after MARKER, a command a line, continuations joined): the commands
-    before `gptport serve`, that command, and those after it."""
-    text = README.read_text(encoding="utf-8")
-    assert MARKER in text, f"README.md has no {MARKER} block"
-    block = text.split(MARKER, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    commands = [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
-    serve = next(i for i, c in enumerate(commands) if c.startswith("gptport serve "))
-    return commands[:serve], commands[serve], commands[serve + 1:]
-
-
-def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`command` in bash in `cwd`, this interpreter's scripts (gptport, pip) first on PATH."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return subprocess.run(["bash", "-c", command], cwd=cwd, env={**os.environ, "PATH": path}, capture_output=True,
-                          text=True, check=False, timeout=3600)
-
-
 @pytest.fixture(scope="module")
 def walked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A fresh directory after the walk-through's commands up to `gptport serve`, and each command's stderr. Skipped,
     saying why, when pip cannot download the wheel (no network or no index)."""
     d = tmp_path_factory.mktemp("walkthrough")
-    stderr = {}
-    for command in walkthrough()[0]:
-        r = shell(command, d)
-        if r.returncode != 0 and command.startswith("pip download"):
-            pytest.skip(f"{command}: pip could not download it: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-        assert r.returncode == 0, f"{command}: exit {r.returncode}: {r.stderr[-3000:]}"
-        stderr[command.split()[1]] = r.stderr
-    return d, stderr
+    return d, walkthrough.before_serve(MARKER, d)
 
 
 @pytest.fixture(scope="module")
@@ -122,17 +91,9 @@ def test_readme_walkthrough_imports_exports_and_chats(walked: tuple[Path, dict[s
     d, stderr = walked
     assert "wrote" in stderr["import-gguf"] and "134.5M parameters" in stderr["import-gguf"]
     assert (d / MODEL / "model.onnx").is_file()
-    _, serve, after = walkthrough()
-    args = shlex.split(serve.removesuffix("&"))
-    assert args[1:3] == ["serve", MODEL] and args[-2:] == ["--port", README_PORT], serve
-    port = server_proc.free_port()
-    cmd = [sys.executable, "-m", "gptport.cli.main", "serve", str(d / MODEL), *args[3:-1], str(port)]
-    with server_proc.running(cmd, server_proc.url_of(port), tmp_path / "serve.log", limit=600):
-        outputs = []
-        for command in after:
-            r = shell(command.replace(f"localhost:{README_PORT}", f"127.0.0.1:{port}"), d)
-            assert r.returncode == 0, f"{command}: exit {r.returncode}: {r.stderr[-3000:]}"
-            outputs.append(r.stdout)
+    _, serve, after = walkthrough.commands(MARKER)
+    with walkthrough.served(serve, MODEL, d, tmp_path / "serve.log") as port:
+        outputs = walkthrough.after_serve(after, port, d)
     reply = json.loads(outputs[-1])
     assert reply["choices"][0]["message"]["content"].startswith(ANSWER), reply
 

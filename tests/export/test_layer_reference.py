@@ -5,6 +5,7 @@ float64_reference's and near float32; the weights read layer by layer as the lay
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from gptport import safetensors_file
 from gptport.config import ModelConfig
 from gptport.errors import ArtifactError, InputError
+from gptport.export import float64_reference
 from gptport.export.float64_reference import float64_copy
 from gptport.export.layer_reference import LayerOut, compare_layers, run_layers
 from gptport.export.tolerance import Tolerance
@@ -163,3 +165,33 @@ def test_compare_layers_passes_the_same_weights_and_names_the_first_layer_of_a_w
     off = checks(dict(weights, **{"h.1.mlp.c_fc.weight": weights["h.1.mlp.c_fc.weight"] * 1.1}))
     assert all(off[f"layer 0 {q}"] for q in ("hidden", "keys", "values")) and off["layer 1 keys"]
     assert not off["layer 1 hidden"] and not off["layer 2 keys"] and not off["logits"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_float64_copy_is_the_model_widened_bit_for_bit(tmp_path: Path, variant: str) -> None:
+    """Its embeddings look up float32 rows and widen them: the same numbers as a whole widened copy's."""
+    model, _ = tiny(tmp_path, **VARIANTS[variant])
+    ids, mask = inputs()
+    with torch.no_grad():
+        want, want_present = copy.deepcopy(model).double()(torch.from_numpy(ids), torch.from_numpy(mask))
+        got, present = float64_copy(model)(torch.from_numpy(ids), torch.from_numpy(mask))
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    for pair, want_pair in zip(present, want_present, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(pair, want_pair, strict=True))
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "llama"])
+def test_float64_copy_widens_a_head_rows_at_a_time_to_the_same_logits(tmp_path: Path, variant: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head of more than HEAD_ROWS outputs (here 16: 101 in six whole blocks and a part, an untied head with
+    a bias too) widened block by block: the whole widened model's logits to float64's last bits."""
+    monkeypatch.setattr(float64_reference, "HEAD_ROWS", 16)
+    model, _ = tiny(tmp_path, **VARIANTS[variant])
+    if variant == "llama":
+        model.lm_head.bias = torch.nn.Parameter(torch.randn(model.cfg.vocab_size))
+    ids, mask = inputs()
+    with torch.no_grad():
+        want, _ = copy.deepcopy(model).double()(torch.from_numpy(ids), torch.from_numpy(mask))
+        got, _ = float64_copy(model)(torch.from_numpy(ids), torch.from_numpy(mask))
+    assert got.shape == want.shape and got.dtype == torch.float64
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-13, atol=1e-13)
