@@ -31,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.export import bits
-from benchmarks.harness import cli, results
+from benchmarks.harness import bits, cli, results
 from benchmarks.harness.models import WORK
 from benchmarks.harness.run import Run
 

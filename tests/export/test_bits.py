@@ -1,4 +1,4 @@
-"""benchmarks.export.bits: bits per weight by role of a quantized graph (MatMulNBits' codes and float32 scales:
+"""benchmarks.harness.bits: bits per weight by role of a quantized graph (MatMulNBits' codes and float32 scales:
 4 + 32/32 bits at block 32, 8 + 32/32 for the head) and of a GGUF (its types' stored bytes)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from benchmarks.export import bits
+from benchmarks.harness import bits
 from gptport.export import variants
 from tests.support import gguf_files as gf
 
