@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gptport.arch.base import GGUF_KEYS, Family, Specials, number, refused
-from gptport.arch.gemma3 import GELUS, GGUF, HF, gguf_window_layers, llama_cpp_scale
+from gptport.arch.gemma3 import GELUS, GGUF, HF, gemma_keys, gguf_window_layers, llama_cpp_scale
 from gptport.config import ModelConfig
 from gptport.errors import InputError, UsageError
 
@@ -139,18 +139,11 @@ class Gemma2(Family):
 
     def hf_config(self, cfg: ModelConfig, ends: list[int]) -> dict[str, Any]:
         out = super().hf_config(cfg, ends)
-        del out["hidden_act"]
+        del out["hidden_act"]  # Gemma's classes say hidden_activation (hf_keys)
         return out
 
     def hf_extra(self, cfg: ModelConfig) -> dict[str, Any]:
-        scalar = cfg.softmax_scale ** -2
-        return {"head_dim": cfg.head_dim, "attention_bias": cfg.has_qkv_bias,
-                "hidden_activation": "gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
-                "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar,
-                "sliding_window": cfg.sliding_window or None,
-                "layer_types": ["sliding_attention" if cfg.windowed(i) else "full_attention"
-                                for i in range(cfg.n_layer)],
-                "attn_logit_softcapping": cfg.attn_softcap or None,
+        return {**gemma_keys(cfg), "attn_logit_softcapping": cfg.attn_softcap or None,
                 "final_logit_softcapping": cfg.final_softcap or None}
 
 

@@ -148,20 +148,22 @@ class Gemma3(Family):
 
     def hf_config(self, cfg: ModelConfig, ends: list[int]) -> dict[str, Any]:
         out = super().hf_config(cfg, ends)
-        del out["hidden_act"]
+        del out["hidden_act"]  # Gemma's classes say hidden_activation (hf_keys)
         return out
 
     def hf_extra(self, cfg: ModelConfig) -> dict[str, Any]:
-        scalar = cfg.softmax_scale ** -2
-        return {"head_dim": cfg.head_dim, "attention_bias": cfg.has_qkv_bias,
-                "hidden_activation": "gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
-                "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar,
-                "sliding_window": cfg.sliding_window or None,
-                "layer_types": ["sliding_attention" if cfg.windowed(i) else "full_attention"
-                                for i in range(cfg.n_layer)],
-                "rope_local_base_freq": cfg.rope_local_theta or cfg.rope_theta,
+        return {**gemma_keys(cfg), "rope_local_base_freq": cfg.rope_local_theta or cfg.rope_theta,
                 "final_logit_softcapping": None, "attn_logit_softcapping": None}
 
+
+def gemma_keys(cfg: ModelConfig) -> dict[str, Any]:
+    """config.json's keys Gemma 2's and Gemma 3's classes share: heads, activation, softmax scale, window."""
+    scalar = cfg.softmax_scale ** -2
+    return {"head_dim": cfg.head_dim, "attention_bias": cfg.has_qkv_bias,
+            "hidden_activation": "gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
+            "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar,
+            "sliding_window": cfg.sliding_window or None,
+            "layer_types": ["sliding_attention" if cfg.windowed(i) else "full_attention" for i in range(cfg.n_layer)]}
 
 GEMMA3 = Gemma3("gemma3_text", "Gemma3ForCausalLM", "gemma3", KEYS, hf_layout=HF, gguf_layout=GGUF,
                 gguf_keys=frozenset(GGUF_KEYS_GEMMA3), qk_norm=True, head_dim=256)
