@@ -14,22 +14,14 @@ import onnxruntime as ort
 import torch
 
 from gptport.errors import ValidationError
+from gptport.export.append_layers import cases
 from gptport.export.tolerance import Check, Tolerance, cache_quantities, compare, merge
-from gptport.export.validate import LOGITS, PARITY_SPAN, ParityRow, exact_step
+from gptport.export.validate import LOGITS, ParityRow, exact_step
 from gptport.runtime.engine import StepFn
 from gptport.runtime.onnx_engine import ORT_FAILURES, OnnxModel
 from gptport.runtime.slots import StaticSlots
 from gptport.training.model import GPT
 from gptport.training.torch_engine import torch_step
-
-
-def cases(n_ctx: int) -> list[tuple[str, list[list[int]]]]:
-    """(case, chunk sizes per step per row): each case starts from empty rows; a size of 0 skips the row."""
-    if n_ctx >= 24:
-        n = min(n_ctx, PARITY_SPAN)  # the cache's end where n_ctx is short; PARITY_SPAN positions of a long one
-        return [("3 rows: 7/1/12 then 5/9/1 then 1 each", [[7, 1, 12], [5, 9, 1], [1, 1, 1]]),
-                (f"2 rows: {n - 3} and 2, then 3 and 1", [[n - 3, 2], [3, 1]])]
-    return [("2 rows: 3/1 then 2/3 then 1 each", [[3, 1], [2, 3], [1, 1]])]
 
 
 def _reference(model: GPT, exact: StepFn, ids: np.ndarray

@@ -65,8 +65,10 @@ class Chunked:
 
         out: list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]] = [
             (np.zeros(0, np.float32), [], []) for _ in calls]
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3  # errors only: TensorScatter's note that it copies a cache not bound in place
         for path, (a, b) in self.pieces:
-            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
             names, outputs = {i.name for i in session.get_inputs()}, [o.name for o in session.get_outputs()]
             cache = list(past[2 * a:2 * b])
             for c, feeds in enumerate(calls):

@@ -91,7 +91,8 @@ class Job:
                                                                          opset=self.opset, residuals=taps),
                 contract.CACHE_STATIC: lambda sink: gqa_graph.build(cfg, self.weights, sink=sink, nbits=nbits,
                                                                     residuals=taps),
-                contract.CACHE_APPEND: lambda sink: scatter_graph.build(cfg, self.weights, sink=sink, nbits=nbits)}
+                contract.CACHE_APPEND: lambda sink: scatter_graph.build(cfg, self.weights, sink=sink, nbits=nbits,
+                                                                          residuals=taps)}
         label = f"the {precision} {cache} graph"
         graph_write.write(path, make[cache], metadata(self.card, precision, cache, self.sources, gated=gated),
                           self.outside, lambda k, n: self.tell(f"writing {label}: {k} tensors, {n / 2**30:.2f} GiB"))

@@ -54,9 +54,9 @@ OPSET = 24  # TensorScatter and Attention with nonpad_kv_seqlen
 
 
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST, sink: Sink | None = None,
-          nbits: NBits | None = None) -> onnx.ModelProto:
-    """The multi-row append graph of a model with this config and these weights (as gqa_graph.build; refused
-    for the configs gqa_graph.unsupported names)."""
+          nbits: NBits | None = None, residuals: list[str] | None = None) -> onnx.ModelProto:
+    """The multi-row append graph of a model with this config and these weights (as gqa_graph.build, `residuals`
+    too; refused for the configs gqa_graph.unsupported names)."""
     gqa_graph.refuse_unsupported(config)
     n_layer, head_dim = config.n_layer, config.head_dim
     pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
@@ -119,6 +119,8 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
         return g.op("Unsqueeze", [y, g.const("first_axis", np.array([0], dtype=np.int64))], [f"h.{i}.attn"])[0]
 
     g = graph_body.transformer(config, weights, attend, forms, sink, nbits)
+    if residuals is not None:  # the residual stream after each layer, (1, T, D) packed (append_layers.py cuts there)
+        residuals.extend(g.residuals)
     past_values, outputs = graph_body.cache_values(config)
     batch, width = contract.BATCH, "row_tokens"
     inputs = [

@@ -9,8 +9,8 @@ torch model run layer by layer (layer_check.py), never the whole model at once.
   way.
 Each quantized graph (--no-gate: it is built by the checked code, not gated) then runs in pieces through a prompt
 and a few steps on its own cache (decodes()).
-What needs the whole torch model (the variants' accuracy gate, the int8 cache's calibration, .ort checks, the
-multi-row append graph's check) is refused or skipped with its reason."""
+The multi-row append graph is checked layer by layer too (append_layers.py). What needs the whole torch model (the
+variants' accuracy gate, the int8 cache's calibration, .ort checks) is refused with its reason."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 from gptport import atomic, contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError, ValidationError
-from gptport.export import chunked, contract_graph, graph_write, layer_check, validate
+from gptport.export import append_layers, chunked, contract_graph, graph_write, layer_check, validate
 from gptport.export.export_job import Job
 from gptport.weights import shapes_of
 
@@ -112,6 +112,15 @@ def check_static(job: Job, path: Path) -> None:
     validate.refuse("static-cache graph parity", job.report.static_parity)
     assert job.chosen is not None  # check_fp32 ran
     layer_check.greedy(path, taps, cfg, job.weights, True, job.prompts[0], job.chosen, job.tol)
+
+
+def check_append(job: Job, path: Path) -> None:
+    """The multi-row append graph against the reference run layer by layer (append_layers.py): append_check's
+    cases of uneven chunks in several rows, at the lengths of the contract graph's check."""
+    job.say("checking the multi-row append graph layer by layer, in pieces")
+    taps = job.taps[f"fp32 {contract.CACHE_APPEND}"]
+    job.report.append_parity = append_layers.check(path, taps, job.card.model, job.weights, job.tol)
+    validate.refuse("multi-row append graph parity", job.report.append_parity)
 
 
 def decodes(job: Job) -> None:

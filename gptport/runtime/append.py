@@ -89,25 +89,43 @@ class Appender:
             ) -> dict[int, np.ndarray]:
         """Rows [lo, lo + n) each write from write (n,); row r of the span appends chunks[r] (T_r,), the
         others padding. The logits of each chunk's tokens (T_r, V), or of its last one (1, V), by row."""
-        order = np.array(sorted(chunks), dtype=np.int64)  # (m,) the appending rows, in span order
-        sizes = np.array([len(chunks[r]) for r in order], dtype=np.int64)  # (m,)
-        starts = np.cumsum(sizes) - sizes  # (m,) each row's first place in the packed sequence
-        total, width = int(sizes.sum()), int(sizes.max())
-        row = np.repeat(order, sizes)  # (T,) each packed token's row
-        j = np.arange(total, dtype=np.int64) - np.repeat(starts, sizes)  # (T,) its place in its row
-        pack = np.zeros((len(write), width), dtype=np.int64)  # (n, K); a row appending nothing reads place 0
-        pack[order] = starts[:, None] + np.minimum(np.arange(width)[None, :], sizes[:, None] - 1)  # padding: the last
-        wanted = np.arange(total, dtype=np.int64) if all_logits else starts + sizes - 1  # (L,)
+        packed = pack(write, chunks, all_logits)
         binding = self.binding(lo, len(write))
-        binding.bind_cpu_input(contract.INPUT_IDS, np.concatenate([chunks[r] for r in order]).astype(np.int64)[None])
-        binding.bind_cpu_input(contract.POSITION_IDS, (write[row] + j)[None].astype(np.int64))  # (1, T)
-        binding.bind_cpu_input(contract.WRITE_INDEX, np.ascontiguousarray(write, dtype=np.int64))
-        binding.bind_cpu_input(contract.PACK_INDEX, pack)
-        binding.bind_cpu_input(contract.UNPACK_INDEX, row * width + j)
-        binding.bind_cpu_input(contract.LOGITS_INDEX, wanted[None])  # (1, L)
+        for name, value in packed.feeds.items():
+            binding.bind_cpu_input(name, value)
         binding.bind_output(contract.LOGITS, "cpu")  # afresh each call: its shape changes
         self.session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()[0]  # (L, V)
         if all_logits:
-            return {int(r): logits[a:a + k] for r, a, k in zip(order, starts, sizes, strict=True)}
-        return {int(r): logits[i:i + 1] for i, r in enumerate(order)}
+            return {r: logits[a:a + k] for r, (a, k) in packed.places.items()}
+        return {r: logits[i:i + 1] for i, r in enumerate(packed.places)}
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One run's inputs but the cache, and where each appending row's tokens lie in its packed sequence."""
+
+    feeds: dict[str, np.ndarray]
+    places: dict[int, tuple[int, int]]  # row of the span -> (its first place among the T new tokens, its count)
+
+
+def pack(write: np.ndarray, chunks: Mapping[int, np.ndarray], all_logits: bool = False) -> Packed:
+    """The multi-row append graph's inputs (but the cache) for rows that each write from write (n,), row r
+    appending chunks[r] (T_r,) and the others padding: the logits of every new token with `all_logits`, else of
+    each chunk's last. What Appender.run binds, and what export's layer-by-layer check feeds (append_layers.py)."""
+    order = np.array(sorted(chunks), dtype=np.int64)  # (m,) the appending rows, in span order
+    sizes = np.array([len(chunks[r]) for r in order], dtype=np.int64)  # (m,)
+    starts = np.cumsum(sizes) - sizes  # (m,) each row's first place in the packed sequence
+    total, width = int(sizes.sum()), int(sizes.max())
+    row = np.repeat(order, sizes)  # (T,) each packed token's row
+    j = np.arange(total, dtype=np.int64) - np.repeat(starts, sizes)  # (T,) its place in its row
+    pack_index = np.zeros((len(write), width), dtype=np.int64)  # (n, K); a row appending nothing reads place 0
+    pack_index[order] = starts[:, None] + np.minimum(np.arange(width)[None, :], sizes[:, None] - 1)  # padding: last
+    wanted = np.arange(total, dtype=np.int64) if all_logits else starts + sizes - 1  # (L,)
+    feeds = {contract.INPUT_IDS: np.concatenate([chunks[r] for r in order]).astype(np.int64)[None],  # (1, T)
+             contract.POSITION_IDS: (write[row] + j)[None].astype(np.int64),  # (1, T)
+             contract.WRITE_INDEX: np.ascontiguousarray(write, dtype=np.int64),  # (n,)
+             contract.PACK_INDEX: pack_index,
+             contract.UNPACK_INDEX: row * width + j,  # (T,)
+             contract.LOGITS_INDEX: wanted[None]}  # (1, L)
+    return Packed(feeds, {int(r): (int(a), int(k)) for r, a, k in zip(order, starts, sizes, strict=True)})

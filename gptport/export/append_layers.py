@@ -1,0 +1,144 @@
+"""The multi-row append graph (scatter_graph.py) checked layer by layer, for a model too large to hold in torch:
+the cases of append_check.py (rows of one cache filled by uneven chunks at different lengths, then one token
+each) fed as serve feeds them (runtime/append.pack), the graph run in pieces cut from its file (chunked.py: at
+most CHUNK_BYTES of its weights at once), against the torch model run one layer at a time (layer_reference.py)
+on each row's whole sequence. Per row, every new token's residual stream after each layer and logits, and at
+the end each layer's cached keys and values, within the relative bounds of tolerance.py (record 0031), merged
+over the rows. The reference runs before the pieces open. No torch at import."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gptport.config import ModelConfig
+from gptport.errors import ValidationError
+from gptport.export import chunked, layer_check, layer_reference
+from gptport.export.layer_reference import LayerOut
+from gptport.export.tolerance import Check, Tolerance, merge
+from gptport.export.validate import PARITY_SPAN, ParityRow
+from gptport.runtime.append import pack
+from gptport.runtime.onnx_engine import ORT_FAILURES
+
+Steps = list[list[int]]  # chunk sizes per step per row; 0 skips the row
+Made = tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]  # a call's logits, residual streams, presents
+
+
+def cases(n_ctx: int) -> list[tuple[str, Steps]]:
+    """(case, chunk sizes per step per row): each case starts from empty rows; a size of 0 skips the row."""
+    if n_ctx >= 24:
+        n = min(n_ctx, PARITY_SPAN)  # the cache's end where n_ctx is short; PARITY_SPAN positions of a long one
+        return [("3 rows: 7/1/12 then 5/9/1 then 1 each", [[7, 1, 12], [5, 9, 1], [1, 1, 1]]),
+                (f"2 rows: {n - 3} and 2, then 3 and 1", [[n - 3, 2], [3, 1]])]
+    return [("2 rows: 3/1 then 2/3 then 1 each", [[3, 1], [2, 3], [1, 1]])]
+
+
+@dataclass
+class Run:
+    """One case as the graph's calls: the inputs of each (but the cache), where each row's tokens lie in each
+    call's packed sequence, each row's whole sequence, and the cache's capacity the calls need."""
+
+    calls: list[dict[str, np.ndarray]]
+    places: list[dict[int, tuple[int, int]]]  # per call: row -> (first place among its new tokens, count)
+    seqs: list[list[int]]  # per row: every token it appended
+    capacity: int  # the largest write_index + K of any call
+
+
+def plan(steps: Steps, vocab_size: int, rng: np.random.Generator) -> Run:
+    """The calls of a case: each step appends to every row its chunk of random ids (drawn as append_check draws
+    them), each row writing at its length (one bound span of every row, as StaticSlots.append_many runs them)."""
+    n = len(steps[0])
+    run = Run([], [], [[] for _ in range(n)], 0)
+    for sizes in steps:
+        write = np.array([len(s) for s in run.seqs], dtype=np.int64)  # (n,) each row's length
+        chunks = {r: rng.integers(0, vocab_size, sizes[r], dtype=np.int64) for r in range(n) if sizes[r]}
+        packed = pack(write, chunks, all_logits=True)
+        run.calls.append(packed.feeds)
+        run.places.append(packed.places)
+        run.capacity = max(run.capacity, int(write.max()) + max(sizes))
+        for r, chunk in chunks.items():
+            run.seqs[r] += chunk.tolist()
+    return run
+
+
+def reference(cfg: ModelConfig, weights: Mapping[str, np.ndarray], seqs: Sequence[Sequence[int]]
+              ) -> tuple[list[LayerOut | np.ndarray], list[LayerOut | np.ndarray]]:
+    """run_layers in float32 and float64 on the rows' sequences at once, right-padded (causal: no real token
+    sees the padding), positions from 0."""
+    import torch
+
+    B, T = len(seqs), max(len(s) for s in seqs)
+    ids, mask = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)  # (B, T)
+    for r, s in enumerate(seqs):
+        ids[r, :len(s)], mask[r, :len(s)] = s, 1
+    pos = np.tile(np.arange(T, dtype=np.int64), (B, 1))  # (B, T)
+    weight = weights.__getitem__
+    want = list(layer_reference.run_layers(cfg, weight, ids, mask, pos))
+    return want, list(layer_reference.run_layers(cfg, weight, ids, mask, pos, dtype=torch.float64))
+
+
+def check(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], tol: Tolerance,
+          which: Sequence[tuple[str, Steps]] | None = None, seed: int = 0, budget: int = chunked.CHUNK_BYTES
+          ) -> list[ParityRow]:
+    """The append graph at `graph` (its residual stream after each layer at `taps`) on each case (by default
+    cases(min(n_ctx, layer_check.CHECK_SPAN)): the lengths of the layer-by-layer check), against the reference:
+    a row per case, its checks each layer's hidden states, keys and values and the logits, its top-1 agreement
+    at every real position. A run onnxruntime refuses is a ValidationError naming the case."""
+    rng = np.random.default_rng(seed)
+    chosen = cases(min(cfg.n_ctx, layer_check.CHECK_SPAN)) if which is None else which
+    runs = [plan(steps, cfg.vocab_size, rng) for _, steps in chosen]
+    references = [reference(cfg, weights, run.seqs) for run in runs]
+    cut = layer_check.pieces(graph, taps, cfg, weights, budget)
+    try:
+        rows = []
+        for (name, _), run, (want, exact) in zip(chosen, runs, references, strict=True):
+            empty = np.zeros((len(run.seqs), cfg.n_kv_head, run.capacity, cfg.head_dim), np.float32)
+            try:
+                made = cut.run(run.calls, [empty] * (2 * cfg.n_layer))
+            except (RuntimeError, *ORT_FAILURES) as e:
+                raise ValidationError(f"export: the multi-row append graph failed on case {name}: "
+                                      f"{str(e).splitlines()[0]}") from e
+            rows.append(_compared(name, run, made, want, exact, tol))
+        return rows
+    finally:
+        cut.close()
+
+
+def _compared(name: str, run: Run, made: list[Made], want: list[LayerOut | np.ndarray],
+              exact: list[LayerOut | np.ndarray], tol: Tolerance) -> ParityRow:
+    """One case's row: each row's outputs (_gathered) against the reference's first len(seq) positions of that
+    row; each quantity merged over the rows."""
+    per_row: list[list[Check]] = []
+    agree = total = 0
+    reference_logits = want[-1]
+    assert isinstance(reference_logits, np.ndarray)  # (B, T, V): run_layers' last item
+    for r, seq in enumerate(run.seqs):
+        logits, outs = _gathered(run, made, r)
+        per_row.append(layer_reference.compare_layers(_row(want, r, len(seq)), outs.__getitem__, logits, tol,
+                                                      _row(exact, r, len(seq))))
+        agree += int((logits[0].argmax(-1) == reference_logits[r, :len(seq)].argmax(-1)).sum())
+        total += len(seq)
+    return ParityRow(name, tuple(merge(same, tol) for same in zip(*per_row, strict=True)), agree / total)
+
+
+def _gathered(run: Run, made: list[Made], r: int) -> tuple[np.ndarray, list[LayerOut]]:
+    """Row r's logits (1, L, V) and each layer's output: its residual stream (1, L, D), gathered from the calls
+    that appended to it, and its keys and values (1, Hkv, L, hd), from the cache after the last call."""
+    length = len(run.seqs[r])
+    mine = [(out, run.places[c][r]) for c, out in enumerate(made) if r in run.places[c]]
+    logits = np.concatenate([out[0][0, a:a + k] for out, (a, k) in mine])[None]  # (1, L, V)
+    presents = made[-1][2]  # (B, Hkv, C, hd) each
+    outs = [LayerOut(i, np.concatenate([out[1][i][0, a:a + k] for out, (a, k) in mine])[None],  # (1, L, D)
+                     presents[2 * i][r:r + 1, :, :length], presents[2 * i + 1][r:r + 1, :, :length])
+            for i in range(len(presents) // 2)]
+    return logits, outs
+
+
+def _row(outs: list[LayerOut | np.ndarray], r: int, length: int) -> list[LayerOut | np.ndarray]:
+    """Row r's first `length` positions of run_layers' outputs."""
+    return [o[r:r + 1, :length] if isinstance(o, np.ndarray)
+            else LayerOut(o.index, o.hidden[r:r + 1, :length], o.key[r:r + 1, :, :length], o.value[r:r + 1, :, :length])
+            for o in outs]
