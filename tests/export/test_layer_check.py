@@ -44,7 +44,7 @@ def streamed(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corp
 def test_every_graph_goes_to_external_data_and_nothing_else_is_left(streamed: Path) -> None:
     names = sorted(p.name for p in streamed.iterdir() if "onnx" in p.name)
     graphs = ["model.onnx", "model.int8.onnx", "model.int4.onnx", "model.static.onnx", "model.int8.static.onnx",
-              "model.int4.static.onnx"]
+              "model.int4.static.onnx", "model.append.onnx"]
     assert names == sorted([*graphs, *(g + ".data" for g in graphs)])
     assert not [p for p in streamed.iterdir() if ".tmp-" in p.name or p.name.endswith(".check")]
 
