@@ -1,16 +1,18 @@
-"""The multi-row append graph (scatter_graph.py) checked layer by layer, for a model too large to hold in torch:
-the cases of append_check.py (rows of one cache filled by uneven chunks at different lengths, then one token
-each) fed as serve feeds them (runtime/append.pack), the graph run in pieces cut from its file (chunked.py: at
-most CHUNK_BYTES of its weights at once), against the torch model run one layer at a time (layer_reference.py)
-on each row's whole sequence. Per row, every new token's residual stream after each layer and logits, and at
-the end each layer's cached keys and values, within the relative bounds of tolerance.py (record 0031), merged
-over the rows. The reference runs before the pieces open. No torch at import."""
+"""The multi-row append graph (scatter_graph.py) checked layer by layer, for a model too large to hold in torch.
+The cases (defined here, shared with append_check.py: rows of one cache filled by uneven chunks at different
+lengths, then one token each) are fed as serve feeds them (runtime/append.pack); the graph runs in pieces cut from
+its file (chunked.py: at most CHUNK_BYTES of its weights at once) against the torch model run one layer at a time
+(layer_reference.py) on each case's rows, right-padded. Per row, every new token's residual stream after each
+layer and logits, and at the end each layer's cached keys and values, within the relative bounds of tolerance.py
+(record 0031), merged over the rows. The reference runs before the pieces open, and keeps each row's real
+positions only. No torch at import."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +24,9 @@ from gptport.export.tolerance import Check, Tolerance, merge
 from gptport.export.validate import PARITY_SPAN, ParityRow
 from gptport.runtime.append import pack
 from gptport.runtime.onnx_engine import ORT_FAILURES
+
+if TYPE_CHECKING:
+    import torch
 
 Steps = list[list[int]]  # chunk sizes per step per row; 0 skips the row
 Made = tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]  # a call's logits, residual streams, presents
@@ -64,20 +69,26 @@ def plan(steps: Steps, vocab_size: int, rng: np.random.Generator) -> Run:
     return run
 
 
-def reference(cfg: ModelConfig, weights: Mapping[str, np.ndarray], seqs: Sequence[Sequence[int]]
-              ) -> tuple[list[LayerOut | np.ndarray], list[LayerOut | np.ndarray]]:
-    """run_layers in float32 and float64 on the rows' sequences at once, right-padded (causal: no real token
-    sees the padding), positions from 0."""
-    import torch
+Rows = list[list[LayerOut | np.ndarray]]  # per row: each layer's outputs then the logits, its real positions only
 
+
+def reference(cfg: ModelConfig, weights: Mapping[str, np.ndarray], seqs: Sequence[Sequence[int]],
+              dtype: torch.dtype | None = None) -> Rows:
+    """run_layers (float32, or `dtype`) on the rows' sequences at once, right-padded (causal: no real token sees
+    the padding), positions from 0; each output cut to each row's real positions as it comes (1, L, ...)."""
     B, T = len(seqs), max(len(s) for s in seqs)
     ids, mask = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)  # (B, T)
     for r, s in enumerate(seqs):
         ids[r, :len(s)], mask[r, :len(s)] = s, 1
     pos = np.tile(np.arange(T, dtype=np.int64), (B, 1))  # (B, T)
-    weight = weights.__getitem__
-    want = list(layer_reference.run_layers(cfg, weight, ids, mask, pos))
-    return want, list(layer_reference.run_layers(cfg, weight, ids, mask, pos, dtype=torch.float64))
+    rows: Rows = [[] for _ in seqs]
+    for out in layer_reference.run_layers(cfg, weights.__getitem__, ids, mask, pos, dtype=dtype):
+        for r, s in enumerate(seqs):
+            n = len(s)
+            rows[r].append(out[r:r + 1, :n].copy() if isinstance(out, np.ndarray) else LayerOut(
+                out.index, out.hidden[r:r + 1, :n].copy(), out.key[r:r + 1, :, :n].copy(),
+                out.value[r:r + 1, :, :n].copy()))  # copies: the padded arrays go
+    return rows
 
 
 def check(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], tol: Tolerance,
@@ -87,10 +98,13 @@ def check(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[s
     cases(min(n_ctx, layer_check.CHECK_SPAN)): the lengths of the layer-by-layer check), against the reference:
     a row per case, its checks each layer's hidden states, keys and values and the logits, its top-1 agreement
     at every real position. A run onnxruntime refuses is a ValidationError naming the case."""
+    import torch
+
     rng = np.random.default_rng(seed)
     chosen = cases(min(cfg.n_ctx, layer_check.CHECK_SPAN)) if which is None else which
     runs = [plan(steps, cfg.vocab_size, rng) for _, steps in chosen]
-    references = [reference(cfg, weights, run.seqs) for run in runs]
+    references = [(reference(cfg, weights, run.seqs), reference(cfg, weights, run.seqs, torch.float64))
+                  for run in runs]  # a few MiB a layer at these lengths, the logits (L, V) of each row
     cut = layer_check.pieces(graph, taps, cfg, weights, budget)
     try:
         rows = []
@@ -107,19 +121,17 @@ def check(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[s
         cut.close()
 
 
-def _compared(name: str, run: Run, made: list[Made], want: list[LayerOut | np.ndarray],
-              exact: list[LayerOut | np.ndarray], tol: Tolerance) -> ParityRow:
-    """One case's row: each row's outputs (_gathered) against the reference's first len(seq) positions of that
-    row; each quantity merged over the rows."""
+def _compared(name: str, run: Run, made: list[Made], want: Rows, exact: Rows, tol: Tolerance) -> ParityRow:
+    """One case's row: each row's outputs (_gathered) against the reference's of that row (`exact`: its float64
+    twin); each quantity merged over the rows."""
     per_row: list[list[Check]] = []
     agree = total = 0
-    reference_logits = want[-1]
-    assert isinstance(reference_logits, np.ndarray)  # (B, T, V): run_layers' last item
     for r, seq in enumerate(run.seqs):
         logits, outs = _gathered(run, made, r)
-        per_row.append(layer_reference.compare_layers(_row(want, r, len(seq)), outs.__getitem__, logits, tol,
-                                                      _row(exact, r, len(seq))))
-        agree += int((logits[0].argmax(-1) == reference_logits[r, :len(seq)].argmax(-1)).sum())
+        per_row.append(layer_reference.compare_layers(want[r], outs.__getitem__, logits, tol, exact[r]))
+        reference_logits = want[r][-1]
+        assert isinstance(reference_logits, np.ndarray)  # (1, L, V): run_layers' last item
+        agree += int((logits.argmax(-1) == reference_logits.argmax(-1)).sum())
         total += len(seq)
     return ParityRow(name, tuple(merge(same, tol) for same in zip(*per_row, strict=True)), agree / total)
 
@@ -135,10 +147,3 @@ def _gathered(run: Run, made: list[Made], r: int) -> tuple[np.ndarray, list[Laye
                      presents[2 * i][r:r + 1, :, :length], presents[2 * i + 1][r:r + 1, :, :length])
             for i in range(len(presents) // 2)]
     return logits, outs
-
-
-def _row(outs: list[LayerOut | np.ndarray], r: int, length: int) -> list[LayerOut | np.ndarray]:
-    """Row r's first `length` positions of run_layers' outputs."""
-    return [o[r:r + 1, :length] if isinstance(o, np.ndarray)
-            else LayerOut(o.index, o.hidden[r:r + 1, :length], o.key[r:r + 1, :, :length], o.value[r:r + 1, :, :length])
-            for o in outs]
