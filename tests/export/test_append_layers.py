@@ -139,8 +139,12 @@ def test_the_append_graph_serves_the_static_graphs_tokens(exported: tuple[Path, 
                              appender=appender.session if together else None)
         if together:
             inner = engine.append_many
-            engine.append_many = lambda slots, chunks, inner=inner, **kw: (runs.append(len(slots)),  # type: ignore
-                                                                           inner(slots, chunks, **kw))[1]
+
+            def counted(slots: Any, chunks: Any, inner: Any = inner, **kw: Any) -> Any:
+                runs.append(len(slots))
+                return inner(slots, chunks, **kw)
+
+            engine.append_many = counted  # type: ignore[method-assign]
         run = Run(engine, opened.tok, prefill_chunk=3)
         choices = [Choice(p, 6, Sampling(), ignore_eos=True, out=f"p{i}") for i, p in enumerate(prompts)]
         run.serve(choices, 500)
