@@ -70,10 +70,10 @@ def check_contract(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: 
     reference logits in it."""
     import torch
 
-    weight, references = weights.__getitem__, []
+    references = []
     for case in checked:
-        want = list(layer_reference.run_layers(cfg, weight, case.ids, case.mask, case.positions))
-        exact = list(layer_reference.run_layers(cfg, weight, case.ids, case.mask, case.positions,
+        want = list(layer_reference.run_layers(cfg, weights, case.ids, case.mask, case.positions))
+        exact = list(layer_reference.run_layers(cfg, weights, case.ids, case.mask, case.positions,
                                                 dtype=torch.float64))  # (a few MiB a layer at these lengths)
         references.append((want, exact))
         case.logits, case.exact = want[-1], exact[-1]  # type: ignore[assignment]
@@ -152,7 +152,7 @@ def reference_greedy(cfg: ModelConfig, weights: Mapping[str, np.ndarray], prompt
     tokens: list[int] = []
     scores = []
     for _ in range(n):
-        *_, logits = layer_reference.run_layers(cfg, weights.__getitem__, np.array([[*prompt, *tokens]]),
+        *_, logits = layer_reference.run_layers(cfg, weights, np.array([[*prompt, *tokens]]),
                                                 last_only=True)
         scores.append(np.asarray(logits)[0, -1])  # (V,)
         tokens.append(int(scores[-1].argmax()))

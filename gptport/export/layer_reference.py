@@ -10,7 +10,7 @@ same; in float64 they are float64_reference.py's (its weights, mask floor and in
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,11 +19,13 @@ import numpy as np
 from gptport.config import ModelConfig
 from gptport.errors import ArtifactError, InputError
 from gptport.export.tolerance import Check, Tolerance, compare
+from gptport.weights import shape_of, take
 
 if TYPE_CHECKING:
     import torch
 
 WeightFn = Callable[[str], np.ndarray]  # gptport's tensor name ("h.3.attn.c_attn.weight") -> float32 array
+Weights = WeightFn | Mapping[str, np.ndarray]  # a mapping's embedding rows are read alone (gptport.weights.take)
 HEAD_ROWS = 8192  # vocabulary rows of the head widened at a time when dtype is not float32 (float64: 64 MiB at d 1024)
 
 
@@ -37,7 +39,7 @@ class LayerOut:
     value: np.ndarray  # (B, Hkv, T, hd)
 
 
-def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
+def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
                position_ids: np.ndarray | None = None, dtype: torch.dtype | None = None,
                last_only: bool = False) -> Iterator[LayerOut | np.ndarray]:
     """GPT.forward with no past, piece by piece: LayerOut 0 .. n_layer-1, then the logits (B, T, V), or (B, 1, V)
@@ -60,6 +62,7 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
     )
 
     dtype = dtype or torch.float32
+    weight: WeightFn = weights.__getitem__ if isinstance(weights, Mapping) else weights
     ids = torch.from_numpy(np.asarray(input_ids, dtype=np.int64))  # (B, T)
     B, T = ids.shape
     mask = torch.ones(B, T, dtype=torch.long) if attention_mask is None else torch.from_numpy(
@@ -70,10 +73,10 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
     window = additive(attention_mask_4d(mask, T, cfg.sliding_window), dtype) if cfg.sliding_window else None
 
     with torch.no_grad():  # never held across a yield: the caller's code between items keeps its grad mode
-        x = scaled_embeddings(_rows(weight, "wte.weight", ids, (cfg.vocab_size, cfg.d_model), dtype), cfg)  # (B, T, D)
+        x = scaled_embeddings(_rows(weights, "wte.weight", ids, (cfg.vocab_size, cfg.d_model), dtype), cfg)  # (B, T, D)
         rope = local = None
         if cfg.pos_encoding == "learned":
-            x = x + _rows(weight, "wpe.weight", pos, (cfg.n_ctx, cfg.d_model), dtype)
+            x = x + _rows(weights, "wpe.weight", pos, (cfg.n_ctx, cfg.d_model), dtype)
         elif cfg.pos_encoding == "sinusoidal":
             x = x + sinusoidal(pos, cfg.d_model).to(x.dtype)
         else:  # rope: the float32 inverse frequencies, widened for float64 (as float64_copy widens the buffer)
@@ -133,15 +136,21 @@ def _tensor(w: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(w).to(dtype)
 
 
-def _rows(weight: WeightFn, name: str, index: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype
+def _rows(weights: Weights, name: str, index: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype
           ) -> torch.Tensor:
-    """An embedding's rows at `index` (B, T) -> (B, T, D), gathered before widening (the same values)."""
+    """An embedding's rows at `index` (B, T) -> (B, T, D), gathered before widening (the same values); from a
+    mapping, only those rows are read (gptport.weights.take)."""
     import torch
 
     if index.numel() and not 0 <= int(index.min()) <= int(index.max()) < shape[0]:
         raise InputError(f"weight {name}: {shape[0]} rows, asked for rows {int(index.min())}..{int(index.max())}")
-    w = _tensor(_checked(weight, name, shape), torch.float32)  # (N, D)
-    return torch.nn.functional.embedding(index, w).to(dtype)  # (B, T, D)
+    if not isinstance(weights, Mapping):
+        w = _tensor(_checked(weights, name, shape), torch.float32)  # (N, D)
+        return torch.nn.functional.embedding(index, w).to(dtype)  # (B, T, D)
+    if tuple(shape_of(weights, name)) != tuple(shape):
+        raise ArtifactError(f"weight {name}: shape {tuple(shape_of(weights, name))}, the config asks for "
+                            f"{tuple(shape)}")
+    return _tensor(take(weights, name, index.numpy()), torch.float32).to(dtype)  # (B, T, D)
 
 
 def _loaded(make: Callable[[], torch.nn.Module], prefix: str, weight: WeightFn, dtype: torch.dtype) -> torch.nn.Module:

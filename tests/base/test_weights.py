@@ -10,7 +10,7 @@ import pytest
 
 from gptport import safetensors_stream as ss
 from gptport.paths import WEIGHTS
-from gptport.weights import ModelWeights, open_weights
+from gptport.weights import ModelWeights, open_weights, shape_of, take, widen
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:
@@ -50,3 +50,18 @@ def test_rows_read_only_a_block(model_dir: Path, start: int, stop: int) -> None:
     w = ModelWeights.open(model_dir)
     assert np.array_equal(w.rows("emb", start, stop), w["emb"][start:stop])
     assert np.array_equal(w.rows("bf", start, stop), w["bf"][start:stop])
+
+
+@pytest.mark.parametrize("index", [[[3, 0, 3], [5, 1, 1]], [5], np.zeros((0,), np.int64)])
+def test_take_reads_the_rows_asked_in_their_shape(model_dir: Path, index: list[int]) -> None:
+    w = ModelWeights.open(model_dir)
+    for name in ("emb", "bf"):
+        got, want = take(w, name, np.asarray(index)), w[name][np.asarray(index, dtype=np.int64)]
+        assert got.dtype == np.float32 and got.shape == want.shape and np.array_equal(got, want)
+        assert np.array_equal(take({name: w[name]}, name, np.asarray(index)), want)  # an in-memory mapping's too
+    assert shape_of(w, "bf") == (6, 3) and shape_of({"x": np.zeros((2, 5))}, "x") == (2, 5)
+
+
+def test_bf16_widens_exactly_for_every_bit_pattern() -> None:
+    every = np.arange(2**16, dtype=np.uint16)
+    assert np.array_equal(widen(every.view(np.uint8), "BF16").view(np.uint32), every.astype(np.uint32) << 16)
