@@ -25,6 +25,7 @@ from gptport.export.export_report import ExportReport
 from gptport.export.graph_files import metadata
 from gptport.export.nbits import NBits
 from gptport.export.step_memo import Memo
+from gptport.export.tensor_sink import Written
 from gptport.export.tolerance import Tolerance
 from gptport.runtime.engine import StepFn
 from gptport.training.checkpoint import ModelCard
@@ -75,6 +76,7 @@ class Job:
     taps: dict[str, list[str]] = field(default_factory=dict)  # "int4 static" -> its residual stream after each layer
     checked: list[layer_check.Case] = field(default_factory=list)  # the layer-by-layer check's cases, with logits
     chosen: tuple[list[int], np.ndarray] | None = None  # the reference's greedy tokens (layer_check.reference_greedy)
+    written: dict[tuple[str, NBits | None], Written] = field(default_factory=dict)  # the contract graphs' data
 
     def weights_bytes(self) -> int:
         """Bytes of the weights in float32 (a tied head once)."""
@@ -93,9 +95,13 @@ class Job:
                                                                     residuals=taps),
                 contract.CACHE_APPEND: lambda sink: scatter_graph.build(cfg, self.weights, sink=sink, nbits=nbits,
                                                                           residuals=taps)}
-        label = f"the {precision} {cache} graph"
-        graph_write.write(path, make[cache], metadata(self.card, precision, cache, self.sources, gated=gated),
-                          self.outside, lambda k, n: self.tell(f"writing {label}: {k} tensors, {n / 2**30:.2f} GiB"))
+        label, key = f"the {precision} {cache} graph", (precision, nbits)
+        meta = metadata(self.card, precision, cache, self.sources, gated=gated)
+        made = graph_write.write(path, make[cache], meta, self.outside,
+                                 lambda k, n: self.tell(f"writing {label}: {k} tensors, {n / 2**30:.2f} GiB"),
+                                 earlier=self.written.get(key) if cache != contract.CACHE_CONCAT else None)
+        if cache == contract.CACHE_CONCAT and made is not None:  # its static-cache and append twins copy from it
+            self.written[key] = made
 
     def ranges_for(self, scheme: str) -> variants.Ranges | None:
         """The activations' ranges if `scheme` smooths, their sampled rows if it is an AWQ scheme (on every other

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.export.graph_caps import finish, finishes, scaled
+from gptport.export.lazy_weights import Float32, Joined, Thunk, later, shape
 from gptport.export.nbits import NBits, Quant, slabs
 from gptport.export.tensor_sink import InlineSink, Sink
 
@@ -106,11 +107,14 @@ class Builder:
         self._names: set[str] = set()
         self.made: set[str] = set()  # names of what an attention made once for every layer (its rope tables)
 
-    def const(self, name: str, array: np.ndarray) -> str:
-        """An initializer; one of that name already made is used again (a shape every layer reshapes to)."""
+    def const(self, name: str, array: np.ndarray | Thunk) -> str:
+        """An initializer; one of that name already made is used again (a shape every layer reshapes to). A
+        thunk (a weight, read when made) is not even called where the sink has it from an earlier graph."""
         if name not in self._names:
             self._names.add(name)
-            self.inits.append(self.sink.tensor(name, array))
+            held = self.sink.reuse(name) if callable(array) else None
+            self.inits.append(held if held is not None else
+                              self.sink.tensor(name, array() if callable(array) else array))
         return name
 
     def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "",
@@ -126,34 +130,44 @@ class Builder:
         """x @ W.T and the name of the bias ("" without one), left for the next op to add. W is
         stored (in, out), a constant MatMul weight, which is what the quantizers look for; with `nbits`,
         a MatMulNBits of W quantized (the head and the MLP's down projections as NBits.of says)."""
-        bias = weights.get(f"{prefix}.bias")
+        name = f"{prefix}.weight"
         if self.nbits is not None:
             role = "head" if prefix == "lm_head" else "down" if prefix.endswith("mlp.c_proj") else ""
-            y = self.nbits_matmul(x, weights[f"{prefix}.weight"], prefix, self.nbits.of(role), out)
+            y = self.nbits_matmul(x, later(weights, name), shape(weights, name), prefix, self.nbits.of(role), out)
         else:
-            w = self.const(f"{prefix}.weight_t", weights[f"{prefix}.weight"].T)
-            y = self.op("MatMul", [x, w], [out] if out else 1)[0]
-        return y, self.const(f"{prefix}.bias", bias) if bias is not None else ""
+            y = self.op("MatMul", [x, self.const(f"{name}_t", later(weights, name, transpose=True))],
+                        [out] if out else 1)[0]
+        bias = f"{prefix}.bias"
+        return y, self.const(bias, weights[bias]) if bias in weights else ""
 
-    def nbits_matmul(self, x: str, w: np.ndarray, prefix: str, q: Quant, out: str | None = None) -> str:
-        """x @ w.T by MatMulNBits, `w` (N, K) quantized a slab of rows at a time straight into the sink."""
-        n, k = w.shape
-        packed_shape, scale_shape, zp_shape = q.shapes(n, k)
-        scales: list[np.ndarray] = []
-        zeros: list[np.ndarray] = []
-
-        def packed() -> Iterator[np.ndarray]:
-            for part, scale, zero in slabs(w, q):
-                scales.append(scale)
-                zeros.append(zero)
-                yield part
-
+    def nbits_matmul(self, x: str, w: Thunk, w_shape: tuple[int, ...], prefix: str, q: Quant,
+                     out: str | None = None) -> str:
+        """x @ w.T by MatMulNBits, `w` (N, K) quantized a slab of rows at a time straight into the sink; not even
+        read where the sink has its blocks, scales and zero points from an earlier graph (its reuse)."""
+        n, k = w_shape
+        packed_shape, _, zp_shape = q.shapes(n, k)
         name = f"{prefix}.weight_Q{q.bits}"
-        self._names.add(name)
-        self.inits.append(self.sink.chunked(name, np.dtype(np.uint8), packed_shape, packed()))
-        inputs = [x, name, self.const(f"{prefix}.weight_scales", np.concatenate(scales).reshape(-1))]
-        if not q.symmetric:
-            inputs.append(self.const(f"{prefix}.weight_zero_points", np.concatenate(zeros).reshape(zp_shape)))
+        names = [name, f"{prefix}.weight_scales", *([] if q.symmetric else [f"{prefix}.weight_zero_points"])]
+        held = [self.sink.reuse(m) for m in names] if self.sink.holds(names) else []
+        if held:
+            self._names.update(names)
+            self.inits.extend(h for h in held if h is not None)
+        else:
+            scales: list[np.ndarray] = []
+            zeros: list[np.ndarray] = []
+
+            def packed() -> Iterator[np.ndarray]:
+                for part, scale, zero in slabs(w(), q):
+                    scales.append(scale)
+                    zeros.append(zero)
+                    yield part
+
+            self._names.add(name)
+            self.inits.append(self.sink.chunked(name, np.dtype(np.uint8), packed_shape, packed()))
+            self.const(names[1], np.concatenate(scales).reshape(-1))
+            if not q.symmetric:
+                self.const(names[2], np.concatenate(zeros).reshape(zp_shape))
+        inputs = [x, *names]
         level = {"accuracy_level": q.accuracy_level} if q.accuracy_level else {}
         return self.op("MatMulNBits", inputs, [out] if out else 1, domain="com.microsoft", K=k, N=n, bits=q.bits,
                        block_size=q.block, **level)[0]
@@ -256,9 +270,8 @@ class Builder:
             f = self.gelu(*self.matmul(h, weights, f"{prefix}.c_fc"), cfg.gelu)  # (B, S, 4D)
             return self.matmul(f, weights, f"{prefix}.c_proj")
         if self.forms.swiglu == "fused":  # [gate | up] (D, 2F): one product, then split
-            both = {f"{prefix}.c_gate_fc.{kind}": np.concatenate([weights[f"{prefix}.c_gate.{kind}"],
-                                                                  weights[f"{prefix}.c_fc.{kind}"]])
-                    for kind in ("weight", "bias") if f"{prefix}.c_gate.{kind}" in weights}
+            both = Joined(weights, {f"{prefix}.c_gate_fc.{kind}": [f"{prefix}.c_gate.{kind}", f"{prefix}.c_fc.{kind}"]
+                                    for kind in ("weight", "bias") if f"{prefix}.c_gate.{kind}" in weights})
             gate, up = self.op("Split", [self.linear(h, both, f"{prefix}.c_gate_fc"), self.const(
                 "ffn_halves", _i64(cfg.d_ff, cfg.d_ff))], 2, axis=-1)  # (B, S, F) each
         else:
@@ -307,25 +320,6 @@ class Builder:
         return self.op("Reshape", [normed, self.const(f"by_token_{width}", _i64(0, -1, width))])[0]  # (B, S, n*hd)
 
 
-class Float32(Mapping[str, np.ndarray]):
-    """`weights` read as float32, each tensor when it is asked for (a lazy reader stays lazy)."""
-
-    def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
-        self.weights = weights
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return np.asarray(self.weights[name], dtype=np.float32)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.weights
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.weights)
-
-    def __len__(self) -> int:
-        return len(self.weights)
-
-
 def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: Attend, forms: Forms = FASTEST,
                 sink: Sink | None = None, nbits: NBits | None = None, every_position: bool = False) -> Builder:
     """The nodes and initializers of a model with this config (config.json's "model") and these weights
@@ -335,7 +329,7 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
     (B, L, V) at the positions logits_index names, or with `every_position` at every position (B, S, V)."""
     w = Float32(weights)
     g = Builder(config, forms, sink, nbits)
-    x = g.op("Gather", [g.const("wte.weight", w["wte.weight"]), contract.INPUT_IDS])[0]  # (B, S, D)
+    x = g.op("Gather", [g.const("wte.weight", later(w, "wte.weight")), contract.INPUT_IDS])[0]  # (B, S, D)
     if config.embed_scale != 1.0:  # as float32, as the torch model multiplies
         x = g.op("Mul", [x, g.const("embed_scale", np.array(config.embed_scale, np.float32))])[0]  # (B, S, D)
     delta = delta_bias = ""  # rope: nothing is added to the embeddings
@@ -343,7 +337,7 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
         if config.pos_encoding == "sinusoidal" and forms.sinusoid == "computed":
             delta = g.sinusoid(contract.POSITION_IDS)  # (B, S, D)
         else:
-            table = (w["wpe.weight"] if config.pos_encoding == "learned"
+            table = (later(w, "wpe.weight") if config.pos_encoding == "learned"
                      else sinusoidal_table(config.n_ctx, config.d_model))
             delta = g.op("Gather", [g.const("positions", table), contract.POSITION_IDS])[0]  # (B, S, D)
     for i in range(config.n_layer):
@@ -366,7 +360,7 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
     h = g.norm(x, w, "ln_f")
     out = contract.HEAD if finishes(g) else contract.LOGITS  # (B, L, V)
     if config.tie_embeddings and nbits is not None:  # the quantized head is a matrix of its own
-        g.nbits_matmul(h, w["wte.weight"], "lm_head", nbits.of("head"), out=out)
+        g.nbits_matmul(h, later(w, "wte.weight"), w.shape("wte.weight"), "lm_head", nbits.of("head"), out=out)
     elif config.tie_embeddings:  # stored once; onnxruntime folds the Transpose when it loads the graph
         head = g.op("Transpose", ["wte.weight"], perm=[1, 0])[0]  # (D, V)
         g.op("MatMul", [h, head], [out])

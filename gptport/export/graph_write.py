@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from gptport.export.tensor_sink import EXTERNAL_FROM_BYTES, ExternalSink, InlineSink, Sink, data_name
+from gptport.export.tensor_sink import EXTERNAL_FROM_BYTES, ExternalSink, InlineSink, Sink, Written, data_name
 from gptport.weights import shapes_of
 
 
@@ -23,18 +23,22 @@ def external(param_bytes: int) -> bool:
 
 
 def write(path: Path, build: Callable[[Sink], onnx.ModelProto], meta: dict[str, str], outside: bool,
-          progress: Callable[[int, int], None] | None = None) -> None:
+          progress: Callable[[int, int], None] | None = None, earlier: Written | None = None) -> Written | None:
     """The graph `build` makes, its initializers streamed into `path`'s data file when `outside` (`progress` told
-    the tensors and bytes written after each), written to `path` with `meta` as its metadata_props."""
-    sink: Sink
-    if outside:
-        sink = ExternalSink(path.with_name(data_name(path)), data_name(path), progress)
-        proto = build(sink)
-        sink.close()
-    else:
+    the tensors and bytes written after each; `earlier`: an earlier graph's data of the same weights and scheme,
+    whose weights are copied rather than made again), written to `path` with `meta` as its metadata_props.
+    Returns what its data file holds (None: its weights are inline), for a later graph to reuse."""
+    if not outside:
         proto = build(InlineSink())
+        onnx.helper.set_model_props(proto, meta)
+        onnx.save_model(proto, str(path))
+        return None
+    sink = ExternalSink(path.with_name(data_name(path)), data_name(path), progress, earlier)
+    proto = build(sink)
+    sink.close()
     onnx.helper.set_model_props(proto, meta)
     onnx.save_model(proto, str(path))
+    return sink.written_data()
 
 
 def estimate(weights: Mapping[str, np.ndarray], precision: str, vocab_rows: int) -> int:
