@@ -11,6 +11,7 @@ import os
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from ml_dtypes import bfloat16
@@ -132,17 +133,26 @@ def open_weights(model_dir: Path) -> ModelWeights:
     return ModelWeights.open(model_dir)
 
 
+@runtime_checkable
+class Lazy(Protocol):
+    """Weights that tell a tensor's shape, and read a few of its rows, without reading the whole tensor."""
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def take(self, name: str, index: np.ndarray) -> np.ndarray: ...
+
+
 def take(weights: Mapping[str, np.ndarray], name: str, index: np.ndarray) -> np.ndarray:
     """Rows `index` of tensor `name` as float32 (index.shape + its row's shape): only those rows read where
-    `weights` reads a file (ModelWeights.take), else gathered from the array."""
-    if isinstance(weights, ModelWeights):
+    `weights` reads a file (Lazy: ModelWeights.take), else gathered from the array."""
+    if isinstance(weights, Lazy):
         return weights.take(name, index)
     return np.asarray(weights[name], dtype=np.float32)[np.asarray(index, dtype=np.int64)]
 
 
 def shape_of(weights: Mapping[str, np.ndarray], name: str) -> tuple[int, ...]:
-    """Tensor `name`'s shape, from the file's header where `weights` reads one (nothing read)."""
-    if isinstance(weights, ModelWeights):
+    """Tensor `name`'s shape, from the file's header where `weights` reads one (Lazy: nothing read)."""
+    if isinstance(weights, Lazy):
         return weights.shape(name)
     return tuple(np.shape(weights[name]))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -72,23 +72,34 @@ def plan(steps: Steps, vocab_size: int, rng: np.random.Generator) -> Run:
 Rows = list[list[LayerOut | np.ndarray]]  # per row: each layer's outputs then the logits, its real positions only
 
 
-def reference(cfg: ModelConfig, weights: Mapping[str, np.ndarray], seqs: Sequence[Sequence[int]],
-              dtype: torch.dtype | None = None) -> Rows:
-    """run_layers (float32, or `dtype`) on the rows' sequences at once, right-padded (causal: no real token sees
-    the padding), positions from 0; each output cut to each row's real positions as it comes (1, L, ...)."""
+def padded(seqs: Sequence[Sequence[int]], dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """run_layers' arguments for the rows' sequences at once: right-padded (causal: no real token sees the
+    padding), positions from 0, in float32 or `dtype`."""
     B, T = len(seqs), max(len(s) for s in seqs)
     ids, mask = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)  # (B, T)
     for r, s in enumerate(seqs):
         ids[r, :len(s)], mask[r, :len(s)] = s, 1
     pos = np.tile(np.arange(T, dtype=np.int64), (B, 1))  # (B, T)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "dtype": dtype}
+
+
+def cut_rows(outs: Sequence[LayerOut | np.ndarray], seqs: Sequence[Sequence[int]]) -> Rows:
+    """run_layers' outputs on padded(seqs) cut to each row's real positions (1, L, ...), copied (the padded go)."""
     rows: Rows = [[] for _ in seqs]
-    for out in layer_reference.run_layers(cfg, weights.__getitem__, ids, mask, pos, dtype=dtype):
+    for out in outs:
         for r, s in enumerate(seqs):
             n = len(s)
             rows[r].append(out[r:r + 1, :n].copy() if isinstance(out, np.ndarray) else LayerOut(
                 out.index, out.hidden[r:r + 1, :n].copy(), out.key[r:r + 1, :, :n].copy(),
-                out.value[r:r + 1, :, :n].copy()))  # copies: the padded arrays go
+                out.value[r:r + 1, :, :n].copy()))
     return rows
+
+
+def reference(cfg: ModelConfig, weights: Mapping[str, np.ndarray], seqs: Sequence[Sequence[int]],
+              dtype: torch.dtype | None = None) -> Rows:
+    """run_layers (float32, or `dtype`) on the rows' sequences at once (padded), each output cut to each row's
+    real positions."""
+    return cut_rows(list(layer_reference.run_layers(cfg, weights, **padded(seqs, dtype))), seqs)
 
 
 def check(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], tol: Tolerance,
@@ -103,8 +114,10 @@ def check(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[s
     rng = np.random.default_rng(seed)
     chosen = cases(min(cfg.n_ctx, layer_check.CHECK_SPAN)) if which is None else which
     runs = [plan(steps, cfg.vocab_size, rng) for _, steps in chosen]
-    references = [(reference(cfg, weights, run.seqs), reference(cfg, weights, run.seqs, torch.float64))
-                  for run in runs]  # a few MiB a layer at these lengths, the logits (L, V) of each row
+    outs = layer_reference.run_together(cfg, weights, [padded(run.seqs, dtype) for run in runs
+                                                       for dtype in (torch.float32, torch.float64)])
+    references = [(cut_rows(want, run.seqs), cut_rows(exact, run.seqs))  # each layer read once for all
+                  for run, want, exact in zip(runs, outs[::2], outs[1::2], strict=True)]
     cut = layer_check.pieces(graph, taps, cfg, weights, budget)
     try:
         rows = []

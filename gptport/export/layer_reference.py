@@ -10,9 +10,9 @@ same; in float64 they are float64_reference.py's (its weights, mask floor and in
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -98,6 +98,56 @@ def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attent
         head = "wte." if cfg.tie_embeddings else "lm_head."
         logits = finished_logits(_head(x, head, weight, (cfg.vocab_size, cfg.d_model), dtype), cfg)  # (B, T, V)
     yield logits.numpy()
+
+class LayerMemo(Mapping[str, np.ndarray]):
+    """`weights` read through a memo of the layer being read (and of the tensors outside the layers, until a layer
+    is read): runs advanced in step (run_together) read each tensor once between them, and it holds one layer."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.weights, self.held = weights, dict[str, np.ndarray]()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.held:
+            group = _layer_of(name)
+            for other in [n for n in self.held if _layer_of(n) != group and (group or _layer_of(n))]:
+                del self.held[other]  # another layer's (or, reading a layer, what lies outside the layers)
+            self.held[name] = np.asarray(self.weights[name], dtype=np.float32)
+        return self.held[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.weights
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.weights)
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return shape_of(self.weights, name)
+
+    def take(self, name: str, index: np.ndarray) -> np.ndarray:
+        return take(self.weights, name, index)
+
+
+def _layer_of(name: str) -> str:
+    """"h.3." for a tensor of layer 3, "" for one outside the layers."""
+    parts = name.split(".", 2)
+    return f"h.{parts[1]}." if len(parts) > 2 and parts[0] == "h" and parts[1].isdigit() else ""
+
+
+def run_together(cfg: ModelConfig, weights: Mapping[str, np.ndarray], runs: Sequence[Mapping[str, Any]]
+                 ) -> list[list[LayerOut | np.ndarray]]:
+    """run_layers of each of `runs` (its keyword arguments but cfg and weights), advanced in step through one
+    LayerMemo, so that each layer's weights are read and widened once for all of them (a check's cases, in float32
+    and float64); each run's outputs listed (its layers', then its logits)."""
+    memo = LayerMemo(weights)
+    outs: list[list[LayerOut | np.ndarray]] = [[] for _ in runs]
+    for items in zip(*(run_layers(cfg, memo, **kw) for kw in runs), strict=True):
+        for out, item in zip(outs, items, strict=True):
+            out.append(item)
+    return outs
+
 
 def compare_layers(reference: Iterable[LayerOut | np.ndarray], got: Callable[[int], LayerOut],
                    got_logits: np.ndarray, tol: Tolerance, exact: Iterable[LayerOut | np.ndarray] | None = None

@@ -17,7 +17,7 @@ from gptport.config import ModelConfig
 from gptport.errors import ArtifactError, InputError
 from gptport.export import float64_reference
 from gptport.export.float64_reference import float64_copy
-from gptport.export.layer_reference import LayerOut, compare_layers, run_layers
+from gptport.export.layer_reference import LayerOut, compare_layers, run_layers, run_together
 from gptport.export.tolerance import Tolerance
 from gptport.training.checkpoint import write_weights
 from gptport.training.model import GPT
@@ -195,3 +195,27 @@ def test_float64_copy_widens_a_head_rows_at_a_time_to_the_same_logits(tmp_path: 
         got, _ = float64_copy(model)(torch.from_numpy(ids), torch.from_numpy(mask))
     assert got.shape == want.shape and got.dtype == torch.float64
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "llama"])
+def test_runs_together_read_each_tensor_once_and_give_each_runs_numbers(tmp_path: Path, variant: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptport.weights import ModelWeights
+
+    model, weights = tiny(tmp_path, **VARIANTS[variant])
+    ids, mask = inputs()
+    runs = [{"input_ids": ids, "attention_mask": mask}, {"input_ids": ids[:1, 2:], "dtype": torch.float64},
+            {"input_ids": ids[1:], "attention_mask": mask[1:], "last_only": True}]
+    alone = [list(run_layers(model.cfg, weights, **kw)) for kw in runs]
+    stored, read = ModelWeights(tmp_path / "model.safetensors"), list[str]()
+    real = ModelWeights.__getitem__
+    monkeypatch.setattr(ModelWeights, "__getitem__", lambda self, n: read.append(n) or real(self, n))
+    together = run_together(model.cfg, stored, runs)
+    assert len(read) == len(set(read))  # every tensor read once for the three runs
+    for got, want in zip(together, alone, strict=True):
+        for a, b in zip(got, want, strict=True):
+            if isinstance(b, np.ndarray):
+                assert isinstance(a, np.ndarray) and np.array_equal(a, b)
+            else:
+                assert isinstance(a, LayerOut) and all(np.array_equal(getattr(a, f), getattr(b, f))
+                                                       for f in ("hidden", "key", "value"))
