@@ -147,14 +147,17 @@ def check_static(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Ma
 
 def reference_greedy(cfg: ModelConfig, weights: Mapping[str, np.ndarray], prompt: Sequence[int], n: int
                      ) -> tuple[list[int], np.ndarray]:
-    """The reference's greedy continuation of `prompt`: n tokens and the scores each was chosen from (n, V)."""
+    """The reference's greedy continuation of `prompt`: n tokens and the scores each was chosen from (n, V); each
+    step a pass over the model's weights for its one new token, on the keys and values of the steps before."""
     tokens: list[int] = []
     scores = []
+    ids, past = list(prompt), None
     for _ in range(n):
-        *_, logits = layer_reference.run_layers(cfg, weights, np.array([[*prompt, *tokens]]),
-                                                last_only=True)
+        *layers, logits = layer_reference.run_layers(cfg, weights, np.array([ids]), last_only=True, past=past)
+        past = [(out.key, out.value) for out in layers if isinstance(out, layer_reference.LayerOut)]
         scores.append(np.asarray(logits)[0, -1])  # (V,)
         tokens.append(int(scores[-1].argmax()))
+        ids = [tokens[-1]]
     return tokens, np.stack(scores)
 
 

@@ -41,12 +41,15 @@ class LayerOut:
 
 def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
                position_ids: np.ndarray | None = None, dtype: torch.dtype | None = None,
-               last_only: bool = False) -> Iterator[LayerOut | np.ndarray]:
-    """GPT.forward with no past, piece by piece: LayerOut 0 .. n_layer-1, then the logits (B, T, V), or (B, 1, V)
-    with `last_only` (every row's last position, as GPT.forward's). `dtype` float32 (the default) or float64 (the
-    exact reference). Ids, mask (B, T) and positions (B, T) are integer arrays; mask None is all ones, positions
-    None skip the left padding (default_position_ids). Logits in float64 are B*T*V*8 bytes: 64 MiB at T 64 and a
-    vocabulary of 128k, so last_only matters only for long prompts."""
+               last_only: bool = False, past: Sequence[tuple[np.ndarray, np.ndarray]] | None = None
+               ) -> Iterator[LayerOut | np.ndarray]:
+    """GPT.forward piece by piece: LayerOut 0 .. n_layer-1 (each layer's keys and values the present cache, past
+    included), then the logits (B, T, V), or (B, 1, V) with `last_only` (every row's last position, as
+    GPT.forward's). `dtype` float32 (the default) or float64 (the exact reference). Ids and positions (B, T) and
+    mask (B, P+T) are integer arrays; mask None is all ones, positions None skip the left padding
+    (default_position_ids); `past`: each layer's keys and values (B, Hkv, P, hd) of earlier calls (LayerOut's).
+    Logits in float64 are B*T*V*8 bytes: 64 MiB at T 64 and a vocabulary of 128k, so last_only matters only for
+    long prompts."""
     import torch
 
     from gptport.training.layers import make_norm, model_rope, rope_cos_sin, rope_inv_freq
@@ -65,11 +68,12 @@ def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attent
     weight: WeightFn = weights.__getitem__ if isinstance(weights, Mapping) else weights
     ids = torch.from_numpy(np.asarray(input_ids, dtype=np.int64))  # (B, T)
     B, T = ids.shape
-    mask = torch.ones(B, T, dtype=torch.long) if attention_mask is None else torch.from_numpy(
-        np.asarray(attention_mask, dtype=np.int64))  # (B, T)
+    P = past[0][0].shape[2] if past else 0
+    mask = torch.ones(B, P + T, dtype=torch.long) if attention_mask is None else torch.from_numpy(
+        np.asarray(attention_mask, dtype=np.int64))  # (B, P+T)
     pos = default_position_ids(mask, T) if position_ids is None else torch.from_numpy(
         np.asarray(position_ids, dtype=np.int64))  # (B, T)
-    full = additive(attention_mask_4d(mask, T), dtype)  # (B, 1, T, T)
+    full = additive(attention_mask_4d(mask, T), dtype)  # (B, 1, T, P+T)
     window = additive(attention_mask_4d(mask, T, cfg.sliding_window), dtype) if cfg.sliding_window else None
 
     with torch.no_grad():  # never held across a yield: the caller's code between items keeps its grad mode
@@ -88,7 +92,8 @@ def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attent
         with torch.no_grad():
             block = _loaded(lambda: Block(cfg), f"h.{i}.", weight, dtype)
             layer_mask, layer_rope = layer_inputs(cfg, i, (full, window), (rope, local))
-            x, (k, v) = block(x, layer_mask, None, layer_rope)  # (B, T, D); (B, Hkv, T, hd) each
+            held = None if not past else tuple(_tensor(np.asarray(a), dtype) for a in past[i])  # (B, Hkv, P, hd) each
+            x, (k, v) = block(x, layer_mask, held, layer_rope)  # (B, T, D); (B, Hkv, P+T, hd) each
             del block
         yield LayerOut(i, x.numpy(), k.contiguous().numpy(), v.contiguous().numpy())
     with torch.no_grad():

@@ -219,3 +219,21 @@ def test_runs_together_read_each_tensor_once_and_give_each_runs_numbers(tmp_path
             else:
                 assert isinstance(a, LayerOut) and all(np.array_equal(getattr(a, f), getattr(b, f))
                                                        for f in ("hidden", "key", "value"))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=list(VARIANTS))
+def test_a_step_on_the_past_is_the_models_step_on_its_cache(tmp_path: Path, variant: str) -> None:
+    model, weights = tiny(tmp_path, **VARIANTS[variant])
+    ids, mask = inputs()
+    *layers, _ = run_layers(model.cfg, weights, ids, mask)
+    past = [(out.key, out.value) for out in layers]
+    step, full = np.array([[5], [7]]), np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)  # (2, 1), (2, 10)
+    *stepped, logits = run_layers(model.cfg, weights, step, full, past=past)
+    with torch.no_grad():
+        _, cache = model(torch.from_numpy(ids), torch.from_numpy(mask))
+        want, present = model(torch.from_numpy(step), torch.from_numpy(full), past=cache)
+    same(logits, want.numpy())
+    for out, (k, v) in zip(stepped, present, strict=True):
+        assert out.key.shape == (2, model.cfg.n_kv_head, 10, model.cfg.head_dim)
+        same(out.key, k.numpy())
+        same(out.value, v.numpy())
