@@ -39,12 +39,13 @@ class LayerOut:
 
 def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
                position_ids: np.ndarray | None = None, dtype: torch.dtype | None = None,
-               last_only: bool = False) -> Iterator[LayerOut | np.ndarray]:
+               last_only: bool = False, logits: bool = True) -> Iterator[LayerOut | np.ndarray]:
     """GPT.forward with no past, piece by piece: LayerOut 0 .. n_layer-1, then the logits (B, T, V), or (B, 1, V)
     with `last_only` (every row's last position, as GPT.forward's). `dtype` float32 (the default) or float64 (the
     exact reference). Ids, mask (B, T) and positions (B, T) are integer arrays; mask None is all ones, positions
     None skip the left padding (default_position_ids). Logits in float64 are B*T*V*8 bytes: 64 MiB at T 64 and a
-    vocabulary of 128k, so last_only matters only for long prompts."""
+    vocabulary of 128k, so last_only matters only for long prompts. Without `logits`, the final norm's output
+    (B, T, D) comes last instead, for head() to finish a few rows at a time."""
     import torch
 
     from gptport.training.layers import make_norm, model_rope, rope_cos_sin, rope_inv_freq
@@ -92,9 +93,29 @@ def run_layers(cfg: ModelConfig, weight: WeightFn, input_ids: np.ndarray, attent
         x = _loaded(lambda: make_norm(cfg, cfg.d_model), "ln_f.", weight, dtype)(x)  # (B, T, D)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
-        head = "wte." if cfg.tie_embeddings else "lm_head."
-        logits = finished_logits(_head(x, head, weight, (cfg.vocab_size, cfg.d_model), dtype), cfg)  # (B, T, V)
-    yield logits.numpy()
+        if logits:
+            x = finished_logits(_head(x, _head_name(cfg), weight, (cfg.vocab_size, cfg.d_model), dtype), cfg)
+    yield x.numpy()  # (B, T, V), or (B, T, D) without `logits`
+
+
+def head(cfg: ModelConfig, weight: WeightFn) -> Callable[[np.ndarray], np.ndarray]:
+    """The float32 head loaded once: the final norm's output (..., D) -> the logits (..., V), as run_layers' last."""
+    import torch
+
+    from gptport.training.model import finished_logits
+
+    linear = _loaded(lambda: torch.nn.Linear(cfg.d_model, cfg.vocab_size, bias=False), _head_name(cfg), weight,
+                     torch.float32)
+
+    def logits(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return finished_logits(linear(torch.from_numpy(np.ascontiguousarray(x))), cfg).numpy()  # (..., V)
+
+    return logits
+
+
+def _head_name(cfg: ModelConfig) -> str:
+    return "wte." if cfg.tie_embeddings else "lm_head."
 
 def compare_layers(reference: Iterable[LayerOut | np.ndarray], got: Callable[[int], LayerOut],
                    got_logits: np.ndarray, tol: Tolerance, exact: Iterable[LayerOut | np.ndarray] | None = None
