@@ -57,6 +57,22 @@ def test_the_layer_by_layer_gate_gives_validate_gates_numbers(cache: str, tmp_pa
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_a_disk_without_room_for_the_reference_is_refused_before_it_is_written(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import namedtuple
+
+    from gptport.errors import UsageError
+
+    model = random_model(**LLAMA)
+    windows = np.zeros((2, model.cfg.n_ctx), np.int64)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(layer_gate.shutil, "disk_usage", lambda path: usage(1 << 40, 1 << 40, 1000))
+    with pytest.raises(UsageError, match=rf"{tmp_path}: the accuracy gate keeps torch's logits on its 2 windows of 32 "
+                                         r"tokens \(0.0 GiB\), and its disk has 0.0 GiB free"):
+        layer_gate.reference(tmp_path, model.cfg, weights_of(model), windows)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_gated_large_export_passes_and_records_its_gate(trained: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "m"
