@@ -3,7 +3,7 @@ torch model run layer by layer (layer_check.py), never the whole model at once.
 
 - With fp32 asked, the fp32 contract graph itself is checked layer by layer and by greedy decoding, and the
   static-cache graph against the same reference.
-- Without it (int8 / int4 alone, --no-gate), no fp32 graph of the model is written at all: the builder is checked
+- Without it (int8 / int4 alone), no fp32 graph of the model is written at all: the builder is checked
   on a slice of it, the fp32 contract graph of its first SLICE_LAYERS layers with its embeddings, final norm and
   head (every operator and every shape the full graph has, one layer apart), against the reference cut the same
   way.
