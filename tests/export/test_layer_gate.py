@@ -115,6 +115,6 @@ def test_a_broken_variant_fails_the_gate_and_is_not_written(trained: Path, tmp_p
     assert report.gates and not any(g.ok for g in report.gates)
     assert {g.precision for g in report.gates} == {"int8"}  # the static twin is not made from a failed contract
     assert "int8" not in report.schemes
-    assert sorted(p.name for p in out.glob("*.onnx")) == ["model.onnx", "model.static.onnx"]
+    assert sorted(p.name for p in out.glob("*.onnx")) == ["model.append.onnx", "model.onnx", "model.static.onnx"]
     assert not list(out.glob("*.int8.*")) and not leftovers(out)
 
