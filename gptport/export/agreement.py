@@ -15,6 +15,7 @@ import numpy as np
 
 TIE_NATS = 0.02  # the reference prefers its own pick by less than this: either token is its answer
 TOP_K = 8  # reference logits kept per position where the whole row cannot be (kv_quant's decode)
+KL_ROWS = 64  # positions whose KL the variants' gates compute at once (each temporary is (rows, V))
 
 
 def agrees(want: np.ndarray, picks: np.ndarray) -> np.ndarray:
@@ -38,3 +39,20 @@ def agrees_top_k(vals: np.ndarray, ids: np.ndarray, picks: np.ndarray) -> np.nda
     hit = ids == picks[..., None]  # (..., k)
     chosen = np.where(hit, vals, -np.inf).max(-1)
     return vals[..., 0] - chosen <= TIE_NATS
+
+
+def score(want: np.ndarray, got: np.ndarray) -> tuple[int, float]:
+    """(T, V) reference and variant logits of one window -> (positions whose pick agrees(), the sum of
+    KL(reference || variant) over them), KL_ROWS positions at a time: what the variants' gates add up."""
+    agree = int(agrees(want, got.argmax(-1)).sum())
+    kl = 0.0
+    for lo in range(0, len(want), KL_ROWS):
+        log_p, log_q = log_softmax(want[lo:lo + KL_ROWS]), log_softmax(got[lo:lo + KL_ROWS])
+        kl += float((np.exp(log_p) * (log_p - log_q)).sum())
+    return agree, kl
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """(..., V) logits -> their log-probabilities."""
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))

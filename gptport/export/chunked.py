@@ -8,7 +8,7 @@ here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +83,28 @@ class Chunked:
                 out[c] = (got.get(contract.LOGITS, logits), hidden + [got[t] for t in self.taps[a:b]], present + cache)
             del session  # its weights go before the next piece's come
         return out
+
+    def each(self, calls: Sequence[Mapping[str, np.ndarray]], past: Sequence[np.ndarray]
+             ) -> Iterator[tuple[int, np.ndarray]]:
+        """Independent calls of the whole graph, each from the same `past` (each layer's key and value), every piece
+        opened once for all of them and asked only for the residual stream it hands on -> (call, its logits) as the
+        head's piece makes them. Only each call's residual stream is kept between pieces (the gate's windows)."""
+        import onnxruntime as ort
+
+        hidden: list[np.ndarray] = [np.zeros(0, np.float32) for _ in calls]  # (B, T, D) each, after the last piece
+        for path, (a, b) in self.pieces:
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            names = {i.name for i in session.get_inputs()}
+            want = contract.LOGITS if a == b else self.taps[b - 1]
+            for c, feeds in enumerate(calls):
+                given = {**feeds, **({self.taps[a - 1]: hidden[c]} if a else {}),
+                         **dict(zip(self.pasts[2 * a:2 * b], past[2 * a:2 * b], strict=True))}
+                [got] = session.run([want], {k: v for k, v in given.items() if k in names})
+                if a == b:
+                    yield c, got
+                else:
+                    hidden[c] = got
+            del session  # its weights go before the next piece's come
 
     def close(self) -> None:
         for path, _ in self.pieces:

@@ -17,6 +17,7 @@ from gptport.export import (
     gqa_graph,
     graph_write,
     layer_check,
+    layer_gate,
     scatter_graph,
     validate,
     variants,
@@ -77,6 +78,7 @@ class Job:
     checked: list[layer_check.Case] = field(default_factory=list)  # the layer-by-layer check's cases, with logits
     chosen: tuple[list[int], np.ndarray] | None = None  # the reference's greedy tokens (layer_check.reference_greedy)
     written: dict[tuple[str, NBits | None], Written] = field(default_factory=dict)  # the contract graphs' data
+    gate_reference: layer_gate.Reference | None = None  # torch's logits on `windows`, made layer by layer once
 
     def weights_bytes(self) -> int:
         """Bytes of the weights in float32 (a tied head once)."""
@@ -118,6 +120,14 @@ class Job:
             self.say("measuring the activations' channel ranges for smoothing (every other gate window)")
             self.ranges = calibration.activation_ranges(self.model, self.windows[::2])
         return self.ranges
+
+    def reference(self) -> layer_gate.Reference:
+        """torch's logits on the gate's windows for a model checked layer by layer, made on first use."""
+        if self.gate_reference is None:
+            assert self.windows is not None
+            self.say(f"torch's logits on the gate's {len(self.windows)} windows, layer by layer")
+            self.gate_reference = layer_gate.reference(self.model_dir, self.card.model, self.weights, self.windows)
+        return self.gate_reference
 
     def exact(self) -> StepFn:
         """The float64 reference every parity check measures torch's rounding against, made on first use."""

@@ -101,12 +101,13 @@ def export(
         raise UsageError("--kv-dtype int8: no int8-cache graph yet for partial rotary, LongRoPE or layers without "
                          "rope (rotated outside GroupQueryAttention)")
     if job.model is None:
-        streamed_steps.refuse_options(job, precisions, gate, kv_dtype, ort_level)
+        gated = gate and any(p != "fp32" for p in precisions)
+        streamed_steps.refuse_options(job, gated and sampled_text and heldout is None, kv_dtype, ort_level)
         streamed_steps.check_memory(job)
     else:  # the variants of a model held in torch are checked against fp32's (and some made from its graph)
         precisions = ["fp32", *(p for p in precisions if p != "fp32")]
     _plan(job, precisions, static, force, kv_dtype)
-    if gate and (len(precisions) > 1 or kv_dtype == "int8"):
+    if gate and (any(p != "fp32" for p in precisions) or kv_dtype == "int8"):
         _gate_text(job, heldout, sampled_text)
     try:
         with hugepages.checks_only():  # the checks' sessions run a few steps each: not on huge pages
@@ -130,7 +131,7 @@ def export(
                     variant_steps.variant(job, g, variants.LADDER.get(g.precision, ("",)))
             if static_graphs:
                 variant_steps.static_variants(job)
-            if job.model is None:
+            if job.model is None and job.windows is None:  # --no-gate: not gated, but run
                 streamed_steps.decodes(job)
             if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
                 variant_steps.kv8_graphs(job)
@@ -140,6 +141,8 @@ def export(
             job.report.removed.update(remove_stale(model_dir, job.sources, set(job.report.files.values())))
             _side_files(job)
     finally:
+        if job.gate_reference is not None:
+            job.gate_reference.close()
         for p in model_dir.glob(".model*.tmp-*"):
             p.unlink(missing_ok=True)
     return job.report
@@ -225,7 +228,7 @@ def _check_disk(job: Job) -> None:
 
 def _gate_text(job: Job, heldout: Path | None, sampled_text: bool) -> None:
     """The held-out text the variants' gate scores (validate.heldout), before anything is written."""
-    text = validate.heldout(job.model_dir, job.model, job.tok, heldout, sampled_text)
+    text = validate.heldout(job.model_dir, job.model, job.tok, heldout, sampled_text, cfg=job.card.model)
     job.report.heldout, job.report.sampled = text.source, text.sampled
     job.windows = text.windows
 

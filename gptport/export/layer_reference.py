@@ -41,15 +41,16 @@ class LayerOut:
 
 def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
                position_ids: np.ndarray | None = None, dtype: torch.dtype | None = None,
-               last_only: bool = False, past: Sequence[tuple[np.ndarray, np.ndarray]] | None = None
-               ) -> Iterator[LayerOut | np.ndarray]:
+               last_only: bool = False, past: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+               logits: bool = True) -> Iterator[LayerOut | np.ndarray]:
     """GPT.forward piece by piece: LayerOut 0 .. n_layer-1 (each layer's keys and values the present cache, past
     included), then the logits (B, T, V), or (B, 1, V) with `last_only` (every row's last position, as
     GPT.forward's). `dtype` float32 (the default) or float64 (the exact reference). Ids and positions (B, T) and
     mask (B, P+T) are integer arrays; mask None is all ones, positions None skip the left padding
     (default_position_ids); `past`: each layer's keys and values (B, Hkv, P, hd) of earlier calls (LayerOut's).
     Logits in float64 are B*T*V*8 bytes: 64 MiB at T 64 and a vocabulary of 128k, so last_only matters only for
-    long prompts."""
+    long prompts. Without `logits`, the final norm's output (B, T, D) comes last instead, for head() to finish a
+    few rows at a time."""
     import torch
 
     from gptport.training.layers import make_norm, model_rope, rope_cos_sin, rope_inv_freq
@@ -100,9 +101,30 @@ def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attent
         x = _loaded(lambda: make_norm(cfg, cfg.d_model), "ln_f.", weight, dtype)(x)  # (B, T, D)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
-        head = "wte." if cfg.tie_embeddings else "lm_head."
-        logits = finished_logits(_head(x, head, weight, (cfg.vocab_size, cfg.d_model), dtype), cfg)  # (B, T, V)
-    yield logits.numpy()
+        if logits:
+            x = finished_logits(_head(x, _head_name(cfg), weight, (cfg.vocab_size, cfg.d_model), dtype), cfg)
+    yield x.numpy()  # (B, T, V), or (B, T, D) without `logits`
+
+
+def head(cfg: ModelConfig, weight: WeightFn) -> Callable[[np.ndarray], np.ndarray]:
+    """The float32 head loaded once: the final norm's output (..., D) -> the logits (..., V), as run_layers' last."""
+    import torch
+
+    from gptport.training.model import finished_logits
+
+    linear = _loaded(lambda: torch.nn.Linear(cfg.d_model, cfg.vocab_size, bias=False), _head_name(cfg), weight,
+                     torch.float32)
+
+    def logits(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return finished_logits(linear(torch.from_numpy(np.ascontiguousarray(x))), cfg).numpy()  # (..., V)
+
+    return logits
+
+
+def _head_name(cfg: ModelConfig) -> str:
+    return "wte." if cfg.tie_embeddings else "lm_head."
+
 
 class LayerMemo(Mapping[str, np.ndarray]):
     """`weights` read through a memo of the layer being read (and of the tensors outside the layers, until a layer

@@ -3,18 +3,17 @@ torch model run layer by layer (layer_check.py), never the whole model at once.
 
 - With fp32 asked, the fp32 contract graph itself is checked layer by layer and by greedy decoding, and the
   static-cache graph against the same reference.
-- Without it (int8 / int4 alone, --no-gate), no fp32 graph of the model is written at all: the builder is checked
+- Without it (int8 / int4 alone), no fp32 graph of the model is written at all: the builder is checked
   on a slice of it, the fp32 contract graph of its first SLICE_LAYERS layers with its embeddings, final norm and
   head (every operator and every shape the full graph has, one layer apart), against the reference cut the same
   way.
-Each quantized graph (--no-gate: it is built by the checked code, not gated) then runs in pieces through a prompt
-and a few steps on its own cache (decodes()).
+The variants are gated layer by layer (layer_gate.py); with --no-gate each quantized graph (built by the checked
+code) instead runs in pieces through a prompt and a few steps on its own cache (decodes()).
 The multi-row append graph is checked layer by layer too (append_layers.py). What needs the whole torch model (the
-variants' accuracy gate, the int8 cache's calibration, .ort checks) is refused with its reason."""
+gate's text sampled from it, the int8 cache's calibration, .ort checks) is refused with its reason."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,13 +31,14 @@ RUNTIME_BYTES = 2**29  # torch's and onnxruntime's own, imported
 DECODE_TOKENS = 4  # steps each quantized graph decodes on its own cache
 
 
-def refuse_options(job: Job, precisions: Sequence[str], gate: bool, kv_dtype: str, ort_level: str | None) -> None:
-    """What a model checked layer by layer cannot have, refused before anything is written: the variants' accuracy
-    gate, the int8 cache's and the .ort files' checks run the whole torch model."""
+def refuse_options(job: Job, sampled_text: bool, kv_dtype: str, ort_level: str | None) -> None:
+    """What a model checked layer by layer cannot have, refused before anything is written: the gate's text sampled
+    from the model, the int8 cache's and the .ort files' checks run the whole torch model (the variants' gate itself
+    runs layer by layer: layer_gate.py)."""
     size = f"{job.model_dir}: {job.weights_bytes() / 2**30:.1f} GiB of float32 weights"
-    if gate and [p for p in precisions if p != "fp32"]:
-        raise UsageError(f"{size}; the variants' accuracy gate runs the whole torch model: pass --no-gate to write "
-                         "them unchecked (their graphs are still checked layer by layer)")
+    if sampled_text:
+        raise UsageError(f"{size}; --gate-on-sampled-text samples the whole torch model: pass --heldout FILE (or "
+                         "--no-gate)")
     if kv_dtype == "int8":
         raise UsageError(f"{size}; --kv-dtype int8 calibrates on the whole torch model: not at this size")
     if ort_level is not None:

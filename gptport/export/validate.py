@@ -21,7 +21,7 @@ import torch
 from gptport import specials
 from gptport.config import ModelConfig
 from gptport.errors import InputError, UsageError, ValidationError
-from gptport.export.agreement import agrees
+from gptport.export.agreement import score
 from gptport.export.float64_reference import exact_step as exact_step  # re-exported: checks name validate
 from gptport.export.float64_reference import float64_copy as float64_copy
 from gptport.export.tolerance import Check, Tolerance, cache_quantities, compare, merge, worst
@@ -45,7 +45,6 @@ SAMPLED = "the model's own samples"  # Heldout.source when the gate scored them
 MIN_HELDOUT_TOKENS = 64  # fewer held-out tokens than this make no gate (one miss in 50 is 98%)
 PARITY_SPAN = 256  # the longest sequence (and past) of a parity case
 GATE_WINDOW = 512  # the longest held-out window the gate scores at once
-KL_ROWS = 64  # positions whose KL the gate computes at once
 
 
 @dataclass(frozen=True)
@@ -302,12 +301,16 @@ class Heldout:
     sampled: bool = False
 
 
-def heldout(model_dir: Path, model: GPT, tok: BPETokenizer, path: Path | None = None, sampled: bool = False,
-            count: int = 8) -> Heldout:
+def heldout(model_dir: Path, model: GPT | None, tok: BPETokenizer, path: Path | None = None, sampled: bool = False,
+            count: int = 8, cfg: ModelConfig | None = None) -> Heldout:
     """The gate's held-out text: the file `path` (tokenized) when given, else the validation shard
     data/val.bin, else, only when `sampled` is allowed, text the model samples itself. Without any of
-    them it refuses (a model from import-hf has no validation shard): no silent substitute."""
-    n = model.cfg.n_ctx
+    them it refuses (a model from import-hf has no validation shard): no silent substitute. `model` None (a
+    model checked layer by layer, whose config is `cfg`) cannot sample."""
+    if cfg is None:
+        assert model is not None
+        cfg = model.cfg
+    n = cfg.n_ctx
     if path is not None:
         ids = np.asarray(tok.encode(_read_text(path)), dtype=np.int64)
         if len(ids) < MIN_HELDOUT_TOKENS:
@@ -316,16 +319,16 @@ def heldout(model_dir: Path, model: GPT, tok: BPETokenizer, path: Path | None = 
         return Heldout(_windows(ids, n, count), str(path))
     val = model_dir / DATA_DIR / VAL_SHARD
     if val.is_file():
-        arr = read_shard(val, token_dtype(model.cfg.vocab_size), model.cfg.vocab_size)
+        arr = read_shard(val, token_dtype(cfg.vocab_size), cfg.vocab_size)
         if len(arr) >= MIN_HELDOUT_TOKENS:
             return Heldout(_windows(arr, n, count), f"{DATA_DIR}/{VAL_SHARD}")
         why = f"{val} holds {len(arr)} tokens, fewer than the {MIN_HELDOUT_TOKENS} the gate needs"
     else:
         why = f"{val} is missing (a model from import-hf has none)"
-    if not sampled:
+    if not sampled or model is None:
+        own = "--gate-on-sampled-text (score the model's own samples), " if model is not None else ""
         raise UsageError(f"no held-out text for the variants' accuracy gate: {why}; pass --heldout FILE (text the "
-                         "model was not trained on), --gate-on-sampled-text (score the model's own samples), "
-                         "or --no-gate (write the variants unchecked)")
+                         f"model was not trained on), {own}or --no-gate (write the variants unchecked)")
     return Heldout(sampled_windows(model, count), SAMPLED, sampled=True)
 
 
@@ -375,18 +378,10 @@ def gate(model: GPT, variant: OnnxModel, windows: np.ndarray, precision: str) ->
             want = model(torch.from_numpy(ids))[0].float().numpy()[0]  # (T, V)
         past = variant.empty_past(1)
         got = step(ids, mask, positions(mask), past)[0].astype(np.float32)[0]  # (T, V)
-        agree += int(agrees(want, got.argmax(-1)).sum())
-        for lo in range(0, len(row), KL_ROWS):  # a few rows at a time: each temporary is (rows, V)
-            log_p, log_q = _log_softmax(want[lo:lo + KL_ROWS]), _log_softmax(got[lo:lo + KL_ROWS])
-            kl += float((np.exp(log_p) * (log_p - log_q)).sum())
-        total += len(row)
+        hits, div = score(want, got)
+        agree, kl, total = agree + hits, kl + div, total + len(row)
     top1 = agree / total
     return GateRow(precision, top1, kl / total, total, top1 >= GATE_TOP1)
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def _host(value: ort.OrtValue) -> np.ndarray:

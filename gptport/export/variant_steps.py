@@ -10,9 +10,10 @@ from pathlib import Path
 
 from gptport import atomic, contract
 from gptport import tokenizer as bpe
-from gptport.export import kv_quant, validate, variants
+from gptport.export import kv_quant, layer_gate, validate, variants
 from gptport.export.export_job import Graph, Job
 from gptport.export.graph_files import metadata, set_metadata
+from gptport.export.tensor_sink import data_name
 from gptport.runtime.onnx_engine import load_cpu
 
 
@@ -72,13 +73,24 @@ def variant(job: Job, graph: Graph, schemes: Sequence[str], source: Path | None 
         if not _made(job, graph, fp32, tmp, scheme):
             continue
         set_metadata(tmp, metadata(card, graph.precision, graph.cache, job.sources, gate_text=report.heldout))
-        gate = replace(validate.gate(job.model, load_cpu(tmp), job.windows, graph.label), scheme=scheme)
+        gate = replace(_gate(job, graph, tmp), scheme=scheme)
         report.gates.append(gate)
         if gate.ok:
             report.schemes[graph.label] = scheme
             job.passed[graph] = tmp
             return
     tmp.unlink(missing_ok=True)
+    tmp.with_name(data_name(tmp)).unlink(missing_ok=True)
+
+
+def _gate(job: Job, graph: Graph, tmp: Path) -> validate.GateRow:
+    """The gate's row of the variant at `tmp`: against the torch model held whole (validate.gate), or, for a model
+    checked layer by layer, against its logits made layer by layer, the variant run in pieces (layer_gate.py)."""
+    assert job.windows is not None
+    if job.model is not None:
+        return validate.gate(job.model, load_cpu(tmp), job.windows, graph.label)
+    return layer_gate.gate(job.reference(), tmp, job.taps[f"{graph.precision} {graph.cache}"], job.card.model,
+                           job.weights, graph.cache == contract.CACHE_STATIC, graph.label)
 
 
 def _made(job: Job, graph: Graph, fp32: Path | None, tmp: Path, scheme: str) -> bool:

@@ -34,10 +34,10 @@ def streamed(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corp
     try:
         r = gptport("export", str(out), "--precision", "fp32,int8,int4", "--no-gate")
         assert r.returncode == 0, r.stderr
-        refused = gptport("export", str(out), "--precision", "fp32,int8", "--force")
+        refused = gptport("export", str(out), "--precision", "fp32,int8", "--force", "--gate-on-sampled-text")
     finally:
         mp.undo()
-    assert_one_line_error(refused, 2, "--no-gate", "checked layer by layer")
+    assert_one_line_error(refused, 2, "--gate-on-sampled-text samples the whole torch model", "--heldout")
     return out
 
 
