@@ -56,12 +56,11 @@ def reference(model_dir: Path, cfg: ModelConfig, weights: Mapping[str, np.ndarra
     if need > free:
         raise UsageError(f"{model_dir}: the accuracy gate keeps torch's logits on its {N} windows of {T} tokens "
                          f"({need / 2**30:.1f} GiB), and its disk has {free / 2**30:.1f} GiB free")
-    weight = weights.__getitem__
     normed = np.zeros(0, np.float32)
-    for out in layer_reference.run_layers(cfg, weight, windows, logits=False):  # one layer at a time
+    for out in layer_reference.run_layers(cfg, weights, windows, logits=False):  # one layer at a time
         if isinstance(out, np.ndarray):
             normed = out  # (N, T, D): the final norm's output
-    head = layer_reference.head(cfg, weight)
+    head = layer_reference.head(cfg, weights.__getitem__)
     made = Reference(atomic.temp_name(model_dir / REFERENCE_NAME), windows, cfg.vocab_size)
     try:
         with open(made.path, "wb") as f:
