@@ -91,14 +91,14 @@ def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attent
                 local = rope_cos_sin(pos, rope_inv_freq(cfg, local=True).to(dtype), x.dtype)  # (B, T, hd) each
     for i in range(cfg.n_layer):
         with torch.no_grad():
-            block = _loaded(lambda: Block(cfg), f"h.{i}.", weight, dtype)
+            block = _module(weights, lambda: Block(cfg), f"h.{i}.", weight, dtype)
             layer_mask, layer_rope = layer_inputs(cfg, i, (full, window), (rope, local))
             held = None if not past else tuple(_tensor(np.asarray(a), dtype) for a in past[i])  # (B, Hkv, P, hd) each
             x, (k, v) = block(x, layer_mask, held, layer_rope)  # (B, T, D); (B, Hkv, P+T, hd) each
             del block
         yield LayerOut(i, x.numpy(), k.contiguous().numpy(), v.contiguous().numpy())
     with torch.no_grad():
-        x = _loaded(lambda: make_norm(cfg, cfg.d_model), "ln_f.", weight, dtype)(x)  # (B, T, D)
+        x = _module(weights, lambda: make_norm(cfg, cfg.d_model), "ln_f.", weight, dtype)(x)  # (B, T, D)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
         if logits:
@@ -132,14 +132,27 @@ class LayerMemo(Mapping[str, np.ndarray]):
 
     def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
         self.weights, self.held = weights, dict[str, np.ndarray]()
+        self.modules: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.held:
-            group = _layer_of(name)
-            for other in [n for n in self.held if _layer_of(n) != group and (group or _layer_of(n))]:
-                del self.held[other]  # another layer's (or, reading a layer, what lies outside the layers)
+            self._drop(_layer_of(name))
             self.held[name] = np.asarray(self.weights[name], dtype=np.float32)
         return self.held[name]
+
+    def module(self, prefix: str, dtype: torch.dtype, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """The module of `prefix` in `dtype`, built once for every run in step (eval mode: it holds no state)."""
+        if (prefix, dtype) not in self.modules:
+            self._drop(_layer_of(prefix + "x"))
+            self.modules[prefix, dtype] = build()
+        return self.modules[prefix, dtype]
+
+    def _drop(self, group: str) -> None:
+        """What another layer holds (or, reading a layer, what lies outside the layers)."""
+        for name in [n for n in self.held if _layer_of(n) != group and (group or _layer_of(n))]:
+            del self.held[name]
+        for key in [k for k in self.modules if _layer_of(k[0] + "x") != group and (group or _layer_of(k[0] + "x"))]:
+            del self.modules[key]
 
     def __contains__(self, name: object) -> bool:
         return name in self.weights
@@ -155,6 +168,14 @@ class LayerMemo(Mapping[str, np.ndarray]):
 
     def take(self, name: str, index: np.ndarray) -> np.ndarray:
         return take(self.weights, name, index)
+
+
+def _module(weights: Weights, make: Callable[[], torch.nn.Module], prefix: str, weight: WeightFn,
+            dtype: torch.dtype) -> torch.nn.Module:
+    """_loaded's module, once for all the runs in step where `weights` is a LayerMemo."""
+    if isinstance(weights, LayerMemo):
+        return weights.module(prefix, dtype, lambda: _loaded(make, prefix, weight, dtype))
+    return _loaded(make, prefix, weight, dtype)
 
 
 def _layer_of(name: str) -> str:
