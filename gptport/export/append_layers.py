@@ -114,10 +114,14 @@ def check(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[s
     rng = np.random.default_rng(seed)
     chosen = cases(min(cfg.n_ctx, layer_check.CHECK_SPAN)) if which is None else which
     runs = [plan(steps, cfg.vocab_size, rng) for _, steps in chosen]
-    outs = layer_reference.run_together(cfg, weights, [padded(run.seqs, dtype) for run in runs
-                                                       for dtype in (torch.float32, torch.float64)])
-    references = [(cut_rows(want, run.seqs), cut_rows(exact, run.seqs))  # each layer read once for all
-                  for run, want, exact in zip(runs, outs[::2], outs[1::2], strict=True)]
+    seqs = [seq for run in runs for seq in run.seqs]  # each row alone: no padding to compute
+    outs = iter(layer_reference.run_together(cfg, weights, [padded([seq], dtype) for seq in seqs
+                                                            for dtype in (torch.float32, torch.float64)]))
+    rows = [(next(outs), next(outs)) for _ in seqs]  # each layer read once for every row and both float types
+    references = []
+    for run in runs:
+        mine, rows = rows[:len(run.seqs)], rows[len(run.seqs):]
+        references.append(([want for want, _ in mine], [exact for _, exact in mine]))
     cut = layer_check.pieces(graph, taps, cfg, weights, budget)
     try:
         rows = []
