@@ -45,8 +45,10 @@ def export_web(
         bundle = run(model_dir, out, force, runtime_dir, say=status.update, precision=precision)
     m = bundle.manifest
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    graph_bytes = sum(m["files"][name]["bytes"] for name in [m["graph"], *m.get("external_data", [])])
+    outside = " with its external data" if m.get("external_data") else ""
     err.print(f"wrote {out}: {len(bundle.files)} files, {human_bytes(bundle.total_bytes)} ({versions}); the "
-              f"{m['precision']} graph ({m['source_graph']}, {human_bytes(m['files'][m['graph']]['bytes'])}, "
+              f"{m['precision']} graph ({m['source_graph']}{outside}, {human_bytes(graph_bytes)}, "
               f"gated); {len(m['reference'])} reference prompts for the page's self-check")
     if not serve:
         err.print(f"next: gptport export-web {model_dir} --out {out} --force --serve, or any static file server")

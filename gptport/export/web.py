@@ -4,7 +4,8 @@ web_graph.py), the tokenizer, onnxruntime-web and tokenizers.js (from the npm pa
 webpage/package-lock.json, fetched once into a cache by `npm ci`), and a manifest with every file's sha256,
 the graph it ships and reference greedy tokens that the page checks itself against. The layout is
 transformers.js's: config.json, onnx/model.onnx (fp32), model_quantized.onnx (int8) or model_q4.onnx (int4)
-with the batch dimension `batch_size`. No torch: the graph and the reference tokens come from the runtime."""
+with the batch dimension `batch_size`, and a large model's weights in external data beside the graph
+(model.onnx_data: web_graph.py). No torch: the graph and the reference tokens come from the runtime."""
 
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Pat
         for name in PAGE_FILES:
             text = (ASSETS / name).read_text(encoding="utf-8")
             (stage / name).write_text(styled(text) if name.endswith(".html") else text, encoding="utf-8")
-        nbits = web_graph.write(graph, stage / GRAPHS[precision])
+        nbits, data = web_graph.write(graph, stage / GRAPHS[precision])
         say(f"greedy reference tokens of {GRAPHS[precision]} (onnxruntime, cpu)")
         references, engine = web_graph.reference_tokens(stage / GRAPHS[precision], tok)
         cfg = engine.config
@@ -184,6 +185,8 @@ def export_web(model_dir: Path, out: Path, force: bool = False, runtime_dir: Pat
             "graph": GRAPHS[precision], "precision": precision, "gated": True, "source_graph": graph.name,
             # a variant's quantized MatMuls, set to float compute (web_graph.py says why)
             **({"matmulnbits": {"nodes": nbits, "accuracy_level": web_graph.FLOAT_COMPUTE}} if nbits else {}),
+            # the graph's external data (a model past 1 GiB), passed to onnxruntime-web's externalData by the page
+            **({"external_data": [data.relative_to(stage).as_posix()]} if data is not None else {}),
             "source_graph_sha256": file_digest(graph), "tokenizer_sha256": tok.sha256,
             "config": page_config(cfg, tok), "versions": package_versions(modules), "reference": references,
             "files": {name: {"bytes": size, "sha256": file_digest(stage / name)} for name, size in files.items()},

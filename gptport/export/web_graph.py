@@ -4,7 +4,10 @@ weights, which onnxruntime-web's wasm and WebGPU builds run). Its batch dimensio
 and a variant's MatMulNBits are set to float compute (accuracy_level 0): onnxruntime-web's wasm build has no
 int8-compute kernel and computes them in float whatever the attribute says, so with it set the reference tokens,
 computed here on onnxruntime's CPU provider, are those of the arithmetic the browser does. The weights are the
-gated ones; float activations are the more exact side of the gate's int8 compute. No torch here."""
+gated ones; float activations are the more exact side of the gate's int8 compute. A graph whose weights lie in
+external data (a model past graph_write.external's size) ships them the same way, its data file copied beside it
+as transformers.js names it (`model.onnx_data`), never loaded: the page passes it to onnxruntime-web's
+`externalData`. No torch here."""
 
 from __future__ import annotations
 
@@ -13,14 +16,15 @@ from typing import Any
 
 from gptport import contract, provenance, specials
 from gptport import tokenizer as bpe
-from gptport.errors import ArtifactError, UsageError
-from gptport.runtime import onnx_engine
+from gptport.errors import ArtifactError, UsageError, escaped
+from gptport.runtime import external_data, onnx_engine
 
 # Where transformers.js looks for the decoder of its dtypes fp32, q8 and q4.
 GRAPHS = {"fp32": "onnx/model.onnx", "int8": "onnx/model_quantized.onnx", "int4": "onnx/model_q4.onnx"}
 PRECISIONS = ("auto", *GRAPHS)
 AUTO_FP32_BYTES = 100 * 2**20  # auto ships the fp32 graph up to this size, else a gated variant
 WEB_BATCH = "batch_size"  # transformers.js sizes its empty cache by a dimension of this name
+DATA_SUFFIX = "_data"  # a shipped graph's external data: onnx/model.onnx_data, transformers.js's name for it
 FLOAT_COMPUTE = 0  # MatMulNBits' accuracy_level: activations in float, as onnxruntime-web computes them
 REFERENCE_PROMPTS = ("To be or not", "The ", "")  # "": the begin token alone (else <|endoftext|>)
 REFERENCE_TOKENS = 32
@@ -43,16 +47,17 @@ def choose(model_dir: Path, precision: str) -> tuple[str, Path, dict[str, str]]:
     if not fp32.is_file():
         raise ArtifactError(f"{fp32}: missing; run `gptport export {model_dir}` first")
     if precision == "auto":
-        if fp32.stat().st_size <= AUTO_FP32_BYTES:
+        if graph_bytes(fp32) <= AUTO_FP32_BYTES:
             return "fp32", fp32, onnx_engine.file_metadata(fp32)
         for candidate in ("int8", "int4"):
             path = model_dir / contract.onnx_file(candidate, contract.CACHE_CONCAT)
             meta = onnx_engine.file_metadata(path) if path.is_file() else {}
             if gated(meta):
                 return candidate, path, meta
-        raise UsageError(f"{fp32}: {fp32.stat().st_size / 2**20:.0f} MiB of fp32 is too much for a browser bundle "
+        raise UsageError(f"{fp32}: {graph_bytes(fp32) / 2**20:.0f} MiB of fp32 is too much for a browser bundle "
                          f"and {model_dir} has no gated int8 or int4 variant: run `gptport export {model_dir} "
-                         "--precision fp32,int8` (its accuracy gate checks it), or pass --precision fp32")
+                         "--precision fp32,int8` (its accuracy gate checks it; a model past 1 GiB gets no gated "
+                         "variant), or pass --precision fp32")
     path = model_dir / contract.onnx_file(precision, contract.CACHE_CONCAT)
     if not path.is_file():
         raise UsageError(f"--precision {precision}: {model_dir} has no {path.name}; run `gptport export {model_dir} "
@@ -77,12 +82,45 @@ def checked_tokenizer(model_dir: Path, graph: Path, meta: dict[str, str]) -> bpe
     return tok
 
 
-def write(src: Path, dst: Path) -> int:
+def graph_bytes(path: Path) -> int:
+    """Bytes of the graph at `path` with its external data file, if it has one."""
+    data = data_file(path)
+    return path.stat().st_size + (data.stat().st_size if data is not None else 0)
+
+
+def data_file(src: Path) -> Path | None:
+    """The one external data file the graph at `src` reads (None: its weights are inline); refused in one line
+    when its tensors name more than one file, or one that is missing or lies outside its directory."""
+    external_data.check(src)
+    names = sorted({location for _, location in external_data.locations(src)})
+    if not names:
+        return None
+    if len(names) > 1:
+        raise ArtifactError(f"{src}: its external data lies in {len(names)} files ({escaped(', '.join(names))}); "
+                            "export-web ships a graph with one")
+    data = src.parent / names[0]
+    if not data.is_file():
+        raise ArtifactError(f"{src}: its external data file {escaped(names[0])} is missing; export again")
+    return data
+
+
+def write(src: Path, dst: Path) -> tuple[int, Path | None]:
     """The graph at `src` written to `dst` with its batch dimension named WEB_BATCH and its MatMulNBits set to
-    float compute; nothing else changes. Returns how many MatMulNBits were set."""
+    float compute; nothing else changes. A graph with external data is read without it, its data file copied
+    (bytes and offsets as they are) to `dst` + DATA_SUFFIX, which its tensors then name. Returns how many
+    MatMulNBits were set, and the data file written (None: the weights are inline)."""
+    import shutil
+
     import onnx
 
-    model = onnx.load(str(src))
+    data = data_file(src)
+    model = onnx.load(str(src), load_external_data=False)
+    shipped = dst.with_name(dst.name + DATA_SUFFIX) if data is not None else None
+    if shipped is not None:
+        for init in model.graph.initializer:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = shipped.name
     for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param == contract.BATCH:
@@ -93,8 +131,10 @@ def write(src: Path, dst: Path) -> int:
         del node.attribute[:]
         node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", FLOAT_COMPUTE)])
     dst.parent.mkdir(parents=True, exist_ok=True)
+    if data is not None and shipped is not None:
+        shutil.copyfile(data, shipped)
     onnx.save(model, str(dst))
-    return len(nbits)
+    return len(nbits), shipped
 
 
 def reference_tokens(graph: Path, tok: bpe.BPETokenizer) -> tuple[list[dict[str, Any]], onnx_engine.OnnxModel]:

@@ -13,7 +13,8 @@ from typing import Any
 from gptport.errors import InputError, UsageError
 
 TYPES = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
-         ".json": "application/json", ".onnx": "application/octet-stream", ".html": "text/html; charset=utf-8"}
+         ".json": "application/json", ".onnx": "application/octet-stream",
+         ".onnx_data": "application/octet-stream", ".html": "text/html; charset=utf-8"}
 ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp",
              "Cross-Origin-Resource-Policy": "same-origin"}
 

@@ -40,6 +40,11 @@ export async function load({ device = "wasm", threads = 0, base = HERE } = {}) {
   if (device === "webgpu") {  // the cache stays on the GPU between steps; only the logits come back
     options.preferredOutputLocation = Object.fromEntries(presents.map((n) => [n, "gpu-buffer"]));
   }
+  // A large model's weights lie beside its graph (manifest.external_data): each file fetched by onnxruntime-web
+  // under the name the graph's tensors give it (its file name: they lie in the graph's folder).
+  options.externalData = (manifest.external_data || []).map((f) => ({
+    data: new URL(f, base).href, path: f.split("/").pop(),
+  }));
   const session = await ort.InferenceSession.create(new URL(manifest.graph, base).href, options);
   return new Model(ort, session, tokenizer, manifest, device, ort.env.wasm.numThreads);
 }
