@@ -80,6 +80,36 @@ def test_fp32_decodes_torchs_greedy_tokens(streamed: Path) -> None:
     assert got and got == list(want)[:len(got)]
 
 
+@pytest.mark.parametrize("graph", ["model.onnx", "model.int4.onnx"])
+def test_graphs_load_moved_and_from_another_directory(streamed: Path, tmp_path: Path, graph: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data files are named relative to their graphs: a directory copied, then renamed, opens by a relative
+    path from another working directory, and gives the same logits as in place (onnxruntime, gptport's loader)."""
+    import os
+    import shutil
+
+    import onnxruntime as ort
+
+    from gptport.runtime import onnx_engine
+    from gptport.runtime.engine import positions
+
+    def logits(path: Path) -> np.ndarray:
+        engine = onnx_engine.load(path, "cpu")
+        x = np.array([[5, 9, 2, 7]], dtype=np.int64)  # (1, T)
+        mask = np.ones_like(x)
+        return engine.step()(x, mask, positions(mask), engine.empty_past(1))[0]  # (1, T, V)
+
+    want = logits(streamed / graph)
+    shutil.copytree(streamed, tmp_path / "copy", ignore=shutil.ignore_patterns("*.safetensors"))
+    os.rename(tmp_path / "copy", tmp_path / "moved")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    relative = Path("..") / "moved" / graph
+    assert np.array_equal(logits(relative), want)
+    session = ort.InferenceSession(str(relative), providers=["CPUExecutionProvider"])  # onnxruntime alone
+    assert session.get_inputs()[0].name == "input_ids"
+
+
 def _check(tmp_path: Path, build: Callable[..., object], weights: dict[str, np.ndarray], cfg: ModelConfig,
            truth: dict[str, np.ndarray]) -> list[bool]:
     """layer_check's rows (ok or not) for a graph built by `build` from `weights`, against a reference of `truth`."""

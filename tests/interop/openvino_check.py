@@ -1,6 +1,7 @@
 """OpenVINO runs gptport's graphs whole: `gptport generate --provider openvino` gives `--provider cpu`'s
 greedy tokens for fp32, and the 8-bit graph passes the accuracy gate against fp32 there; for a GPT and for a
-Llama-family model (--preset llama-tiny: RMSNorm, SwiGLU, rotary positions, 2 key/value heads for 4).
+Llama-family model (--preset llama-tiny: RMSNorm, SwiGLU, rotary positions, 2 key/value heads for 4); and each
+again exported as a model past 1 GiB is (`<name>-streamed`: every graph's weights in its `.onnx.data`).
 
 `onnxruntime-openvino` installs the same `onnxruntime` module as `onnxruntime-gpu`, so the check runs in
 two environments (.ci/run does both):
@@ -24,13 +25,14 @@ import sys
 from pathlib import Path
 
 from gptport.runtime.choice import GraphChoice, RunOptions
-from tests.interop.genai_check import NEW_TOKENS, PROMPTS, SHAPE, gptport  # the same model and prompts
+from tests.interop.genai_check import NEW_TOKENS, PROMPTS, SHAPE, greedy, gptport, streamed_copy  # the same model
 
 GATE = 0.98  # export's accuracy gate: top-1 agreement with fp32
 
 
 MODELS = {"model": SHAPE,  # a GPT, and a Llama-family model of the same scale
           "llama": ["--preset", "llama-tiny", *SHAPE]}  # its 4 query heads share 2 key/value heads
+STREAMED = "-streamed"  # each model's weights exported again as a model past 1 GiB is: graphs with external data
 
 
 def prepare(work: Path) -> None:
@@ -45,9 +47,9 @@ def prepare(work: Path) -> None:
         gptport("train-tokenizer", str(corpus), "--vocab-size", "512", "--out", str(model), "--force")
         gptport("train", str(corpus), "--model-dir", str(model), "--force", *shape)
         gptport("export", str(model), "--precision", "fp32,int8", "--no-optimize", "--force")
-        out = gptport("generate", str(model), *PROMPTS, "--max-new-tokens", str(NEW_TOKENS), "--json",
-                      "--kv-cache", "concat")
-        expected[name] = [json.loads(line)["token_ids"] for line in out.splitlines()]
+        streamed = streamed_copy(model, work / (name + STREAMED), "fp32,int8", "--no-optimize", "--no-static")
+        for directory in (model, streamed):
+            expected[directory.name] = greedy(directory, "fp32", "--kv-cache", "concat")
     (work / "expected.json").write_text(json.dumps(expected))
     print(f"prepared {', '.join(MODELS)}: gptport's greedy tokens on the CPU for {len(PROMPTS)} prompts x {NEW_TOKENS}")
 
@@ -112,7 +114,7 @@ def verify_model(work: Path, name: str, expected: dict[str, object]) -> tuple[in
 def verify(work: Path) -> int:
     expected = json.loads((work / "expected.json").read_text())
     failures = checks = 0
-    for name in MODELS:
+    for name in [m + suffix for m in MODELS for suffix in ("", STREAMED)]:
         f, n = verify_model(work, name, expected)
         failures, checks = failures + f, checks + n
     print(f"openvino check: {checks - failures} of {checks} ok")
