@@ -10,7 +10,8 @@ torch model run layer by layer (layer_check.py), never the whole model at once.
 The variants are gated layer by layer (layer_gate.py); with --no-gate each quantized graph (built by the checked
 code) instead runs in pieces through a prompt and a few steps on its own cache (decodes()).
 The multi-row append graph is checked layer by layer too (append_layers.py). What needs the whole torch model (the
-gate's text sampled from it, the int8 cache's calibration, .ort checks) is refused with its reason."""
+gate's text sampled from it, the int8 cache's calibration) is refused with its reason; so are .ort files, which
+cannot keep weights outside."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ DECODE_TOKENS = 4  # steps each quantized graph decodes on its own cache
 
 def refuse_options(job: Job, sampled_text: bool, kv_dtype: str, ort_level: str | None) -> None:
     """What a model checked layer by layer cannot have, refused before anything is written: the gate's text sampled
-    from the model, the int8 cache's and the .ort files' checks run the whole torch model (the variants' gate itself
-    runs layer by layer: layer_gate.py)."""
+    from the model and the int8 cache's calibration run the whole torch model (the variants' gate itself runs layer
+    by layer: layer_gate.py); the .ort format holds no external data."""
     size = f"{job.model_dir}: {job.weights_bytes() / 2**30:.1f} GiB of float32 weights"
     if sampled_text:
         raise UsageError(f"{size}; --gate-on-sampled-text samples the whole torch model: pass --heldout FILE (or "
@@ -42,7 +43,9 @@ def refuse_options(job: Job, sampled_text: bool, kv_dtype: str, ort_level: str |
     if kv_dtype == "int8":
         raise UsageError(f"{size}; --kv-dtype int8 calibrates on the whole torch model: not at this size")
     if ort_level is not None:
-        raise UsageError(f"{size}; --ort-level checks the .ort files on the whole torch model: not at this size")
+        raise UsageError(f"{size}; --ort-format: an .ort file holds every weight inside it (onnxruntime copies the "
+                         "external data in, writes none past 2 GiB, and reads one whole into memory, about 3x its "
+                         "size, where an .onnx graph's external data is mapped): use the .onnx graphs")
 
 
 def check_memory(job: Job, available: int | None = None) -> None:

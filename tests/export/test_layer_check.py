@@ -210,6 +210,19 @@ def test_int4_alone_writes_no_fp32_graph_and_checks_a_slice(streamed: Path, tmp_
     assert g.returncode == 0, g.stderr
 
 
+def test_ort_format_is_refused_naming_why(streamed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ort-format of a large model: refused in one line before anything is written (an .ort file holds its
+    weights inside; onnxruntime 1.31 writes none past 2 GiB)."""
+    import shutil
+
+    out = tmp_path / "m"
+    shutil.copytree(streamed, out, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data"))
+    monkeypatch.setenv("GPTPORT_EXTERNAL_FROM_BYTES", "1")
+    r = gptport("export", str(out), "--precision", "fp32", "--ort-format")
+    assert_one_line_error(r, 2, "--ort-format", "holds every weight inside it", "past 2 GiB")
+    assert not [p for p in out.iterdir() if "onnx" in p.name or p.suffix == ".ort"]
+
+
 def test_a_disk_too_small_is_refused_before_anything_is_written(streamed: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil

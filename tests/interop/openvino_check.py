@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from gptport.runtime.choice import GraphChoice, RunOptions
-from tests.interop.genai_check import NEW_TOKENS, PROMPTS, SHAPE, greedy, gptport, streamed_copy  # the same model
+from tests.interop.genai_check import NEW_TOKENS, PROMPTS, SHAPE, gptport, greedy, streamed_copy  # the same model
 
 GATE = 0.98  # export's accuracy gate: top-1 agreement with fp32
 
