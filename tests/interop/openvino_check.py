@@ -51,7 +51,8 @@ def prepare(work: Path) -> None:
         for directory in (model, streamed):
             expected[directory.name] = greedy(directory, "fp32", "--kv-cache", "concat")
     (work / "expected.json").write_text(json.dumps(expected))
-    print(f"prepared {', '.join(MODELS)}: gptport's greedy tokens on the CPU for {len(PROMPTS)} prompts x {NEW_TOKENS}")
+    print(f"prepared {', '.join(MODELS)} (and each{STREAMED}): gptport's greedy tokens on the CPU for {len(PROMPTS)} "
+          f"prompts x {NEW_TOKENS}")
 
 
 def logits_of(engine: object, windows: list[list[int]]) -> list[object]:
