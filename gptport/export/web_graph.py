@@ -92,6 +92,8 @@ def data_file(src: Path) -> Path | None:
     """The one external data file the graph at `src` reads (None: its weights are inline); refused in one line
     when its tensors name more than one file, or one that is missing or lies outside its directory."""
     external_data.check(src)
+    if not external_data.mentions_external_data(src):  # an inline graph is not parsed here
+        return None
     names = sorted({location for _, location in external_data.locations(src)})
     if not names:
         return None
