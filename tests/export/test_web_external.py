@@ -14,7 +14,7 @@ from typing import Any
 import onnx
 import pytest
 
-from gptport.errors import ArtifactError
+from gptport.errors import ArtifactError, UsageError
 from gptport.export import web_graph
 from gptport.provenance import file_digest
 from gptport.runtime import external_data
@@ -70,6 +70,15 @@ def test_a_graph_whose_data_file_is_missing_is_refused(model: Path, tmp_path: Pa
     with pytest.raises(ArtifactError, match="model.onnx.data is missing"):
         web_graph.write(broken / "model.onnx", tmp_path / "out" / "model.onnx")
     assert not (tmp_path / "out").exists()
+
+
+def test_auto_counts_the_data_file(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto's size limit holds the graph with its data: a limit the graph alone is under still refuses it."""
+    monkeypatch.setattr(web_graph, "AUTO_FP32_BYTES", (model / "model.onnx").stat().st_size + 1)
+    with pytest.raises(UsageError, match="too much for a browser bundle"):
+        web_graph.choose(model, "auto")
+    monkeypatch.setattr(web_graph, "AUTO_FP32_BYTES", web_graph.graph_bytes(model / "model.onnx"))
+    assert web_graph.choose(model, "auto")[0] == "fp32"
 
 
 @pytest.fixture(scope="module")
