@@ -56,8 +56,7 @@ def choose(model_dir: Path, precision: str) -> tuple[str, Path, dict[str, str]]:
                 return candidate, path, meta
         raise UsageError(f"{fp32}: {graph_bytes(fp32) / 2**20:.0f} MiB of fp32 is too much for a browser bundle "
                          f"and {model_dir} has no gated int8 or int4 variant: run `gptport export {model_dir} "
-                         "--precision fp32,int8` (its accuracy gate checks it; a model past 1 GiB gets no gated "
-                         "variant), or pass --precision fp32")
+                         "--precision fp32,int8` (its accuracy gate checks it), or pass --precision fp32")
     path = model_dir / contract.onnx_file(precision, contract.CACHE_CONCAT)
     if not path.is_file():
         raise UsageError(f"--precision {precision}: {model_dir} has no {path.name}; run `gptport export {model_dir} "
