@@ -68,6 +68,12 @@ class Rotary:
         both scaled by its attention factor; `local`: the window layers' frequencies (rope_local_theta)."""
         if local in self.cos_sin:
             return self.cos_sin[local]
+        with g.float32():  # in float32, an fp16 graph's too (position * frequency needs its precision)
+            cos, sin = self._angles(g, local)
+        self.cos_sin[local] = g.narrow(cos), g.narrow(sin)
+        return self.cos_sin[local]
+
+    def _angles(self, g: Builder, local: bool) -> tuple[str, str]:
         cfg = self.config
         freq = g.const("rope.local_inv_freq" if local else "rope.inv_freq", rope.inv_freq(cfg, local=local))
         if cfg.rope_scaling == "longrope" and not local:  # each row's set: long once its max(position) + 1 > original
@@ -84,7 +90,6 @@ class Rotary:
         if cfg.rope_attention_factor != 1.0 and not local:
             scale = g.const("rope.attention_factor", np.array(cfg.rope_attention_factor, np.float32))
             cos, sin = g.op("Mul", [cos, scale])[0], g.op("Mul", [sin, scale])[0]
-        self.cos_sin[local] = cos, sin
         return cos, sin
 
     def _packed_last(self, g: Builder) -> str:
