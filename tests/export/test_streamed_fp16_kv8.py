@@ -34,14 +34,15 @@ from tests.support.cli import gptport
 @pytest.fixture(scope="module")
 def streamed(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, corpus_file: Path) -> Path:
     """A Llama-family model trained a little, exported as a model too large for torch would be: int4 and fp16 with
-    the int8 cache, unchecked (--no-gate); then fp32 with the int8 cache, gated (the tiny graphs fit in memory)."""
+    the int8 cache, unchecked (--no-gate: each decoded in pieces); then fp32 and fp16 with the int8 cache, gated
+    (fp16 layer by layer; the int8 cache's gate fits in memory at this size)."""
     out = build_model_dir(tmp_path_factory.mktemp("streamed16") / "m", tokenizer_dir, corpus_file, steps=40, **LLAMA)
     mp = pytest.MonkeyPatch()
     mp.setenv("GPTPORT_EXTERNAL_FROM_BYTES", "1")
     try:
         r = gptport("export", str(out), "--precision", "int4,fp16", "--kv-dtype", "int8", "--no-gate")
         assert r.returncode == 0, r.stderr
-        gated = gptport("export", str(out), "--precision", "fp32", "--kv-dtype", "int8")
+        gated = gptport("export", str(out), "--precision", "fp32,fp16", "--kv-dtype", "int8", "--force")
         assert gated.returncode == 0, gated.stderr
     finally:
         mp.undo()
@@ -65,7 +66,7 @@ def test_the_fp16_graph_is_external_and_within_float16_rounding_of_fp32(streamed
     proto = onnx.load(str(half), load_external_data=False)
     assert {i.data_type for i in proto.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL} == {
         onnx.TensorProto.FLOAT16}
-    assert file_metadata(half)[contract.META_GATED] == "false"
+    assert file_metadata(half)[contract.META_GATED] == "true"  # the second export's: gated layer by layer
     config = read_card(streamed).model
     fp32 = tmp_path / "model.onnx"
     graph_write.write(fp32, lambda sink: contract_graph.build(config, open_weights(streamed), sink), {}, True)
