@@ -97,7 +97,7 @@ def build_decode(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx
 
     def rotate(g: Builder, x: str, heads: int) -> str:  # (B, 1, heads*hd) at each row's position
         if "cos" not in made:
-            cos, sin = graph_body.rope_tables(config)  # (C, hd/2) each
+            cos, sin = rope_graph.rope_tables(config)  # (C, hd/2) each
             made["cos"], made["sin"] = g.const("rope.cos", cos), g.const("rope.sin", sin)
         return g.op("RotaryEmbedding", [x, made["cos"], made["sin"], contract.POSITION_IDS], num_heads=heads,
                     interleaved=0)[0]

@@ -71,7 +71,7 @@ def rope_table_names(g: Builder, config: ModelConfig, local: bool) -> list[str]:
     """The cos and sin tables (C, hd/2) of the global layers, or with `local` the window layers', made once."""
     prefix = "rope.local" if local else "rope"
     if f"{prefix}.cos" not in g.made:
-        cos, sin = graph_body.rope_tables(config, local=local)  # (C, hd/2) each
+        cos, sin = rope_graph.rope_tables(config, local=local)  # (C, hd/2) each
         g.made |= {f"{prefix}.cos", f"{prefix}.sin"}
         return [g.const(f"{prefix}.cos", cos), g.const(f"{prefix}.sin", sin)]
     return [f"{prefix}.cos", f"{prefix}.sin"]
