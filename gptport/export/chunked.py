@@ -39,10 +39,13 @@ class Chunked:
         from onnx.utils import Extractor
 
         proto = onnx.load(str(graph), load_external_data=False)
-        known = {v.name for v in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output]}
-        proto.graph.value_info.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
-                                      for t in taps if t not in known)  # cut at them (behind contrib operators)
         pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
+        cache = next(i.type.tensor_type.elem_type for i in proto.graph.input if i.name == pasts[0])
+        self.cache_dtype = onnx.helper.tensor_dtype_to_np_dtype(cache)  # float32; float16, int8 where so
+        stream = cache if cache == onnx.TensorProto.FLOAT16 else onnx.TensorProto.FLOAT  # the residual's type
+        known = {v.name for v in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output]}
+        proto.graph.value_info.extend(onnx.helper.make_tensor_value_info(t, stream, None)
+                                      for t in taps if t not in known)  # cut at them (behind contrib operators)
         shared = [i.name for i in proto.graph.input if i.name not in pasts]  # ids, mask, positions, lengths...
         head = [o.name for o in proto.graph.output if o.name not in presents]  # the logits
         cut = Extractor(proto)
@@ -60,7 +63,8 @@ class Chunked:
             ) -> list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]]:
         """Calls of the whole graph in order, each piece opened once for all of them: `calls` the inputs of each
         but the cache, `past` each layer's key and value before the first (each later call reads the one before's
-        present) -> per call (the logits, the residual stream after each layer, each layer's present)."""
+        present) -> per call (the logits, the residual stream after each layer, each layer's present); `past` is
+        given the graph's cache type."""
         import onnxruntime as ort
 
         out: list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]] = [
@@ -70,7 +74,7 @@ class Chunked:
         for path, (a, b) in self.pieces:
             session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
             names, outputs = {i.name for i in session.get_inputs()}, [o.name for o in session.get_outputs()]
-            cache = list(past[2 * a:2 * b])
+            cache = [np.asarray(p, self.cache_dtype) for p in past[2 * a:2 * b]]
             for c, feeds in enumerate(calls):
                 logits, hidden, present = out[c]
                 given = {**feeds, **({self.taps[a - 1]: hidden[-1]} if a else {}), **dict(zip(self.pasts[2 * a:2 * b],
@@ -88,7 +92,8 @@ class Chunked:
              ) -> Iterator[tuple[int, np.ndarray]]:
         """Independent calls of the whole graph, each from the same `past` (each layer's key and value), every piece
         opened once for all of them and asked only for the residual stream it hands on -> (call, its logits) as the
-        head's piece makes them. Only each call's residual stream is kept between pieces (the gate's windows)."""
+        head's piece makes them. Only each call's residual stream is kept between pieces (the gate's windows); `past`
+        is given the graph's cache type."""
         import onnxruntime as ort
 
         hidden: list[np.ndarray] = [np.zeros(0, np.float32) for _ in calls]  # (B, T, D) each, after the last piece
@@ -98,7 +103,8 @@ class Chunked:
             want = contract.LOGITS if a == b else self.taps[b - 1]
             for c, feeds in enumerate(calls):
                 given = {**feeds, **({self.taps[a - 1]: hidden[c]} if a else {}),
-                         **dict(zip(self.pasts[2 * a:2 * b], past[2 * a:2 * b], strict=True))}
+                         **{n: np.asarray(p, self.cache_dtype) for n, p in zip(self.pasts[2 * a:2 * b],
+                                                                              past[2 * a:2 * b], strict=True)}}
                 [got] = session.run([want], {k: v for k, v in given.items() if k in names})
                 if a == b:
                     yield c, got

@@ -62,19 +62,19 @@ class _Attention:
         pasts, presents = contract.past_names(cfg.n_layer), contract.present_names(cfg.n_layer)
         k = g.op("Concat", [pasts[2 * i], k], [presents[2 * i]], axis=2)[0]  # (B, Hkv, T, hd)
         v = g.op("Concat", [pasts[2 * i + 1], v], [presents[2 * i + 1]], axis=2)[0]  # (B, Hkv, T, hd)
-        mask = self._mask(g, cfg.sliding_window if cfg.windowed(i) else 0)  # (B, 1, 1, S, T)
+        with g.float32():  # the mask, the scores and softmax in float32 (an fp16 graph's too)
+            mask = self._mask(g, cfg.sliding_window if cfg.windowed(i) else 0)  # (B, 1, 1, S, T)
         if Hkv == H:
-            scores = self._capped(g, g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])[0]])[0])
-            probs = g.op("Softmax", [g.op("Add", [scores, g.op("Squeeze", [mask, g.const("axis_1", _i64(1))])[0]
-                                              ])[0]], axis=-1)[0]
-            y = g.op("MatMul", [probs, v])[0]  # (B, H, S, hd)
+            scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])[0]])[0]  # (B, H, S, T)
+            mask = g.op("Squeeze", [mask, g.const("axis_1", _i64(1))])[0]  # (B, 1, S, T)
         else:  # query heads h = j * G + g read kv head j: (B, Hkv, G, S, hd) against (B, Hkv, 1, T, hd)
             q = g.op("Reshape", [q, g.const("grouped", _i64(0, Hkv, H // Hkv, -1, hd))])[0]
             k, v = (g.op("Unsqueeze", [x, g.const("axis_2", _i64(2))])[0] for x in (k, v))
             scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 2, 4, 3])[0]])[0]  # (B, Hkv, G, S, T)
-            scores = self._capped(g, scores)
-            probs = g.op("Softmax", [g.op("Add", [scores, mask])[0]], axis=-1)[0]
-            y = g.op("MatMul", [probs, v])[0]  # (B, Hkv, G, S, hd)
+        with g.float32():
+            probs = g.op("Softmax", [g.op("Add", [self._capped(g, g.widen(scores)), mask])[0]], axis=-1)[0]
+        y = g.op("MatMul", [g.narrow(probs), v])[0]  # (B, H, S, hd), or grouped (B, Hkv, G, S, hd)
+        if Hkv != H:
             y = g.op("Reshape", [y, g.const("ungrouped", _i64(0, H, -1, hd))])[0]  # (B, H, S, hd)
         y = g.op("Transpose", [y], perm=[0, 2, 1, 3])[0]  # (B, S, H, hd)
         return g.op("Reshape", [y, g.const("joined", _i64(0, 0, H * hd))])[0]  # (B, S, H*hd)
@@ -112,24 +112,26 @@ class _Attention:
 
 
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray], sink: Sink | None = None,
-          nbits: NBits | None = None, forms: Forms = PORTABLE, opset: int = OPSET, residuals: list[str] | None = None
-          ) -> onnx.ModelProto:
+          nbits: NBits | None = None, forms: Forms = PORTABLE, opset: int = OPSET, residuals: list[str] | None = None,
+          half: bool = False) -> onnx.ModelProto:
     """The contract graph of a model with this config and these weights (gptport's names, read as each op is
     written), its initializers handed to `sink` (default: inline), its MatMul weights quantized by `nbits` when
     given (MatMulNBits: onnxruntime's); `residuals`, if given, receives the names of the residual stream after
-    each layer (what layer_check.py taps)."""
-    g = graph_body.transformer(config, weights, _Attention(config), forms, sink, nbits, every_position=True)
+    each layer (what layer_check.py taps). `half`: the fp16 graph, weights, activations and cache float16, the
+    norms, softmax and rope angles float32 (float16's range and precision fall short there), the logits float32."""
+    g = graph_body.transformer(config, weights, _Attention(config), forms, sink, nbits, every_position=True,
+                               half=half)
     if residuals is not None:
         residuals.extend(g.residuals)
     batch, seq, past, total = contract.BATCH, contract.SEQUENCE, contract.PAST, contract.TOTAL
-    kv = [config.n_kv_head, config.head_dim]
+    kv, cache = [config.n_kv_head, config.head_dim], TensorProto.FLOAT16 if half else TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [batch, seq]),
               helper.make_tensor_value_info(contract.ATTENTION_MASK, TensorProto.INT64, [batch, total]),
               helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [batch, seq]),
-              *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [batch, kv[0], past, kv[1]])
+              *(helper.make_tensor_value_info(n, cache, [batch, kv[0], past, kv[1]])
                 for n in contract.past_names(config.n_layer))]
     outputs = [helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [batch, seq, config.vocab_size]),
-               *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [batch, kv[0], total, kv[1]])
+               *(helper.make_tensor_value_info(n, cache, [batch, kv[0], total, kv[1]])
                  for n in contract.present_names(config.n_layer))]
     opsets = {"": opset, **({"com.microsoft": 1} if nbits is not None or forms != PORTABLE else {})}
     return graph_body.model(g, "gptport", inputs, outputs, opsets)

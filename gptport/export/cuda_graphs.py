@@ -97,7 +97,7 @@ def build_decode(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx
 
     def rotate(g: Builder, x: str, heads: int) -> str:  # (B, 1, heads*hd) at each row's position
         if "cos" not in made:
-            cos, sin = graph_body.rope_tables(config)  # (C, hd/2) each
+            cos, sin = rope_graph.rope_tables(config)  # (C, hd/2) each
             made["cos"], made["sin"] = g.const("rope.cos", cos), g.const("rope.sin", sin)
         return g.op("RotaryEmbedding", [x, made["cos"], made["sin"], contract.POSITION_IDS], num_heads=heads,
                     interleaved=0)[0]
@@ -119,7 +119,7 @@ def build_decode(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> onnx
         return g.op("Reshape", [y, g.const("tokens_q", _i64(0, 1, config.q_width))], [f"h.{i}.attn"])[0]
 
     g = graph_body.transformer(config, weights, attend, CUDA_FORMS)
-    past_values, outputs = graph_body.cache_values(config)
+    past_values, outputs = gqa_graph.cache_values(config)
     batch = contract.BATCH
     inputs = [
         helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [batch, 1]),
@@ -135,7 +135,7 @@ def fp16_static(config: ModelConfig, weights: Mapping[str, np.ndarray], dst: Pat
     """The fp16 static-cache graph of a model with this config and these weights at `dst`: gqa_graph's graph
     in CUDA_FORMS converted to float16 (weights, cache and every operator, GroupQueryAttention in float16);
     the logits stay float32. The norms are not kept in float32 as in the fp16 contract graph
-    (variants.FP16_KEEP): onnxruntime's kernels accumulate their statistics in float32 either way, and the
+    (contract_graph's `half`): onnxruntime's kernels accumulate their statistics in float32 either way, and the
     converter gives a kept node's weights of this graph float16 types (onnxruntime refuses the mixed node)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 

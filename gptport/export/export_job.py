@@ -87,12 +87,14 @@ class Job:
     def build(self, cache: str, path: Path, precision: str = "fp32", nbits: NBits | None = None,
               gated: bool = True) -> None:
         """The graph of this cache layout written op by op from the weights to `path` (graph_write.write), its
-        MatMul weights quantized by `nbits` when given, with its metadata (`gated`: it will pass a gate); the names
-        of its residual stream after each layer kept in taps["precision cache"] (layer_check.py cuts there)."""
+        MatMul weights quantized by `nbits` when given (fp16: float16, contract_graph's `half`), with its metadata
+        (`gated`: it will pass a gate); the names of its residual stream after each layer kept in
+        taps["precision cache"] (layer_check.py cuts there)."""
         cfg, taps = self.card.model, self.taps.setdefault(f"{precision} {cache}", [])
         taps.clear()
         make = {contract.CACHE_CONCAT: lambda sink: contract_graph.build(cfg, self.weights, sink, nbits,
-                                                                         opset=self.opset, residuals=taps),
+                                                                         opset=self.opset, residuals=taps,
+                                                                         half=precision == "fp16"),
                 contract.CACHE_STATIC: lambda sink: gqa_graph.build(cfg, self.weights, sink=sink, nbits=nbits,
                                                                     residuals=taps),
                 contract.CACHE_APPEND: lambda sink: scatter_graph.build(cfg, self.weights, sink=sink, nbits=nbits,

@@ -102,7 +102,7 @@ def export(
                          "rope (rotated outside GroupQueryAttention)")
     if job.model is None:
         gated = gate and any(p != "fp32" for p in precisions)
-        streamed_steps.refuse_options(job, gated and sampled_text and heldout is None, kv_dtype, ort_level)
+        streamed_steps.refuse_options(job, gated and sampled_text and heldout is None, kv_dtype, ort_level, gate)
         streamed_steps.check_memory(job)
     else:  # the variants of a model held in torch are checked against fp32's (and some made from its graph)
         precisions = ["fp32", *(p for p in precisions if p != "fp32")]
@@ -131,10 +131,10 @@ def export(
                     variant_steps.variant(job, g, variants.LADDER.get(g.precision, ("",)))
             if static_graphs:
                 variant_steps.static_variants(job)
-            if job.model is None and job.windows is None:  # --no-gate: not gated, but run
-                streamed_steps.decodes(job)
             if any(g.cache == contract.CACHE_STATIC_KV8 for g in job.graphs):
                 variant_steps.kv8_graphs(job)
+            if job.model is None and job.windows is None:  # --no-gate: not gated, but run
+                streamed_steps.decodes(job)
             _rename_into_place(job)
             if ort_level is not None:
                 _ort_files(job, ort_level)

@@ -47,7 +47,8 @@ from gptport.export.tensor_sink import Sink
 CACHE = graph_body.CACHE
 OPSET = 21
 IR_VERSION = graph_body.IR_VERSION
-__all__ = ["CACHE", "IR_VERSION", "OPSET", "build", "refuse_unsupported", "sinusoidal_table", "unsupported"]
+__all__ = ["CACHE", "IR_VERSION", "OPSET", "build", "cache_values", "logits_index_input", "refuse_unsupported",
+           "sinusoidal_table", "token_inputs", "unsupported"]
 
 
 def unsupported(config: ModelConfig) -> str:
@@ -70,10 +71,34 @@ def rope_table_names(g: Builder, config: ModelConfig, local: bool) -> list[str]:
     """The cos and sin tables (C, hd/2) of the global layers, or with `local` the window layers', made once."""
     prefix = "rope.local" if local else "rope"
     if f"{prefix}.cos" not in g.made:
-        cos, sin = graph_body.rope_tables(config, local=local)  # (C, hd/2) each
+        cos, sin = rope_graph.rope_tables(config, local=local)  # (C, hd/2) each
         g.made |= {f"{prefix}.cos", f"{prefix}.sin"}
         return [g.const(f"{prefix}.cos", cos), g.const(f"{prefix}.sin", sin)]
     return [f"{prefix}.cos", f"{prefix}.sin"]
+
+
+def token_inputs() -> list[onnx.ValueInfoProto]:
+    """input_ids and position_ids (B, S) int64: what every static-cache graph takes first."""
+    batch, seq = contract.BATCH, contract.SEQUENCE
+    return [helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [batch, seq]),
+            helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [batch, seq])]
+
+
+def logits_index_input() -> onnx.ValueInfoProto:
+    """logits_index (B, L) int64: the new positions whose logits are wanted."""
+    return helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, [contract.BATCH, "logits"])
+
+
+def cache_values(config: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    """The logits (B, L, V) and the cache: past_key_values.{i}.key/.value (inputs) and present.{i}.key/.value
+    (outputs), each (B, Hkv, C, hd) float32."""
+    kv_shape = [contract.BATCH, config.n_kv_head, CACHE, config.head_dim]
+    pasts = [helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.past_names(config.n_layer)]
+    logits = helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT,
+                                           [contract.BATCH, "logits", config.vocab_size])
+    presents = [helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape)
+                for n in contract.present_names(config.n_layer)]
+    return pasts, [logits, *presents]
 
 
 def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms = FASTEST, sink: Sink | None = None,
@@ -110,12 +135,12 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
     g = graph_body.transformer(config, weights, attend, forms, sink, nbits)
     if residuals is not None:  # the residual stream after each layer (a layer-by-layer check cuts there)
         residuals.extend(g.residuals)
-    past_values, outputs = graph_body.cache_values(config)
+    past_values, outputs = cache_values(config)
     inputs = [
-        *graph_body.token_inputs(),
+        *token_inputs(),
         helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [contract.BATCH]),
         helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
-        graph_body.logits_index_input(),
+        logits_index_input(),
         *past_values,
     ]
     return graph_body.model(g, "gptport_static_cache", inputs, outputs, {"": OPSET, "com.microsoft": 1})

@@ -1,15 +1,16 @@
-"""What the static-cache graphs share, written op by op from the weights: the embeddings, each layer
-around its attention (its norms, the fused q|k|v projection and the q/k norm, the output projection, the
-MLP), the final norm and the head on the positions `logits_index` asks for, and the inputs and outputs
-the graphs have in common. Each graph supplies its own attention (gqa_graph.py: GroupQueryAttention;
-scatter_graph.py: TensorScatter + Attention). GPT-2's layers and the Llama family's (RMSNorm, SwiGLU,
-rope, grouped kv heads, q/k norm, separate biases) alike, as ModelConfig says. No torch.
+"""What every graph shares, written op by op from the weights: the embeddings, each layer around its attention
+(its norms, the fused q|k|v projection and the q/k norm, the output projection, the MLP), the final norm and the
+head on the positions `logits_index` asks for (the static-cache graphs' inputs and outputs: gqa_graph.py); float16
+for an fp16 graph (Builder's `half`). Each graph supplies its own attention (gqa_graph.py: GroupQueryAttention;
+scatter_graph.py: TensorScatter + Attention; contract_graph.py: onnx's operators). GPT-2's layers and the Llama
+family's (RMSNorm, SwiGLU, rope, grouped kv heads, q/k norm, separate biases) alike, as ModelConfig says. No torch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,32 +73,21 @@ def sinusoidal_table(n_ctx: int, d_model: int) -> np.ndarray:
     return np.concatenate([np.sin(angles), np.cos(angles)], axis=-1).astype(np.float32)  # (C, D)
 
 
-def rope_tables(config: ModelConfig, positions: int | None = None, local: bool = False
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """RoPE's cos and sin of position * frequency for positions 0..positions-1 (default n_ctx), (P, hd/2)
-    float32 each: each frequency once, as GroupQueryAttention (do_rotary) and RotaryEmbedding read them in
-    the halves (rotate_half) layout. The frequencies are the torch model's own (gptport/rope.py's float32
-    values: an ulp of difference at position 8000 turns a rotation by ~1e-3 rad); the angles are taken in
-    float64 and their cos and sin rounded once. Whole heads, one set of frequencies (rope_graph.outside: not
-    for partial rotary or LongRoPE). `local`: the window layers' own frequencies (rope_local_theta)."""
-    from gptport import rope
-
-    n = config.n_ctx if positions is None else positions
-    freq = rope.inv_freq(config, local=local).astype(np.float64)  # (hd/2,)
-    angles = np.arange(n, dtype=np.float64)[:, None] * freq[None, :]  # (P, hd/2)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-
 def _i64(*values: int) -> np.ndarray:
     return np.array(values, dtype=np.int64)
 
 
 class Builder:
-    """Nodes and initializers, with unique names; `opset`: the default domain's version its nodes need."""
+    """Nodes and initializers, with unique names; `opset`: the default domain's version its nodes need. `half`: an
+    fp16 graph's, float16 weights and activations but for its norms, softmax and rope angles (float32 inside
+    float32(): where float16's range and precision fall short)."""
 
     def __init__(self, config: ModelConfig, forms: Forms = FASTEST, sink: Sink | None = None,
-                 nbits: NBits | None = None) -> None:
-        self.config, self.forms, self.nbits = config, forms, nbits
+                 nbits: NBits | None = None, half: bool = False) -> None:
+        if half and (nbits is not None or "skip" in (forms.rms, forms.layer)):
+            raise ValueError("a float16 graph is built without MatMulNBits and without the Skip norms")
+        self.config, self.forms, self.nbits, self.half = config, forms, nbits, half
+        self._wide = False  # inside float32(): float32 constants stay float32
         self.sink: Sink = sink or InlineSink()
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
@@ -113,9 +103,30 @@ class Builder:
         if name not in self._names:
             self._names.add(name)
             held = self.sink.reuse(name) if callable(array) else None
-            self.inits.append(held if held is not None else
-                              self.sink.tensor(name, array() if callable(array) else array))
+            if held is None:
+                made = array() if callable(array) else array
+                if self.half and not self._wide and made.dtype == np.float32:
+                    made = np.ascontiguousarray(made, np.float16)
+                held = self.sink.tensor(name, made)
+            self.inits.append(held)
         return name
+
+    @contextmanager
+    def float32(self) -> Iterator[None]:
+        """The float32 constants made inside stay float32 in a `half` graph (its inputs widened by the caller)."""
+        wide, self._wide = self._wide, True
+        try:
+            yield
+        finally:
+            self._wide = wide
+
+    def widen(self, x: str, out: str | None = None) -> str:
+        """x as float32: a Cast in a `half` graph (named `out` if given), x itself elsewhere."""
+        return self.op("Cast", [x], [out] if out else 1, to=TensorProto.FLOAT)[0] if self.half else x
+
+    def narrow(self, x: str) -> str:
+        """x (float32) as the graph's activations: a Cast to float16 in a `half` graph, x itself elsewhere."""
+        return self.op("Cast", [x], to=TensorProto.FLOAT16)[0] if self.half else x
 
     def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "",
            **attrs: Any) -> list[str]:
@@ -208,9 +219,17 @@ class Builder:
         return self.norm(total, weights, prefix), total
 
     def norm(self, x: str, weights: Mapping[str, np.ndarray], prefix: str) -> str:
-        """The model's norm (LayerNorm or RMSNorm, epsilon ln_eps) over x's last axis, weights `prefix`."""
-        gamma = self.const(f"{prefix}.weight", weights[f"{prefix}.weight"])
-        return self.rms_norm(x, gamma) if self.config.norm == "rmsnorm" else self.layer_norm(x, weights, prefix)
+        """The model's norm (LayerNorm or RMSNorm, epsilon ln_eps) over x's last axis, weights `prefix`; in float32,
+        in a `half` graph too."""
+        if self.config.norm == "rmsnorm":
+            return self.rms_of(x, weights, f"{prefix}.weight")
+        with self.float32():
+            return self.narrow(self.layer_norm(self.widen(x), weights, prefix))
+
+    def rms_of(self, x: str, weights: Mapping[str, np.ndarray], name: str) -> str:
+        """RMSNorm of x by the weight `name`, in float32 (a `half` graph's too), back in x's type."""
+        with self.float32():
+            return self.narrow(self.rms_norm(self.widen(x), self.const(name, weights[name])))
 
     def rms_norm(self, x: str, gamma: str) -> str:
         """x / sqrt(mean(x^2) + eps) * gamma over the last axis, in float32 (Forms.rms's operator)."""
@@ -246,8 +265,9 @@ class Builder:
         freq = np.exp(np.arange(half, dtype=np.float32) * np.float32(-math.log(10000.0) / half))  # (D/2,)
         pos = self.op("Unsqueeze", [self.op("Cast", [positions], to=TensorProto.FLOAT)[0],
                                     self.const("last_axis", _i64(-1))])[0]  # (B, S, 1)
-        angles = self.op("Mul", [pos, self.const("sinusoid.inv_freq", freq)])[0]  # (B, S, D/2)
-        return self.op("Concat", [self.op("Sin", [angles])[0], self.op("Cos", [angles])[0]], axis=-1)[0]
+        with self.float32():
+            angles = self.op("Mul", [pos, self.const("sinusoid.inv_freq", freq)])[0]  # (B, S, D/2)
+        return self.narrow(self.op("Concat", [self.op("Sin", [angles])[0], self.op("Cos", [angles])[0]], axis=-1)[0])
 
     def plain_gelu(self, x: str, kind: str) -> str:
         """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) for tanh, 0.5 x (1 + erf(x / sqrt(2))) for exact."""
@@ -295,10 +315,9 @@ class Builder:
             return Qkv(packed)
         q, k, v = self.split_qkv(packed)
         if self.config.qk_norm_span == "all":  # over every head together (OLMo 2's)
-            q, k = (self.rms_norm(x, self.const(f"{prefix}.{n}.weight", weights[f"{prefix}.{n}.weight"]))
-                    for x, n in ((q, "q_norm"), (k, "k_norm")))
+            q, k = (self.rms_of(x, weights, f"{prefix}.{n}.weight") for x, n in ((q, "q_norm"), (k, "k_norm")))
             return Qkv("", (q, k, v))
-        q, k = (self.head_norm(x, self.const(f"{prefix}.{n}.weight", weights[f"{prefix}.{n}.weight"]), width)
+        q, k = (self.head_norm(x, weights, f"{prefix}.{n}.weight", width)
                 for x, n, width in ((q, "q_norm", self.config.q_width), (k, "k_norm", self.config.kv_width)))
         return Qkv("", (q, k, v))
 
@@ -313,22 +332,24 @@ class Builder:
         """q, k and v apart, however the layer made them."""
         return qkv.parts if qkv.parts is not None else self.split_qkv(qkv.packed)
 
-    def head_norm(self, x: str, gamma: str, width: int) -> str:
-        """RMSNorm of each head of x (B, S, width = n*hd) over its hd values (the q/k norm)."""
+    def head_norm(self, x: str, weights: Mapping[str, np.ndarray], name: str, width: int) -> str:
+        """RMSNorm of each head of x (B, S, width = n*hd) over its hd values by the weight `name` (the q/k norm)."""
         heads = self.op("Reshape", [x, self.const("by_head", _i64(0, -1, self.config.head_dim))])[0]  # (B, S*n, hd)
-        normed = self.rms_norm(heads, gamma)
+        normed = self.rms_of(heads, weights, name)
         return self.op("Reshape", [normed, self.const(f"by_token_{width}", _i64(0, -1, width))])[0]  # (B, S, n*hd)
 
 
 def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: Attend, forms: Forms = FASTEST,
-                sink: Sink | None = None, nbits: NBits | None = None, every_position: bool = False) -> Builder:
+                sink: Sink | None = None, nbits: NBits | None = None, every_position: bool = False,
+                half: bool = False) -> Builder:
     """The nodes and initializers of a model with this config (config.json's "model") and these weights
     (model.safetensors as numpy, gptport's names, each read when its op is written; the head is wte.weight when
     the embeddings are tied), each layer's attention written by `attend`, each initializer handed to `sink` as it
-    is made (default: inline), the MatMul weights quantized by `nbits` if given; its output is contract.LOGITS
-    (B, L, V) at the positions logits_index names, or with `every_position` at every position (B, S, V)."""
+    is made (default: inline), the MatMul weights quantized by `nbits` if given, float16 with `half` (Builder); its
+    output is contract.LOGITS (B, L, V) float32 at the positions logits_index names, or with `every_position` at
+    every position (B, S, V)."""
     w = Float32(weights)
-    g = Builder(config, forms, sink, nbits)
+    g = Builder(config, forms, sink, nbits, half)
     x = g.op("Gather", [g.const("wte.weight", later(w, "wte.weight")), contract.INPUT_IDS])[0]  # (B, S, D)
     if config.embed_scale != 1.0:  # as float32, as the torch model multiplies
         x = g.op("Mul", [x, g.const("embed_scale", np.array(config.embed_scale, np.float32))])[0]  # (B, S, D)
@@ -358,7 +379,7 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
         index = g.op("Unsqueeze", [contract.LOGITS_INDEX, g.const("last_axis", _i64(-1))])[0]
         x = g.op("GatherND", [x, index], batch_dims=1)[0]  # (B, L, D): only the positions asked for
     h = g.norm(x, w, "ln_f")
-    out = contract.HEAD if finishes(g) else contract.LOGITS  # (B, L, V)
+    out = contract.HEAD if finishes(g) or half else contract.LOGITS  # (B, L, V)
     if config.tie_embeddings and nbits is not None:  # the quantized head is a matrix of its own
         g.nbits_matmul(h, later(w, "wte.weight"), w.shape("wte.weight"), "lm_head", nbits.of("head"), out=out)
     elif config.tie_embeddings:  # stored once; onnxruntime folds the Transpose when it loads the graph
@@ -366,33 +387,12 @@ def transformer(config: ModelConfig, weights: Mapping[str, np.ndarray], attend: 
         g.op("MatMul", [h, head], [out])
     else:
         g.linear(h, w, "lm_head", out=out)
-    if out == contract.HEAD:
-        finish(g, out)  # divided, soft-capped: graph_caps.py
+    with g.float32():  # a half graph's logits: float32 (its head float16)
+        if finishes(g):
+            finish(g, g.widen(out))  # divided, soft-capped: graph_caps.py
+        elif out == contract.HEAD:
+            g.widen(out, contract.LOGITS)
     return g
-
-
-def token_inputs() -> list[onnx.ValueInfoProto]:
-    """input_ids and position_ids (B, S) int64: what every static-cache graph takes first."""
-    batch, seq = contract.BATCH, contract.SEQUENCE
-    return [helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [batch, seq]),
-            helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [batch, seq])]
-
-
-def logits_index_input() -> onnx.ValueInfoProto:
-    """logits_index (B, L) int64: the new positions whose logits are wanted."""
-    return helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, [contract.BATCH, "logits"])
-
-
-def cache_values(config: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
-    """The logits (B, L, V) and the cache: past_key_values.{i}.key/.value (inputs) and present.{i}.key/.value
-    (outputs), each (B, Hkv, C, hd) float32."""
-    kv_shape = [contract.BATCH, config.n_kv_head, CACHE, config.head_dim]
-    pasts = [helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape) for n in contract.past_names(config.n_layer)]
-    logits = helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT,
-                                           [contract.BATCH, "logits", config.vocab_size])
-    presents = [helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_shape)
-                for n in contract.present_names(config.n_layer)]
-    return pasts, [logits, *presents]
 
 
 def model(g: Builder, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],

@@ -3,22 +3,28 @@ GroupQueryAttention stores keys and values as int8 (`k_quant_type`/`v_quant_type
 8) with scales given as inputs; this module calibrates those scales, writes the int8-cache twin of a
 static graph, and gates it.
 
-- Calibration: the fp32 static graph prefills the gate's held-out windows; the largest |key| and
+- Calibration: the fp32 static graph prefills the gate's held-out windows (a model too large for it: the torch
+  model run layer by layer on them, layer_reference.py, the same keys and values); the largest |key| and
   |value| per layer (per tensor) or per layer, kv head and channel (per channel) over every position,
   divided by 127, are the scales (symmetric), stored in the graph as initializers. With rope the keys
   are calibrated as the cache holds them: rotated (GroupQueryAttention rotates before it stores).
+- The int8-cache graph is its twin's nodes rewritten, the weights not loaded: its data file is a clone of the
+  twin's (the same blocks where the filesystem clones, a kernel copy elsewhere; not a hard link, which onnx
+  refuses).
 - Gate: the int8-cache graph against its float32-cache twin of the same weights, both decoding the
   windows token by token (teacher-forced: the cache is what decoding reads): top-1 agreement ≥ 98% (a pick
   the float32 cache rates within agreement.TIE_NATS of its best agrees) and
   bits per byte within 1%, as the issue asks. Both scale kinds are gated and timed (a 16-row decode
   step); the faster that passes is written, and none when neither passes.
-No torch here.
+No torch here but through layer_reference.py (calibrate_layers).
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,14 +34,19 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gptport import atomic, contract
+from gptport.config import ModelConfig
+from gptport.errors import ArtifactError
+from gptport.export import graph_write, layer_reference
 from gptport.export.agreement import TOP_K, agrees_top_k, top_k
-from gptport.runtime import external_data
+from gptport.export.tensor_sink import data_name
 from gptport.runtime.onnx_engine import OnnxModel, file_metadata, load_cpu
 from gptport.runtime.slots import StaticSlots
 
 KINDS = ("PER_TENSOR", "PER_CHANNEL")
 GATE_TOP1, GATE_BPB = 0.98, 0.01
 SCALE_INPUTS = 12  # GroupQueryAttention's k_scale and v_scale are its inputs 12 and 13
+STEP_ROWS = 16  # rows of the decode step the gate times
+FICLONE = 0x40049409  # Linux's ioctl: the destination shares the source's blocks, copied on write
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,19 @@ def calibrate(fp32_static: OnnxModel, windows: np.ndarray) -> tuple[np.ndarray, 
     return k_max, v_max
 
 
+def calibrate_layers(cfg: ModelConfig, weights: Mapping[str, np.ndarray], windows: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """calibrate's |max| (L, Hkv, hd) from the torch model run layer by layer on the windows (N, T) in one batch
+    (layer_reference.run_layers: one layer's weights at a time), for a model without an fp32 static graph."""
+    k_max = np.zeros((cfg.n_layer, cfg.n_kv_head, cfg.head_dim), dtype=np.float32)  # (L, Hkv, hd)
+    v_max = np.zeros_like(k_max)
+    for out in layer_reference.run_layers(cfg, weights.__getitem__, np.asarray(windows, np.int64), last_only=True):
+        if isinstance(out, layer_reference.LayerOut):  # key, value (N, Hkv, T, hd): rotated, as the cache holds them
+            k_max[out.index] = np.abs(out.key).max(axis=(0, 2))
+            v_max[out.index] = np.abs(out.value).max(axis=(0, 2))
+    return k_max, v_max
+
+
 def scales(amax: np.ndarray, kind: str) -> np.ndarray:
     """One layer's symmetric int8 scale from its |max| (H, hd): (1,) per tensor, (1, H, 1, hd) per channel."""
     amax = np.maximum(amax, 1e-8)
@@ -83,13 +107,14 @@ def scales(amax: np.ndarray, kind: str) -> np.ndarray:
 
 
 def rewrite(src: Path, dst: Path, k_max: np.ndarray, v_max: np.ndarray, kind: str,
-            meta: dict[str, str]) -> None:
+            meta: dict[str, str]) -> bool:
     """The static graph at `src` with an int8 cache, written to `dst` with `meta` as its metadata: each
     GroupQueryAttention takes its layer's scales and quantizes what it appends; the cache inputs and
-    outputs become int8."""
-    external_data.check(src)  # onnx.load reads its external data
-    proto = onnx.load(str(src))
+    outputs become int8. Its weights are not loaded: the twin's data file, if any, is cloned under dst's data name
+    (clone_data: False when it had to be copied)."""
+    proto = onnx.load(str(src), load_external_data=False)
     graph = proto.graph
+    cloned = _share_data(src, dst, graph)
     layer = {name: i for i, name in enumerate(contract.past_names(len(k_max))[::2])}
     for node in (n for n in graph.node if n.op_type == "GroupQueryAttention"):
         i = layer[node.input[3]]
@@ -107,6 +132,49 @@ def rewrite(src: Path, dst: Path, k_max: np.ndarray, v_max: np.ndarray, kind: st
     del proto.metadata_props[:]
     helper.set_model_props(proto, meta)
     onnx.save_model(proto, str(dst))
+    return cloned
+
+
+def _share_data(src: Path, dst: Path, graph: onnx.GraphProto) -> bool:
+    """src's external data file (if any) cloned under dst's data name (clone_data), the initializers of `graph`
+    pointing at it; False where it was copied."""
+    data = graph_write.data_of(src)
+    if data is None:
+        return True
+    target = dst.with_name(data_name(dst))
+    cloned = clone_data(data, target)
+    for init in graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = target.name
+    return cloned
+
+
+def clone_data(src: Path, dst: Path) -> bool:
+    """dst made of src's bytes without reading them into memory: a clone sharing src's blocks where the filesystem
+    makes one (FICLONE: btrfs, XFS; no disk of its own), else a copy in the kernel (False). Never a hard link: onnx
+    (1.23) refuses to load external data with more than one ("possible hardlink attack"), the twin's included."""
+    dst.unlink(missing_ok=True)
+    try:
+        import fcntl  # (POSIX only)
+
+        with src.open("rb") as s, dst.open("wb") as d:
+            fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+        return True
+    except (ImportError, OSError):
+        dst.unlink(missing_ok=True)
+    try:
+        shutil.copyfile(src, dst)
+    except OSError as e:
+        dst.unlink(missing_ok=True)
+        raise ArtifactError(f"{dst}: cannot copy {src.name} into it ({e.strerror or e})") from e
+    return False
+
+
+def remove(path: Path) -> None:
+    """A graph and its data file (if any) removed."""
+    path.unlink(missing_ok=True)
+    path.with_name(data_name(path)).unlink(missing_ok=True)
 
 
 def decode_scores(model: OnnxModel, windows: np.ndarray, nats_bytes: np.ndarray
@@ -134,7 +202,7 @@ def decode_scores(model: OnnxModel, windows: np.ndarray, nats_bytes: np.ndarray
     return picks, nats, float(nats_bytes[windows[:, 1:]].sum()), (top_vals, top_ids)
 
 
-def step_ms(model: OnnxModel, rows: int = 16, repeat: int = 30, held: int | None = None) -> float:
+def step_ms(model: OnnxModel, rows: int = STEP_ROWS, repeat: int = 30, held: int | None = None) -> float:
     """Median ms of a decode step of `rows` rows holding `held` positions each (default: half the context)."""
     cfg = model.config
     slots = StaticSlots(model.session, cfg, rows, model.kv_dtype)
@@ -163,27 +231,29 @@ def gate(label: str, kind: str, fp32_cache: OnnxModel, int8_cache: OnnxModel, wi
 
 
 def make(label: str, twin: Path, path: Path, amax: tuple[np.ndarray, np.ndarray], windows: np.ndarray,
-         token_bytes: np.ndarray, gated: bool, rows: list[KvGateRow]) -> Path | None:
+         token_bytes: np.ndarray, gated: bool, rows: list[KvGateRow], say: Callable[[str], None] = lambda message: None
+         ) -> Path | None:
     """The int8-cache graph of the float32-cache static graph `twin`, under a temporary name beside
     `path`: each scale kind gated (rows appended to `rows`) and the faster passing one kept; None when
-    none passes. Not `gated` (--no-gate): per tensor, unchecked, recorded as ungated."""
+    none passes. Not `gated` (--no-gate): per tensor, unchecked, recorded as ungated. `say`: told when the
+    twin's data had to be copied, not cloned."""
     k_max, v_max = amax
-    ref = load_cpu(twin)
-    reference = (*decode_scores(ref, windows, token_bytes), step_ms(ref)) if gated else None
+    ref = load_cpu(twin) if gated else None
+    reference = (*decode_scores(ref, windows, token_bytes), step_ms(ref)) if ref is not None else None
     best: tuple[float, Path] | None = None
     for kind in KINDS:
         tmp = atomic.temp_name(path.with_name(f"{path.name}.{kind.lower()}"))
         meta = {**file_metadata(twin), contract.META_KV_SCALES: kind}
+        if not rewrite(twin, tmp, k_max, v_max, kind, meta if gated else {**meta, contract.META_GATED: "false"}):
+            say(f"{path.name}: {twin.name}'s data copied (this filesystem clones no blocks)")
         if not gated:
-            rewrite(twin, tmp, k_max, v_max, kind, {**meta, contract.META_GATED: "false"})
             return tmp
-        rewrite(twin, tmp, k_max, v_max, kind, meta)
         row = gate(label, kind, ref, load_cpu(tmp), windows, token_bytes, reference)  # type: ignore[arg-type]
         rows.append(row)
         if row.ok and (best is None or row.step_ms < best[0]):
             if best is not None:
-                best[1].unlink(missing_ok=True)
+                remove(best[1])
             best = (row.step_ms, tmp)
         else:
-            tmp.unlink(missing_ok=True)
+            remove(tmp)
     return None if best is None else best[1]

@@ -20,6 +20,20 @@ def _i64(*values: int) -> np.ndarray:
     return np.array(values, dtype=np.int64)
 
 
+def rope_tables(config: ModelConfig, positions: int | None = None, local: bool = False
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE's cos and sin of position * frequency for positions 0..positions-1 (default n_ctx), (P, hd/2)
+    float32 each: each frequency once, as GroupQueryAttention (do_rotary) and RotaryEmbedding read them in
+    the halves (rotate_half) layout. The frequencies are the torch model's own (gptport/rope.py's float32
+    values: an ulp of difference at position 8000 turns a rotation by ~1e-3 rad); the angles are taken in
+    float64 and their cos and sin rounded once. Whole heads, one set of frequencies (outside(): not
+    for partial rotary or LongRoPE). `local`: the window layers' own frequencies (rope_local_theta)."""
+    n = config.n_ctx if positions is None else positions
+    freq = rope.inv_freq(config, local=local).astype(np.float64)  # (hd/2,)
+    angles = np.arange(n, dtype=np.float64)[:, None] * freq[None, :]  # (P, hd/2)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
 def outside(config: ModelConfig) -> bool:
     """Whether the graphs rotate q and k themselves (this module) rather than in a fused operator: partial rotary,
     LongRoPE, or a layer without rope."""
@@ -68,6 +82,12 @@ class Rotary:
         both scaled by its attention factor; `local`: the window layers' frequencies (rope_local_theta)."""
         if local in self.cos_sin:
             return self.cos_sin[local]
+        with g.float32():  # in float32, an fp16 graph's too (position * frequency needs its precision)
+            cos, sin = self._angles(g, local)
+        self.cos_sin[local] = g.narrow(cos), g.narrow(sin)
+        return self.cos_sin[local]
+
+    def _angles(self, g: Builder, local: bool) -> tuple[str, str]:
         cfg = self.config
         freq = g.const("rope.local_inv_freq" if local else "rope.inv_freq", rope.inv_freq(cfg, local=local))
         if cfg.rope_scaling == "longrope" and not local:  # each row's set: long once its max(position) + 1 > original
@@ -84,7 +104,6 @@ class Rotary:
         if cfg.rope_attention_factor != 1.0 and not local:
             scale = g.const("rope.attention_factor", np.array(cfg.rope_attention_factor, np.float32))
             cos, sin = g.op("Mul", [cos, scale])[0], g.op("Mul", [sin, scale])[0]
-        self.cos_sin[local] = cos, sin
         return cos, sin
 
     def _packed_last(self, g: Builder) -> str:

@@ -121,14 +121,14 @@ def build(config: ModelConfig, weights: Mapping[str, np.ndarray], forms: Forms =
     g = graph_body.transformer(config, weights, attend, forms, sink, nbits)
     if residuals is not None:  # the residual stream after each layer, (1, T, D) packed (append_layers.py cuts there)
         residuals.extend(g.residuals)
-    past_values, outputs = graph_body.cache_values(config)
+    past_values, outputs = gqa_graph.cache_values(config)
     batch, width = contract.BATCH, "row_tokens"
     inputs = [
-        *graph_body.token_inputs(),
+        *gqa_graph.token_inputs(),
         helper.make_tensor_value_info(contract.WRITE_INDEX, TensorProto.INT64, [batch]),
         helper.make_tensor_value_info(contract.PACK_INDEX, TensorProto.INT64, [batch, width]),
         helper.make_tensor_value_info(contract.UNPACK_INDEX, TensorProto.INT64, [contract.SEQUENCE]),
-        graph_body.logits_index_input(),
+        gqa_graph.logits_index_input(),
         *past_values,
     ]
     return graph_body.model(g, "gptport_multi_row_append", inputs, outputs, {"": OPSET, "com.microsoft": 1})

@@ -8,10 +8,11 @@ torch model run layer by layer (layer_check.py), never the whole model at once.
   head (every operator and every shape the full graph has, one layer apart), against the reference cut the same
   way.
 The variants are gated layer by layer (layer_gate.py); with --no-gate each quantized graph (built by the checked
-code) instead runs in pieces through a prompt and a few steps on its own cache (decodes()).
-The multi-row append graph is checked layer by layer too (append_layers.py). What needs the whole torch model (the
-gate's text sampled from it, the int8 cache's calibration) is refused with its reason; so are .ort files, which
-cannot keep weights outside."""
+code) instead runs in pieces through a prompt and a few steps on its own cache (decodes()), an int8 cache's too.
+The multi-row append graph is checked layer by layer too (append_layers.py), the int8 cache's scales calibrated on
+the torch model run layer by layer (kv_quant.calibrate_layers). What needs the whole torch model or whole graphs
+(the gate's text sampled from it, the int8 cache's gate where it does not fit) is refused with its reason; so are
+.ort files, which cannot keep weights outside."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import numpy as np
 from gptport import atomic, contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError, ValidationError
-from gptport.export import append_layers, chunked, contract_graph, graph_write, layer_check, validate
+from gptport.export import append_layers, chunked, contract_graph, graph_write, kv_quant, layer_check, validate
 from gptport.export.export_job import Job
 from gptport.weights import shapes_of
 
@@ -32,20 +33,36 @@ RUNTIME_BYTES = 2**29  # torch's and onnxruntime's own, imported
 DECODE_TOKENS = 4  # steps each quantized graph decodes on its own cache
 
 
-def refuse_options(job: Job, sampled_text: bool, kv_dtype: str, ort_level: str | None) -> None:
+def refuse_options(job: Job, sampled_text: bool, kv_dtype: str, ort_level: str | None, gate: bool = False,
+                   available: int | None = None) -> None:
     """What a model checked layer by layer cannot have, refused before anything is written: the gate's text sampled
-    from the model and the int8 cache's calibration run the whole torch model (the variants' gate itself runs layer
-    by layer: layer_gate.py); the .ort format holds no external data."""
+    from the model runs the whole torch model (the variants' gate itself runs layer by layer: layer_gate.py); with
+    `gate`, the int8 cache's gate runs the fp32 static graph and its int8-cache twin whole, with caches of n_ctx
+    (kv_gate_bytes), where that fits in memory (`available`, default /proc/meminfo's); the .ort format holds no
+    external data."""
     size = f"{job.model_dir}: {job.weights_bytes() / 2**30:.1f} GiB of float32 weights"
     if sampled_text:
         raise UsageError(f"{size}; --gate-on-sampled-text samples the whole torch model: pass --heldout FILE (or "
                          "--no-gate)")
-    if kv_dtype == "int8":
-        raise UsageError(f"{size}; --kv-dtype int8 calibrates on the whole torch model: not at this size")
+    available = _mem_available() if available is None else available
+    if kv_dtype == "int8" and gate and available is not None and kv_gate_bytes(job) > available:
+        raise UsageError(f"{size}; the int8 KV cache's gate runs whole graphs with caches of n_ctx: about "
+                         f"{kv_gate_bytes(job) / 2**30:.1f} GiB of memory, {available / 2**30:.1f} GiB is free: pass "
+                         "--no-gate to write it unchecked (its scales calibrated layer by layer)")
     if ort_level is not None:
         raise UsageError(f"{size}; --ort-format: an .ort file holds every weight inside it (onnxruntime copies the "
                          "external data in, writes none past 2 GiB, and reads one whole into memory, about 3x its "
                          "size, where an .onnx graph's external data is mapped): use the .onnx graphs")
+
+
+def kv_gate_bytes(job: Job) -> int:
+    """Memory the int8 cache's gate takes (kv_quant.make): the fp32 static graph's weights (mapped once for both
+    sessions, though the int8-cache graph holds a copy of its data), twice for safety, and its decode step's caches of
+    n_ctx, float32 and int8, for the larger of the gate's rows and step_ms's."""
+    cfg = job.card.model
+    rows = max(kv_quant.STEP_ROWS, len(job.windows) if job.windows is not None else 0)
+    cache = 2 * cfg.n_layer * rows * cfg.n_kv_head * cfg.n_ctx * cfg.head_dim
+    return 2 * job.weights_bytes() + cache * (4 + 1) + RUNTIME_BYTES
 
 
 def check_memory(job: Job, available: int | None = None) -> None:
@@ -127,17 +144,18 @@ def check_append(job: Job, path: Path) -> None:
 
 
 def decodes(job: Job) -> None:
-    """Each quantized graph run in pieces (chunked.py, a layer's weights at a time) over
-    the first prompt and DECODE_TOKENS steps on its own cache; one whose logits are not all finite is not written
-    (a ValidationError naming it)."""
+    """Each quantized graph (fp16, int8, int4, an int8 cache) run in pieces (chunked.py, a layer's weights at a
+    time) over the first prompt and DECODE_TOKENS steps on its own cache; one whose logits are not all finite is not
+    written (a ValidationError naming it)."""
     cfg, prompt = job.card.model, job.prompts[0]
     steps = [prompt[j % len(prompt)] for j in range(DECODE_TOKENS)]  # any tokens: what is checked is the running
     for g, path in list(job.passed.items()):
-        if g.precision == "fp32":
+        if g.precision == "fp32" and g.cache != contract.CACHE_STATIC_KV8:
             continue
         job.say(f"decoding with the {g.label} graph, in pieces")
-        logits = layer_check.decode(path, job.taps[f"{g.precision} {g.cache}"], cfg, job.weights,
-                                    g.cache == contract.CACHE_STATIC, prompt, steps)
+        static = g.cache in (contract.CACHE_STATIC, contract.CACHE_STATIC_KV8)  # an int8 cache: its twin's taps
+        logits = layer_check.decode(path, job.taps[f"{g.precision} {contract.CACHE_STATIC if static else g.cache}"],
+                                    cfg, job.weights, static, prompt, steps)
         if not all(np.isfinite(x).all() for x in logits):
             raise ValidationError(f"export: the {g.label} graph's logits are not all finite")
 

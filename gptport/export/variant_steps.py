@@ -8,8 +8,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gptport import atomic, contract
+import numpy as np
+
+from gptport import atomic, contract, specials
 from gptport import tokenizer as bpe
+from gptport.errors import UsageError
 from gptport.export import kv_quant, layer_gate, validate, variants
 from gptport.export.export_job import Graph, Job
 from gptport.export.graph_files import metadata, set_metadata
@@ -36,21 +39,43 @@ def static_variants(job: Job) -> None:
 
 def kv8_graphs(job: Job) -> None:
     """The int8-cache twin of each static-cache graph that passed (kv_quant.make), scales calibrated once
-    on the fp32 static graph."""
+    on the fp32 static graph, or for a model checked layer by layer on the torch model run layer by layer."""
     fp32 = job.graph("fp32", contract.CACHE_STATIC)
-    if fp32 not in job.passed:
+    if fp32 not in job.passed and job.model is not None:
         return
-    windows = job.windows if job.windows is not None else validate.sampled_windows(job.model)
-    job.say("calibrating the int8 KV cache's scales")
-    amax = kv_quant.calibrate(load_cpu(job.passed[fp32]), windows)
+    windows = calibration_windows(job)
+    job.say(f"calibrating the int8 KV cache's scales on {len(windows)} windows of {windows.shape[1]} tokens"
+            + (", the torch model run layer by layer" if job.model is None else ""))
+    if job.model is None:
+        amax = kv_quant.calibrate_layers(job.card.model, job.weights, windows)
+    else:
+        amax = kv_quant.calibrate(load_cpu(job.passed[fp32]), windows)
     for g in job.graphs:
         twin = job.graph(g.precision, contract.CACHE_STATIC)
         if g.cache == contract.CACHE_STATIC_KV8 and twin in job.passed:
             job.say(f"making the {g.precision} static-cache graph's int8 KV cache")
             made = kv_quant.make(g.label, job.passed[twin], g.path, amax, windows, bpe.token_bytes(job.tok),
-                                 gated=job.windows is not None, rows=job.report.kv_gates)
+                                 gated=job.windows is not None, rows=job.report.kv_gates, say=job.tell)
             if made is not None:
                 job.passed[g] = made
+
+
+def calibration_windows(job: Job) -> np.ndarray:
+    """The int8 cache's calibration text (N, T): the gate's windows; without them (--no-gate) the model's own
+    samples, or for a model not held in torch the validation shard's windows, else seeded random tokens (said)."""
+    if job.windows is not None:
+        return job.windows
+    if job.model is not None:
+        return validate.sampled_windows(job.model)
+    cfg = job.card.model
+    try:
+        return validate.heldout(job.model_dir, None, job.tok, cfg=cfg).windows
+    except UsageError as e:
+        job.say(f"calibrating on seeded random tokens: {str(e).split(';')[0]}")
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (8, min(cfg.n_ctx, validate.SAMPLED_WINDOW)))
+    start = specials.start_ids(cfg)
+    ids[:, :len(start)] = start
+    return ids
 
 
 def variant(job: Job, graph: Graph, schemes: Sequence[str], source: Path | None = None) -> None:
@@ -94,12 +119,12 @@ def _gate(job: Job, graph: Graph, tmp: Path) -> validate.GateRow:
 
 
 def _made(job: Job, graph: Graph, fp32: Path | None, tmp: Path, scheme: str) -> bool:
-    """Whether `scheme` made the `graph` variant at `tmp`; where it does not apply, why is said and reported. A
-    scheme the builder can write (variants.direct) is built from the weights; the others are made from the fp32
-    graph at `fp32`, in memory, which a model of external data does not take."""
+    """Whether `scheme` made the `graph` variant at `tmp`; where it does not apply, why is said and reported. fp16
+    and a scheme the builder can write (variants.direct) are built from the weights; the others are made from the
+    fp32 graph at `fp32`, in memory, which a model of external data does not take."""
     nbits = variants.direct(scheme) if graph.precision in variants.LADDER else None
     try:
-        if nbits is not None:
+        if nbits is not None or graph.precision == "fp16":
             job.build(graph.cache, tmp, graph.precision, nbits, gated=False)
             return True
         if job.outside or fp32 is None:

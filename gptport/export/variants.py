@@ -1,5 +1,6 @@
 """Variants of the fp32 graph made with onnxruntime's own tools: int8 and int4 weight quantization for
-the CPU provider, fp16 for CUDA and TensorRT, and the transformer optimizer's fusions. No torch here."""
+the CPU provider (the schemes the builder cannot write from the weights) and the transformer optimizer's fusions
+(fp16 is built from the weights: contract_graph's `half`). No torch here."""
 
 from __future__ import annotations
 
@@ -17,9 +18,6 @@ from gptport.config import ModelConfig
 from gptport.errors import UsageError
 from gptport.export import awq, grid, smooth, w8a8
 from gptport.export.nbits import NBits
-
-# Kept in float32 in the fp16 variant: LayerNorm statistics and softmax overflow in float16.
-FP16_KEEP = ["LayerNormalization", "Softmax", "ReduceMean", "Pow", "Sqrt", "Div"]
 
 
 def materialize_head(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -220,32 +218,6 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
     onnx.save_model(proto, str(dst))
 
 
-def to_fp16(src: Path, dst: Path) -> None:
-    """float16 weights and KV cache; LayerNorm and softmax stay float32; logits stay float32."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    proto = onnx.shape_inference.infer_shapes(onnx.load(str(src)))  # the converter casts by value_info's types
-    half = convert_float_to_float16(proto, keep_io_types=[contract.LOGITS], op_block_list=FP16_KEEP,
-                                    disable_shape_infer=True)
-    _unique_node_names(half)
-    onnx.save_model(half, str(dst))
-
-
-def _unique_node_names(proto: onnx.ModelProto) -> None:
-    """The float16 converter names the Cast it inserts after the tensor it casts, so a tensor feeding
-    two blocked nodes gets two identical Casts of one name, which onnxruntime refuses. Keep one."""
-    produced: set[str] = set()
-    names: set[str] = set()
-    for node in list(proto.graph.node):
-        if node.output and all(o in produced for o in node.output):
-            proto.graph.node.remove(node)  # an identical Cast already defines this output
-            continue
-        produced.update(node.output)
-        while node.name in names:
-            node.name += "_"
-        names.add(node.name)
-
-
 def optimize(src: Path, cfg: ModelConfig) -> tuple[Path, dict[str, int]]:
     """onnxruntime's transformer optimizer (GPT-2 fusions); the fused-operator counts it reports. The fusions
     only: onnxruntime's own graph optimizations (opt_level 1, a session made to write them) run again whenever a
@@ -281,12 +253,10 @@ def direct(name: str) -> NBits | None:
 
 def make(precision: str, fp32: Path, dst: Path, cfg: ModelConfig, scheme: str = "",
          ranges: Ranges | None = None) -> None:
-    """Write the `precision` variant of the fp32 graph at `fp32` to `dst`; int8 and int4 with
-    `scheme` (a SCHEMES name), by default the first of the precision's LADDER (`ranges`: a smoothing
-    scheme's calibration). NotApplicable (nothing written): the scheme does not apply to this graph."""
-    if precision in LADDER:
-        quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]], ranges)
-    elif precision == "fp16":
-        to_fp16(fp32, dst)
-    else:
+    """Write the `precision` variant (int8, int4) of the fp32 graph at `fp32` to `dst` with `scheme` (a SCHEMES
+    name), by default the first of the precision's LADDER (`ranges`: a smoothing scheme's calibration).
+    NotApplicable (nothing written): the scheme does not apply to this graph. (fp16 is built from the weights:
+    contract_graph's `half`.)"""
+    if precision not in LADDER:
         raise UsageError(f"unknown precision {precision!r}")
+    quantize(fp32, dst, SCHEMES[scheme or LADDER[precision][0]], ranges)
