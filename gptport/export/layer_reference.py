@@ -18,6 +18,7 @@ import numpy as np
 
 from gptport.config import ModelConfig
 from gptport.errors import ArtifactError, InputError
+from gptport.export.lazy_weights import Float32
 from gptport.export.tolerance import Check, Tolerance, compare
 from gptport.weights import shape_of, take
 
@@ -126,18 +127,19 @@ def _head_name(cfg: ModelConfig) -> str:
     return "wte." if cfg.tie_embeddings else "lm_head."
 
 
-class LayerMemo(Mapping[str, np.ndarray]):
+class LayerMemo(Float32):
     """`weights` read through a memo of the layer being read (and of the tensors outside the layers, until a layer
     is read): runs advanced in step (run_together) read each tensor once between them, and it holds one layer."""
 
     def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
-        self.weights, self.held = weights, dict[str, np.ndarray]()
+        super().__init__(weights)
+        self.held: dict[str, np.ndarray] = {}
         self.modules: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.held:
             self._drop(_layer_of(name))
-            self.held[name] = np.asarray(self.weights[name], dtype=np.float32)
+            self.held[name] = super().__getitem__(name)
         return self.held[name]
 
     def module(self, prefix: str, dtype: torch.dtype, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
@@ -153,18 +155,6 @@ class LayerMemo(Mapping[str, np.ndarray]):
             del self.held[name]
         for key in [k for k in self.modules if _layer_of(k[0] + "x") != group and (group or _layer_of(k[0] + "x"))]:
             del self.modules[key]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.weights
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.weights)
-
-    def __len__(self) -> int:
-        return len(self.weights)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return shape_of(self.weights, name)
 
     def take(self, name: str, index: np.ndarray) -> np.ndarray:
         return take(self.weights, name, index)
