@@ -27,7 +27,7 @@ from gptport.export.web_graph import REFERENCE_PROMPTS, WEB_BATCH
 from gptport.provenance import file_digest
 from tests.support.chromium import CHROMIUM_ARGS, chromium_path
 from tests.support.cli import assert_one_line_error, gptport
-from tests.support.web_page import WEBGPU, Page, has_webgpu
+from tests.support.web_page import WEBGPU, Page, has_webgpu, opened
 
 PROMPTS = ["To be or not", "ka to", "the ", "\n"]
 
@@ -131,11 +131,7 @@ def test_serve_flag_sends_types_and_isolation_headers(bundle: Path, trained_dir:
 
 @pytest.fixture(scope="module")
 def wasm_page(playwright: Any, bundle: Path) -> Iterator[Page]:
-    browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
-    page = Page(browser, bundle)
-    yield page
-    page.close()
-    browser.close()
+    yield from opened(playwright, bundle)
 
 
 @needs_browser

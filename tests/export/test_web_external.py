@@ -19,9 +19,9 @@ from gptport.export import web_graph
 from gptport.provenance import file_digest
 from gptport.runtime import external_data
 from tests.conftest import build_model_dir
-from tests.support.chromium import CHROMIUM_ARGS, chromium_path
+from tests.support.chromium import chromium_path
 from tests.support.cli import gptport
-from tests.support.web_page import Page
+from tests.support.web_page import Page, opened
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("npm") is None, reason="no npm: export-web fetches onnxruntime-web "
@@ -83,11 +83,7 @@ def test_auto_counts_the_data_file(model: Path, monkeypatch: pytest.MonkeyPatch)
 
 @pytest.fixture(scope="module")
 def page(playwright: Any, bundle: Path) -> Iterator[Page]:
-    browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
-    page = Page(browser, bundle)
-    yield page
-    page.close()
-    browser.close()
+    yield from opened(playwright, bundle)
 
 
 @pytest.mark.skipif(chromium_path() is None, reason="no Chromium: `apt-get install chromium` (Debian), or set "

@@ -29,7 +29,7 @@ from gptport.export.web import export_web
 from tests.support import hf_models, hf_tokenizers
 from tests.support.chromium import CHROMIUM_ARGS, chromium_path
 from tests.support.cli import assert_one_line_error, gptport
-from tests.support.web_page import WEBGPU, Page, has_webgpu
+from tests.support.web_page import WEBGPU, Page, has_webgpu, opened
 
 pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 pytestmark = [pytest.mark.slow,
@@ -106,11 +106,7 @@ def test_manifest_says_what_it_ships(case: Case) -> None:
 
 @pytest.fixture(scope="module")
 def page(playwright: Any, case: Case) -> Iterator[Page]:
-    browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
-    page = Page(browser, case.bundle)
-    yield page
-    page.close()
-    browser.close()
+    yield from opened(playwright, case.bundle)
 
 
 @needs_browser

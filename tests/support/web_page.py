@@ -4,10 +4,12 @@ server, with the URLs the page requested and the console errors it logged, for t
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from gptport.export.web_server import make_server
+from tests.support.chromium import CHROMIUM_ARGS, chromium_path
 
 WAIT_MS = 120_000  # a page step on a loaded 2-core machine
 WEBGPU = ["--enable-unsafe-webgpu"]  # headless Chromium then offers SwiftShader's adapter, a CPU-emulated GPU
@@ -56,3 +58,13 @@ def has_webgpu(browser: Any, bundle: Path) -> bool:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def opened(playwright: Any, bundle: Path) -> Iterator[Page]:
+    """The bundle's page (WebAssembly) in a headless Chromium launched for it, closed with its browser after: what a
+    module's `page` fixture yields."""
+    browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
+    page = Page(browser, bundle)
+    yield page
+    page.close()
+    browser.close()
