@@ -27,6 +27,7 @@ from gptport.training.torch_engine import TorchEngine
 from gptport.weights import open_weights
 from tests.export.test_hf_llama import FLOAT32, _vocab, hf_tokenizer_dir, relative_error  # noqa: F401
 from tests.support.cli import assert_one_line_error, gptport
+from tests.support.family_checks import check_layers, check_logits
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 
@@ -91,43 +92,11 @@ def test_the_config_says_what_gemma_computes(gemma: tuple[Path, Path]) -> None:
 
 
 def test_logits_equal_transformers_inside_and_past_the_window(gemma: tuple[Path, Path]) -> None:
-    hf_dir, model_dir = gemma
-    model, hf = _ours(model_dir), hf_model(hf_dir)
-    torch.manual_seed(1)
-    for length in (1, 7, WINDOW, WINDOW + 1, 33, 64):
-        ids = torch.randint(0, model.cfg.vocab_size, (2, length))
-        with torch.no_grad():
-            theirs, ours = hf(ids).logits, model(ids)[0]
-        assert theirs.abs().max() > 1.0
-        assert relative_error(ours, theirs) <= RTOL, length
-    ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
-    with torch.no_grad():  # through the KV cache: a prefill of 20, then single steps past the window
-        theirs = hf(ids).logits
-        steps, past = model(ids[:, :20])
-        chunks = [steps]
-        for t in range(20, 40):
-            step, past = model(ids[:, t:t + 1], attention_mask=torch.ones(1, t + 1, dtype=torch.long), past=past)
-            chunks.append(step)
-    assert relative_error(torch.cat(chunks, dim=1), theirs) <= RTOL
+    check_logits(*gemma, (1, 7, WINDOW, WINDOW + 1, 33, 64), prefill=20, total=40)  # cached steps past the window
 
 
 def test_each_layer_equals_transformers(gemma: tuple[Path, Path]) -> None:
-    """layer_reference.run_layers (export's layer-by-layer reference) against transformers' hidden states."""
-    from gptport.export.layer_reference import LayerOut, run_layers
-
-    hf_dir, model_dir = gemma
-    weights = open_weights(model_dir)
-    cfg = _ours(model_dir).cfg
-    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 30))
-    with torch.no_grad():
-        out = hf_model(hf_dir)(torch.from_numpy(ids), output_hidden_states=True)
-    got = list(run_layers(cfg, lambda n: np.asarray(weights[n], np.float32), ids))
-    layers = [o for o in got if isinstance(o, LayerOut)]
-    assert len(layers) == cfg.n_layer
-    for o in layers[:-1]:  # transformers' last hidden state is after the final norm
-        theirs = out.hidden_states[o.index + 1].numpy()
-        assert np.abs(o.hidden - theirs).max() <= RTOL * np.abs(theirs).max(), o.index
-    assert relative_error(torch.from_numpy(got[-1]), out.logits) <= RTOL
+    check_layers(*gemma, length=30)
 
 
 def test_greedy_tokens_past_the_window_equal_transformers(gemma: tuple[Path, Path]) -> None:

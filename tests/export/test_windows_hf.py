@@ -32,6 +32,7 @@ from gptport.training.torch_engine import TorchEngine
 from tests.export import test_hf_llama as released
 from tests.export.test_hf_llama import FLOAT32, _vocab, _widen, hf_tokenizer_dir, relative_error  # noqa: F401
 from tests.support.cli import assert_one_line_error, gptport
+from tests.support.family_checks import check_logits
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 
@@ -105,24 +106,7 @@ def test_the_window_is_a_mask_on_its_layers_not_a_shorter_context(windowed: tupl
 
 
 def test_logits_equal_transformers_inside_and_past_the_window(windowed: tuple[str, Path, Path]) -> None:
-    _, hf_dir, model_dir = windowed
-    model, hf = _ours(model_dir), hf_model(hf_dir)
-    torch.manual_seed(1)
-    for length in (1, WINDOW, WINDOW + 1, 33, 64):
-        ids = torch.randint(0, model.cfg.vocab_size, (2, length))
-        with torch.no_grad():
-            theirs, ours = hf(ids).logits, model(ids)[0]
-        assert theirs.abs().max() > 1.0
-        assert relative_error(ours, theirs) <= RTOL, length
-    ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
-    with torch.no_grad():  # through the KV cache: a prefill of 5, then single steps past the window
-        theirs = hf(ids).logits
-        steps, past = model(ids[:, :5])
-        chunks = [steps]
-        for t in range(5, 40):
-            step, past = model(ids[:, t:t + 1], attention_mask=torch.ones(1, t + 1, dtype=torch.long), past=past)
-            chunks.append(step)
-    assert relative_error(torch.cat(chunks, dim=1), theirs) <= RTOL
+    check_logits(*windowed[1:], (1, WINDOW, WINDOW + 1, 33, 64), prefill=5, total=40)  # cached steps past the window
 
 
 def test_greedy_tokens_past_the_window_equal_transformers(windowed: tuple[str, Path, Path]) -> None:

@@ -66,8 +66,10 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-def check_logits(hf_dir: Path, model_dir: Path, lengths: tuple[int, ...] = (1, 7, 9, 33, 64)) -> None:
-    """Logits within RTOL of transformers' at each length (two rows), and through the KV cache one step at a time."""
+def check_logits(hf_dir: Path, model_dir: Path, lengths: tuple[int, ...] = (1, 7, 9, 33, 64), prefill: int = 12,
+                 total: int = 30) -> None:
+    """Logits within RTOL of transformers' at each length (two rows), and through the KV cache: a prefill of
+    `prefill`, then one step at a time up to `total` tokens (past a window, where the model has one)."""
     model, hf = ours(model_dir), hf_model(hf_dir)
     torch.manual_seed(1)
     for length in lengths:
@@ -76,22 +78,23 @@ def check_logits(hf_dir: Path, model_dir: Path, lengths: tuple[int, ...] = (1, 7
             theirs, mine = hf(ids).logits, model(ids)[0]
         assert theirs.abs().max() > 1.0
         assert relative_error(mine, theirs) <= RTOL, length
-    ids = torch.randint(0, model.cfg.vocab_size, (1, 30))
-    with torch.no_grad():  # a prefill of 12, then single steps
+    ids = torch.randint(0, model.cfg.vocab_size, (1, total))
+    with torch.no_grad():
         theirs = hf(ids).logits
-        steps, past = model(ids[:, :12])
+        steps, past = model(ids[:, :prefill])
         chunks = [steps]
-        for t in range(12, 30):
+        for t in range(prefill, total):
             step, past = model(ids[:, t:t + 1], attention_mask=torch.ones(1, t + 1, dtype=torch.long), past=past)
             chunks.append(step)
     assert relative_error(torch.cat(chunks, dim=1), theirs) <= RTOL
 
 
-def check_layers(hf_dir: Path, model_dir: Path) -> None:
-    """layer_reference.run_layers (export's layer-by-layer reference) against transformers' hidden states."""
+def check_layers(hf_dir: Path, model_dir: Path, length: int = 20) -> None:
+    """layer_reference.run_layers (export's layer-by-layer reference) against transformers' hidden states, on two
+    rows of `length` tokens."""
     weights = open_weights(model_dir)
     cfg = ours(model_dir).cfg
-    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 20))
+    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, length))
     with torch.no_grad():
         out = hf_model(hf_dir)(torch.from_numpy(ids), output_hidden_states=True)
     got = list(run_layers(cfg, lambda n: np.asarray(weights[n], np.float32), ids))
