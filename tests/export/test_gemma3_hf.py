@@ -8,7 +8,6 @@ the comparison."""
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,9 @@ from gptport.training.checkpoint import load_model
 from gptport.training.model import GPT
 from gptport.training.torch_engine import TorchEngine
 from gptport.weights import open_weights
-from tests.export.test_hf_llama import FLOAT32, _vocab, hf_tokenizer_dir, relative_error  # noqa: F401
+from tests.export.test_hf_llama import _vocab, hf_tokenizer_dir, relative_error  # noqa: F401
 from tests.support.cli import assert_one_line_error, gptport
-from tests.support.family_checks import check_layers, check_logits
+from tests.support.family_checks import check_layers, check_logits, hf_model, make
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 
@@ -44,25 +43,7 @@ GEMMA3: dict[str, Any] = {
 
 def make_gemma3(out: Path, tokenizer: Path, vocab: int, **change: Any) -> Path:
     """A tiny random Gemma 3, every weight N(0, 0.3) (norms' w too: 1 + w about 1), saved with the tokenizer."""
-    from transformers import GenerationConfig
-
-    config = transformers.Gemma3TextConfig(vocab_size=vocab, bos_token_id=vocab - 2, eos_token_id=vocab - 1,
-                                           pad_token_id=0, **{**GEMMA3, **change})
-    model = transformers.Gemma3ForCausalLM(config).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.3)
-    model.save_pretrained(str(out))
-    for path in tokenizer.iterdir():
-        if path.is_file():
-            shutil.copy(path, out / path.name)
-    GenerationConfig(eos_token_id=[vocab - 1]).save_pretrained(str(out))
-    return out
-
-
-def hf_model(hf_dir: Path) -> Any:
-    return transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), **FLOAT32).eval()
+    return make("Gemma3TextConfig", "Gemma3ForCausalLM", out, tokenizer, vocab, 0.0, **{**GEMMA3, **change})
 
 
 @pytest.fixture(scope="module")

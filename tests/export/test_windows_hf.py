@@ -30,9 +30,9 @@ from gptport.training.checkpoint import load_model
 from gptport.training.model import GPT
 from gptport.training.torch_engine import TorchEngine
 from tests.export import test_hf_llama as released
-from tests.export.test_hf_llama import FLOAT32, _vocab, _widen, hf_tokenizer_dir, relative_error  # noqa: F401
+from tests.export.test_hf_llama import _vocab, _widen, hf_tokenizer_dir, relative_error  # noqa: F401
 from tests.support.cli import assert_one_line_error, gptport
-from tests.support.family_checks import check_logits
+from tests.support.family_checks import check_logits, hf_model, saved
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency (pyproject's [dev])")
 
@@ -56,25 +56,12 @@ NEW = 16
 
 def make_windowed(case: str, out: Path, tokenizer: Path, vocab: int) -> Path:
     """A tiny random transformers model of `case` with a window of 8, saved with the tokenizer's files."""
-    import shutil
-
-    from transformers import GenerationConfig
-
     config_cls, model_cls, extra, _ = CASES[case]
     config = getattr(transformers, config_cls)(vocab_size=vocab, bos_token_id=vocab - 2, eos_token_id=vocab - 1,
                                                **SHAPE, **extra)
     model = getattr(transformers, model_cls)(config).eval()
     _widen(model)
-    model.save_pretrained(str(out))
-    for path in tokenizer.iterdir():
-        if path.is_file():
-            shutil.copy(path, out / path.name)
-    GenerationConfig(eos_token_id=[vocab - 1]).save_pretrained(str(out))
-    return out
-
-
-def hf_model(hf_dir: Path) -> Any:
-    return transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), **FLOAT32).eval()
+    return saved(model, out, tokenizer, vocab)
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -34,7 +34,6 @@ def make(config_cls: str, model_cls: str, out: Path, tokenizer: Path, vocab: int
     """A tiny random transformers model, every weight N(0, 0.3), norms N(norm_mean, 0.3) (0 for Gemma's 1 + w),
     saved with the tokenizer's files; its end token the vocabulary's last."""
     import transformers
-    from transformers import GenerationConfig
 
     settings = {**SHAPE, **config}
     made = getattr(transformers, config_cls)(vocab_size=vocab, bos_token_id=vocab - 2, eos_token_id=vocab - 1,
@@ -44,6 +43,14 @@ def make(config_cls: str, model_cls: str, out: Path, tokenizer: Path, vocab: int
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.randn_like(p) * 0.3 + (norm_mean if name.endswith("norm.weight") else 0.0))
+    return saved(model, out, tokenizer, vocab)
+
+
+def saved(model: Any, out: Path, tokenizer: Path, vocab: int) -> Path:
+    """A transformers model saved to `out` with the tokenizer's files and a generation config whose end token is
+    the vocabulary's last."""
+    from transformers import GenerationConfig
+
     model.save_pretrained(str(out))
     for path in tokenizer.iterdir():
         if path.is_file():
