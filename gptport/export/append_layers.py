@@ -23,7 +23,6 @@ from gptport.export.layer_reference import LayerOut
 from gptport.export.tolerance import Check, Tolerance, merge
 from gptport.export.validate import PARITY_SPAN, ParityRow
 from gptport.runtime.append import pack
-from gptport.runtime.onnx_engine import ORT_FAILURES
 
 if TYPE_CHECKING:
     import torch
@@ -122,18 +121,17 @@ def check(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[s
     for run in runs:
         mine, rows = rows[:len(run.seqs)], rows[len(run.seqs):]
         references.append(([want for want, _ in mine], [exact for _, exact in mine]))
-    cut = layer_check.pieces(graph, taps, cfg, weights, budget)
+    empties = [[np.zeros((len(run.seqs), cfg.n_kv_head, run.capacity, cfg.head_dim), np.float32)] * (2 * cfg.n_layer)
+               for run in runs]
+    cut = layer_check.pieces(graph, taps, cfg, weights, budget, prepack=False)  # chunked.Chunked: float32, parity
     try:
-        rows = []
-        for (name, _), run, (want, exact) in zip(chosen, runs, references, strict=True):
-            empty = np.zeros((len(run.seqs), cfg.n_kv_head, run.capacity, cfg.head_dim), np.float32)
-            try:
-                made = cut.run(run.calls, [empty] * (2 * cfg.n_layer))
-            except (RuntimeError, *ORT_FAILURES) as e:
-                raise ValidationError(f"export: the multi-row append graph failed on case {name}: "
-                                      f"{str(e).splitlines()[0]}") from e
-            rows.append(_compared(name, run, made, want, exact, tol))
-        return rows
+        try:
+            made = cut.chains([(run.calls, empty) for run, empty in zip(runs, empties, strict=True)])
+        except chunked.ChainFailed as e:
+            raise ValidationError(f"export: the multi-row append graph failed on case {chosen[e.chain][0]}: "
+                                  f"{str(e.__cause__).splitlines()[0]}") from e
+        return [_compared(name, run, got, want, exact, tol)
+                for (name, _), run, got, (want, exact) in zip(chosen, runs, made, references, strict=True)]
     finally:
         cut.close()
 

@@ -10,14 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
 from gptport import contract
+from gptport.runtime.onnx_engine import ORT_FAILURES
 from gptport.weights import shapes_of
 
 CHUNK_BYTES = 2**30  # float32 weight bytes of the layers one piece holds (at least one layer)
+
+
+class ChainFailed(Exception):
+    """onnxruntime refused a call of chain `chain` of Chunked.chains (the error is the cause)."""
+
+    def __init__(self, chain: int) -> None:
+        super().__init__(f"chain {chain}")
+        self.chain = chain
 
 
 def ranges(n_layer: int, layer_bytes: int, budget: int = CHUNK_BYTES) -> list[tuple[int, int]]:
@@ -33,11 +43,19 @@ def layer_bytes(weights: Mapping[str, np.ndarray]) -> int:
 
 class Chunked:
     """The graph at `graph` cut into pieces over `spans` of its layers at `taps` (the residual stream after each
-    layer); the pieces are files beside it until close()."""
+    layer); the pieces are files beside it until close().
 
-    def __init__(self, graph: Path, taps: Sequence[str], n_layer: int, spans: list[tuple[int, int]]) -> None:
+    Without `prepack` (the float32 graphs' parity checks) onnxruntime packs each MatMul's weight per call instead of
+    copying every weight into packed form when a piece opens: the same kernels, summing in another order (the
+    outputs move by float32 rounding, ~1e-6 of layer outputs of magnitude 2 at Qwen2.5-0.5B's shape, far inside the
+    check's bounds), and a piece of 18 of its layers opens in 0.2 s instead of 0.9. The quantized graphs keep it:
+    without it MatMulNBits runs another kernel (record 0048)."""
+
+    def __init__(self, graph: Path, taps: Sequence[str], n_layer: int, spans: list[tuple[int, int]],
+                 prepack: bool = True) -> None:
         from onnx.utils import Extractor
 
+        self.prepack = prepack
         proto = onnx.load(str(graph), load_external_data=False)
         pasts, presents = contract.past_names(n_layer), contract.present_names(n_layer)
         cache = next(i.type.tensor_type.elem_type for i in proto.graph.input if i.name == pasts[0])
@@ -65,28 +83,46 @@ class Chunked:
         but the cache, `past` each layer's key and value before the first (each later call reads the one before's
         present) -> per call (the logits, the residual stream after each layer, each layer's present); `past` is
         given the graph's cache type."""
-        import onnxruntime as ort
+        [made] = self.chains([(calls, past)])
+        return made
 
-        out: list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]] = [
-            (np.zeros(0, np.float32), [], []) for _ in calls]
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3  # errors only: TensorScatter's note that it copies a cache not bound in place
+    def chains(self, chains: Sequence[tuple[Sequence[Mapping[str, np.ndarray]], Sequence[np.ndarray]]]
+               ) -> list[list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]]]:
+        """Independent runs (each its calls and past, as run's) through one opening of each piece: a check's cases
+        and its greedy steps pay for the pieces' sessions once. Per chain, run's list."""
+        out = [[(np.zeros(0, np.float32), list[np.ndarray](), list[np.ndarray]()) for _ in calls]
+               for calls, _ in chains]
         for path, (a, b) in self.pieces:
-            session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            session = self._session(path)
             names, outputs = {i.name for i in session.get_inputs()}, [o.name for o in session.get_outputs()]
-            cache = [np.asarray(p, self.cache_dtype) for p in past[2 * a:2 * b]]
-            for c, feeds in enumerate(calls):
-                logits, hidden, present = out[c]
-                given = {**feeds, **({self.taps[a - 1]: hidden[-1]} if a else {}), **dict(zip(self.pasts[2 * a:2 * b],
-                                                                                            cache, strict=True))}
-                if a == b:  # the head's piece reads the last layer's output
-                    given[self.taps[-1]] = hidden[-1]
-                got = dict(zip(outputs, session.run(None, {k: v for k, v in given.items() if k in names}),
-                               strict=True))
-                cache = [got[n] for n in self.presents[2 * a:2 * b]]
-                out[c] = (got.get(contract.LOGITS, logits), hidden + [got[t] for t in self.taps[a:b]], present + cache)
+            for chain, ((calls, past), made) in enumerate(zip(chains, out, strict=True)):
+                cache = [np.asarray(p, self.cache_dtype) for p in past[2 * a:2 * b]]
+                for c, feeds in enumerate(calls):
+                    logits, hidden, present = made[c]
+                    given = {**feeds, **({self.taps[a - 1]: hidden[-1]} if a else {}),
+                             **dict(zip(self.pasts[2 * a:2 * b], cache, strict=True))}
+                    if a == b:  # the head's piece reads the last layer's output
+                        given[self.taps[-1]] = hidden[-1]
+                    try:
+                        got = dict(zip(outputs, session.run(None, {k: v for k, v in given.items() if k in names}),
+                                       strict=True))
+                    except (RuntimeError, *ORT_FAILURES) as e:
+                        raise ChainFailed(chain) from e
+                    cache = [got[n] for n in self.presents[2 * a:2 * b]]
+                    made[c] = (got.get(contract.LOGITS, logits), hidden + [got[t] for t in self.taps[a:b]],
+                               present + cache)
             del session  # its weights go before the next piece's come
         return out
+
+    def _session(self, path: Path) -> Any:
+        """A CPU session over one piece, without onnxruntime's weight prepacking where self.prepack is off."""
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3  # errors only: TensorScatter's note that it copies a cache not bound in place
+        if not self.prepack:
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
     def each(self, calls: Sequence[Mapping[str, np.ndarray]], past: Sequence[np.ndarray]
              ) -> Iterator[tuple[int, np.ndarray]]:
@@ -94,11 +130,9 @@ class Chunked:
         opened once for all of them and asked only for the residual stream it hands on -> (call, its logits) as the
         head's piece makes them. Only each call's residual stream is kept between pieces (the gate's windows); `past`
         is given the graph's cache type."""
-        import onnxruntime as ort
-
         hidden: list[np.ndarray] = [np.zeros(0, np.float32) for _ in calls]  # (B, T, D) each, after the last piece
         for path, (a, b) in self.pieces:
-            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            session = self._session(path)
             names = {i.name for i in session.get_inputs()}
             want = contract.LOGITS if a == b else self.taps[b - 1]
             for c, feeds in enumerate(calls):

@@ -5,9 +5,9 @@ chain of pieces cut from its file (chunked.py), never more than CHUNK_BYTES of i
 - check_contract: on a few lengths, left padding included, each layer's output, keys and values and the logits
   within the relative bounds of tolerance.py (record 0031).
 - check_static: the static-cache graph's logits against the same reference.
-- greedy: the reference's greedy continuation of a prompt, token by token; the graph prefilled with the prompt
-  and stepped through those tokens on its own cache (past in, present out) must choose each of them, or one
-  the reference scores within its rounding of it.
+- greedy (Greedy, run by either in the same opening of the pieces): the reference's greedy continuation of a
+  prompt, token by token; the graph prefilled with the prompt and stepped through those tokens on its own cache
+  (past in, present out) must choose each of them, or one the reference scores within its rounding of it.
 The reference runs before the graph's pieces open: the peak is the larger of the two, not both."""
 
 from __future__ import annotations
@@ -55,19 +55,34 @@ def cases(cfg: ModelConfig, seed: int = 0) -> list[Case]:
     return out
 
 
+Chain = tuple[list[dict[str, np.ndarray]], list[np.ndarray]]  # a run's calls (but the cache) and its first past
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """The greedy check's prompt and the reference's tokens after it with the scores each was chosen from
+    (reference_greedy's), checked in the same opening of the graph's pieces as the parity cases."""
+
+    prompt: Sequence[int]
+    chosen: tuple[list[int], np.ndarray]
+
+
 def pieces(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray],
-           budget: int = chunked.CHUNK_BYTES) -> chunked.Chunked:
-    """The graph at `graph` cut into pieces of at most `budget` bytes of float32 layer weights."""
+           budget: int = chunked.CHUNK_BYTES, prepack: bool = True) -> chunked.Chunked:
+    """The graph at `graph` cut into pieces of at most `budget` bytes of float32 layer weights (`prepack`:
+    chunked.Chunked's)."""
     spans = chunked.ranges(cfg.n_layer, chunked.layer_bytes(weights), budget)
-    return chunked.Chunked(graph, taps, cfg.n_layer, spans)
+    return chunked.Chunked(graph, taps, cfg.n_layer, spans, prepack)
 
 
 def check_contract(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray],
-                   tol: Tolerance, checked: list[Case], budget: int = chunked.CHUNK_BYTES) -> list[ParityRow]:
+                   tol: Tolerance, checked: list[Case], greedy: Greedy | None = None,
+                   budget: int = chunked.CHUNK_BYTES) -> tuple[list[ParityRow], int]:
     """The contract graph at `graph` against the layer-by-layer reference on `checked` (cases()): per case, each
     layer's output, keys and values, then the logits, each within `tol` of its magnitude and of the reference's
     own float32 error (the float64 run); their top-1 agreement at the real positions. Stores each case's
-    reference logits in it."""
+    reference logits in it. With `greedy`, its steps run in the same opening of the pieces and, where every
+    case passed, are checked as greedy_verdict checks them (the tokens compared; 0 without). The rows, that."""
     import torch
 
     runs = [{"input_ids": case.ids, "attention_mask": case.mask, "position_ids": case.positions, "dtype": dtype}
@@ -76,25 +91,32 @@ def check_contract(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: 
     references = list(zip(outs[::2], outs[1::2], strict=True))
     for case, (want, exact) in zip(checked, references, strict=True):
         case.logits, case.exact = want[-1], exact[-1]  # type: ignore[assignment]
-    cut = pieces(graph, taps, cfg, weights, budget)
+    chains: list[Chain] = [([{contract.INPUT_IDS: case.ids, contract.ATTENTION_MASK: case.mask,
+                              contract.POSITION_IDS: case.positions}],
+                            [np.zeros((case.ids.shape[0], cfg.n_kv_head, 0, cfg.head_dim), np.float32)]
+                            * (2 * cfg.n_layer)) for case in checked]
+    made = _run(graph, taps, cfg, weights, budget, chains + ([greedy_chain(cfg, greedy, False)] if greedy else []))
+    rows = []
+    for case, (want, exact), [(logits, hidden, presents)] in zip(checked, references, made, strict=False):
+
+        def got(i: int, presents: list[np.ndarray] = presents, hidden: list[np.ndarray] = hidden
+                ) -> layer_reference.LayerOut:
+            return layer_reference.LayerOut(i, hidden[i], presents[2 * i], presents[2 * i + 1])
+
+        checks = layer_reference.compare_layers(want, got, logits, tol, exact)
+        real = case.mask.astype(bool)
+        top1 = float((logits.argmax(-1) == case.logits.argmax(-1))[real].mean())
+        rows.append(ParityRow(case.name, tuple(checks), top1))
+    ok = all(r.ok for r in rows)
+    return rows, (greedy_verdict(made[-1], greedy, tol) if greedy and ok else 0)
+
+
+def _run(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], budget: int,
+         chains: Sequence[Chain]) -> list[list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]]]:
+    """`chains` through one opening of the float32 graph's pieces (no prepacking: chunked.Chunked)."""
+    cut = pieces(graph, taps, cfg, weights, budget, prepack=False)
     try:
-        rows = []
-        for case, (want, exact) in zip(checked, references, strict=True):
-            B = case.ids.shape[0]
-            empty = np.zeros((B, cfg.n_kv_head, 0, cfg.head_dim), np.float32)
-            feeds = {contract.INPUT_IDS: case.ids, contract.ATTENTION_MASK: case.mask,
-                     contract.POSITION_IDS: case.positions}
-            [(logits, hidden, presents)] = cut.run([feeds], [empty] * (2 * cfg.n_layer))
-
-            def got(i: int, presents: list[np.ndarray] = presents, hidden: list[np.ndarray] = hidden
-                    ) -> layer_reference.LayerOut:
-                return layer_reference.LayerOut(i, hidden[i], presents[2 * i], presents[2 * i + 1])
-
-            checks = layer_reference.compare_layers(want, got, logits, tol, exact)
-            real = case.mask.astype(bool)
-            top1 = float((logits.argmax(-1) == case.logits.argmax(-1))[real].mean())
-            rows.append(ParityRow(case.name, tuple(checks), top1))
-        return rows
+        return cut.chains(chains)
     finally:
         cut.close()
 
@@ -128,32 +150,34 @@ def contract_calls(ids: np.ndarray, steps: Sequence[int]) -> list[dict[str, np.n
 
 
 def check_static(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray],
-                 checked: list[Case], tol: Tolerance, budget: int = chunked.CHUNK_BYTES) -> list[ParityRow]:
+                 checked: list[Case], tol: Tolerance, greedy: Greedy | None = None,
+                 budget: int = chunked.CHUNK_BYTES) -> tuple[list[ParityRow], int]:
     """The static-cache graph's logits on the unpadded cases check_contract ran, against the reference's kept there
-    (its cache is checked by the greedy steps)."""
-    cut = pieces(graph, taps, cfg, weights, budget)
-    try:
-        rows = []
-        for case in (c for c in checked if c.mask.all()):
-            B, T = case.ids.shape
-            empty = np.zeros((B, cfg.n_kv_head, T, cfg.head_dim), np.float32)  # a cache of the case's length
-            [(got, _, _)] = cut.run(static_calls(case.ids, []), [empty] * (2 * cfg.n_layer))
-            check = compare(contract.LOGITS, got, case.logits, tol, case.exact)
-            rows.append(ParityRow(case.name, (check,), float((got.argmax(-1) == case.logits.argmax(-1)).mean())))
-        return rows
-    finally:
-        cut.close()
+    (its cache is checked by the greedy steps: `greedy`, run in the same opening of the pieces as check_contract
+    runs its own). The rows, and the greedy tokens compared where every case passed (0 without `greedy`)."""
+    unpadded = [c for c in checked if c.mask.all()]
+    chains: list[Chain] = [(static_calls(case.ids, []), [np.zeros((case.ids.shape[0], cfg.n_kv_head, case.ids.shape[1],
+                                                                    cfg.head_dim), np.float32)] * (2 * cfg.n_layer))
+                           for case in unpadded]  # each cache the case's length
+    made = _run(graph, taps, cfg, weights, budget, chains + ([greedy_chain(cfg, greedy, True)] if greedy else []))
+    rows = []
+    for case, [(got, _, _)] in zip(unpadded, made, strict=False):
+        check = compare(contract.LOGITS, got, case.logits, tol, case.exact)
+        rows.append(ParityRow(case.name, (check,), float((got.argmax(-1) == case.logits.argmax(-1)).mean())))
+    ok = all(r.ok for r in rows)
+    return rows, (greedy_verdict(made[-1], greedy, tol) if greedy and ok else 0)
 
 
 def reference_greedy(cfg: ModelConfig, weights: Mapping[str, np.ndarray], prompt: Sequence[int], n: int
                      ) -> tuple[list[int], np.ndarray]:
     """The reference's greedy continuation of `prompt`: n tokens and the scores each was chosen from (n, V); each
-    step a pass over the model's weights for its one new token, on the keys and values of the steps before."""
+    step a pass over the model's weights for its one new token, on the keys and values of the steps before, through
+    one LayerMemo (its modules refilled in place, the head read once where it fits)."""
     tokens: list[int] = []
     scores = []
-    ids, past = list(prompt), None
+    ids, past, memo = list(prompt), None, layer_reference.LayerMemo(weights)
     for _ in range(n):
-        *layers, logits = layer_reference.run_layers(cfg, weights, np.array([ids]), last_only=True, past=past)
+        *layers, logits = layer_reference.run_layers(cfg, memo, np.array([ids]), last_only=True, past=past)
         past = [(out.key, out.value) for out in layers if isinstance(out, layer_reference.LayerOut)]
         scores.append(np.asarray(logits)[0, -1])  # (V,)
         tokens.append(int(scores[-1].argmax()))
@@ -176,23 +200,21 @@ def decode(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[
     return [logits[0, -1] for logits, _, _ in made]
 
 
-def greedy(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], static: bool,
-           prompt: Sequence[int], chosen: tuple[list[int], np.ndarray], tol: Tolerance,
-           budget: int = chunked.CHUNK_BYTES) -> int:
-    """The graph prefilled with `prompt`, then stepped through the reference's greedy tokens (`chosen`:
-    reference_greedy's) on its own cache: each of its choices the reference's or within the reference's rounding
-    of it. Returns the tokens compared."""
-    tokens, scores = chosen
-    ids = np.array([prompt], np.int64)
-    capacity = ids.shape[1] + len(tokens)
-    width = capacity if static else 0
+def greedy_chain(cfg: ModelConfig, greedy: Greedy, static: bool) -> Chain:
+    """The graph prefilled with the greedy check's prompt, then stepped through the reference's tokens (but the
+    last) on its own cache."""
+    tokens, _ = greedy.chosen
+    ids = np.array([greedy.prompt], np.int64)
+    width = ids.shape[1] + len(tokens) if static else 0
     past = [np.zeros((1, cfg.n_kv_head, width, cfg.head_dim), np.float32)] * (2 * cfg.n_layer)
-    calls = (static_calls if static else contract_calls)(ids, tokens[:-1])
-    cut = pieces(graph, taps, cfg, weights, budget)
-    try:
-        made = cut.run(calls, past)
-    finally:
-        cut.close()
+    return (static_calls if static else contract_calls)(ids, tokens[:-1]), past
+
+
+def greedy_verdict(made: Sequence[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]], greedy: Greedy,
+                   tol: Tolerance) -> int:
+    """greedy_chain's run: each of the graph's choices the reference's or one the reference scores within its
+    rounding of it, else a ValidationError. Returns the tokens compared."""
+    tokens, scores = greedy.chosen
     for j, (logits, _, _) in enumerate(made):
         choice = int(logits[0, -1].argmax())
         if scores[j, choice] < scores[j].max() - tol.bound(float(np.abs(scores[j]).max())):

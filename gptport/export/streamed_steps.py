@@ -91,16 +91,17 @@ def _mem_available() -> int | None:
 
 
 def check_fp32(job: Job, plain: Path) -> None:
-    """The fp32 contract graph against the torch model run layer by layer (layer_check.py), then greedy decoding."""
+    """The fp32 contract graph against the torch model run layer by layer (layer_check.py), with greedy decoding in
+    the same opening of its pieces."""
     fp32 = job.graph("fp32")
     assert fp32 is not None
     cfg, taps = job.card.model, job.taps[f"fp32 {contract.CACHE_CONCAT}"]
     job.checked = layer_check.cases(cfg)
-    job.report.parity = layer_check.check_contract(plain, taps, cfg, job.weights, job.tol, job.checked)
-    validate.refuse("fp32 parity", job.report.parity)
     job.chosen = _chosen(job, cfg)
-    job.report.greedy_tokens = layer_check.greedy(plain, taps, cfg, job.weights, False, job.prompts[0], job.chosen,
-                                                  job.tol)
+    job.say("checking the fp32 graph layer by layer, in pieces")
+    job.report.parity, job.report.greedy_tokens = layer_check.check_contract(
+        plain, taps, cfg, job.weights, job.tol, job.checked, layer_check.Greedy(job.prompts[0], job.chosen))
+    validate.refuse("fp32 parity", job.report.parity)
     job.passed[fp32] = plain
 
 
@@ -114,24 +115,25 @@ def check_slice(job: Job) -> None:
         graph_write.write(tmp, lambda sink: contract_graph.build(cfg, job.weights, sink, opset=job.opset,
                                                                  residuals=taps), {}, True)
         job.report.parity_of = f"the builder's fp32 graph of the first {cfg.n_layer} layers:"
-        job.report.parity = layer_check.check_contract(tmp, taps, cfg, job.weights, job.tol, layer_check.cases(cfg))
+        chosen = _chosen(job, cfg)  # sets job.prompts
+        greedy = layer_check.Greedy(job.prompts[0], chosen)
+        job.report.parity, job.report.greedy_tokens = layer_check.check_contract(
+            tmp, taps, cfg, job.weights, job.tol, layer_check.cases(cfg), greedy)
         validate.refuse(f"fp32 parity of the first {cfg.n_layer} layers", job.report.parity)
-        chosen = _chosen(job, cfg)
-        job.report.greedy_tokens = layer_check.greedy(tmp, taps, cfg, job.weights, False, job.prompts[0], chosen,
-                                                      job.tol)
     finally:
         tmp.unlink(missing_ok=True)
         tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)
 
 
 def check_static(job: Job, path: Path) -> None:
-    """The fp32 static-cache graph's logits against the reference's of the contract graph's check, then the greedy
-    steps; its cache sized to the checks' short texts, not n_ctx (805 MB a row at Qwen2.5-0.5B's 32k)."""
+    """The fp32 static-cache graph's logits against the reference's of the contract graph's check, with the greedy
+    steps in the same opening of its pieces; its cache sized to the checks' short texts, not n_ctx (805 MB a row at
+    Qwen2.5-0.5B's 32k)."""
     cfg, taps = job.card.model, job.taps[f"fp32 {contract.CACHE_STATIC}"]
-    job.report.static_parity = layer_check.check_static(path, taps, cfg, job.weights, job.checked, job.tol)
-    validate.refuse("static-cache graph parity", job.report.static_parity)
     assert job.chosen is not None  # check_fp32 ran
-    layer_check.greedy(path, taps, cfg, job.weights, True, job.prompts[0], job.chosen, job.tol)
+    job.report.static_parity, _ = layer_check.check_static(path, taps, cfg, job.weights, job.checked, job.tol,
+                                                           layer_check.Greedy(job.prompts[0], job.chosen))
+    validate.refuse("static-cache graph parity", job.report.static_parity)
 
 
 def check_append(job: Job, path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from gptport import contract
 from gptport.config import ModelConfig
+from gptport.errors import ValidationError
 from gptport.export import contract_graph, graph_write, layer_check
 from gptport.export.graph_body import Builder
 from gptport.export.rope_graph import Rotary
@@ -116,7 +117,7 @@ def _check(tmp_path: Path, build: Callable[..., object], weights: dict[str, np.n
     path = tmp_path / "model.onnx"
     taps: list[str] = []
     graph_write.write(path, lambda sink: contract_graph.build(cfg, weights, sink, residuals=taps), {}, True)
-    rows = layer_check.check_contract(path, taps, cfg, truth, Tolerance(), layer_check.cases(cfg))
+    rows, _ = layer_check.check_contract(path, taps, cfg, truth, Tolerance(), layer_check.cases(cfg))
     return [r.ok for r in rows]
 
 
@@ -183,14 +184,32 @@ def test_a_graph_checked_in_pieces_of_one_layer_passes_and_decodes(tmp_path: Pat
         graph_write.write(paths[kind], lambda sink, b=build, t=taps[kind]: b(cfg, w, sink=sink, residuals=t), {},
                           True)
     checked = layer_check.cases(cfg)
-    rows = layer_check.check_contract(paths["contract"], taps["contract"], cfg, w, Tolerance(), checked, budget=1)
-    rows += layer_check.check_static(paths["static"], taps["static"], cfg, w, checked, Tolerance(), budget=1)
-    assert len(rows) == 3 and all(r.ok and r.top1 == 1.0 for r in rows)
-    chosen = layer_check.reference_greedy(cfg, w, [1, 2, 3], 6)
-    for kind in ("contract", "static"):
-        assert layer_check.greedy(paths[kind], taps[kind], cfg, w, kind == "static", [1, 2, 3], chosen, Tolerance(),
-                                  budget=1) == 6
+    greedy = layer_check.Greedy([1, 2, 3], layer_check.reference_greedy(cfg, w, [1, 2, 3], 6))
+    rows, n = layer_check.check_contract(paths["contract"], taps["contract"], cfg, w, Tolerance(), checked, greedy,
+                                         budget=1)
+    static_rows, static_n = layer_check.check_static(paths["static"], taps["static"], cfg, w, checked, Tolerance(),
+                                                     greedy, budget=1)
+    assert len(rows + static_rows) == 3 and all(r.ok and r.top1 == 1.0 for r in rows + static_rows)
+    assert n == static_n == 6
     assert not [p for p in tmp_path.iterdir() if ".piece" in p.name]
+
+
+def test_a_greedy_choice_the_reference_scores_far_below_its_best_is_refused(tmp_path: Path) -> None:
+    """The greedy steps run in the same opening of the pieces as the parity cases: a step where the reference
+    scores the graph's choice far below its own best is a ValidationError naming the step."""
+    model = random_model(**LLAMA)
+    w, cfg = weights_of(model), model.cfg
+    path, taps = tmp_path / "model.onnx", list[str]()
+    graph_write.write(path, lambda sink: contract_graph.build(cfg, w, sink, residuals=taps), {}, True)
+    tokens, scores = layer_check.reference_greedy(cfg, w, [1, 2, 3], 4)
+    wrong = scores.copy()
+    wrong[2, tokens[2]] -= 10.0  # the reference "preferred" another token by far at step 2
+    wrong[2, (tokens[2] + 1) % cfg.vocab_size] = scores[2].max() + 10.0
+    with pytest.raises(ValidationError, match="greedy decoding differs from torch at new token 2"):
+        layer_check.check_contract(path, taps, cfg, w, Tolerance(), layer_check.cases(cfg),
+                                   layer_check.Greedy([1, 2, 3], (tokens, wrong)))
+    assert layer_check.check_contract(path, taps, cfg, w, Tolerance(), layer_check.cases(cfg),
+                                      layer_check.Greedy([1, 2, 3], (tokens, scores)))[1] == 4
 
 
 def test_int4_alone_writes_no_fp32_graph_and_checks_a_slice(streamed: Path, tmp_path: Path,
