@@ -20,6 +20,12 @@ from gptport.errors import ArtifactError, escaped
 from gptport.safetensors_file import Entry, read_header
 
 FLOATS = ("F32", "F16", "BF16")
+READ_BLOCK = 16 << 20  # bytes into() reads at a time (through one buffer it keeps)
+
+
+def typed(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Little-endian bytes of a float tensor viewed as their type (F32, F16, BF16), nothing copied."""
+    return raw.view({"F32": "<f4", "F16": "<f2"}.get(dtype, bfloat16))
 
 
 def widen(raw: np.ndarray, dtype: str) -> np.ndarray:
@@ -41,6 +47,7 @@ class ModelWeights(Mapping[str, np.ndarray]):
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
         self._start = 8 + n
+        self._buffer = np.zeros(0, np.uint8)  # into()'s reads (at most READ_BLOCK bytes, or one row)
 
     @classmethod
     def open(cls, model_dir: Path) -> ModelWeights:
@@ -49,9 +56,9 @@ class ModelWeights(Mapping[str, np.ndarray]):
 
         return cls(model_dir / WEIGHTS)
 
-    def _read(self, e: Entry, begin: int, size: int) -> np.ndarray:
-        """`size` bytes of tensor `e` from its byte `begin`, into memory of their own."""
-        raw = np.empty(size, np.uint8)
+    def _read(self, e: Entry, begin: int, size: int, into: np.ndarray | None = None) -> np.ndarray:
+        """`size` bytes of tensor `e` from its byte `begin`, into memory of their own (or the front of `into`)."""
+        raw = np.empty(size, np.uint8) if into is None else into[:size]
         view, offset, got = memoryview(raw), self._start + e.begin + begin, 0
         with open(self.path, "rb", buffering=0) as f:
             while got < raw.size:  # a read may return less than asked (a large one, a signal)
@@ -63,7 +70,30 @@ class ModelWeights(Mapping[str, np.ndarray]):
 
     def __getitem__(self, name: str) -> np.ndarray:
         e = self.entries[name]
-        return widen(self._read(e, 0, e.end - e.begin), e.dtype).reshape(e.shape)
+        if e.dtype == "F32":
+            return self._read(e, 0, e.end - e.begin).view("<f4").reshape(e.shape)
+        out = np.empty(e.shape, np.float32)  # the 16-bit bytes pass through into()'s buffer: no copy of their own
+        self.into(name, out)
+        return out
+
+    def into(self, name: str, out: np.ndarray) -> None:
+        """Tensor `name` written into `out` (its shape, any float type: the values converted as numpy casts),
+        READ_BLOCK bytes of rows at a time through a buffer kept between calls: a reader that refills the same
+        arrays (the layer-by-layer reference's modules) touches no new memory."""
+        e = self.entries[name]
+        if tuple(out.shape) != e.shape:
+            raise ArtifactError(f"{self.path}: tensor {escaped(name)} has shape {list(e.shape)}, asked for "
+                                f"{list(out.shape)}")
+        n = e.shape[0] if e.shape else 1
+        flat = out.reshape(n, -1)  # (rows, the rest): a view of `out`
+        row = (e.end - e.begin) // n if n else 0
+        per = max(1, READ_BLOCK // max(row, 1))
+        if self._buffer.size < min(n, per) * row:
+            self._buffer = np.empty(min(n, per) * row, np.uint8)
+        for a in range(0, n, per):
+            b = min(n, a + per)
+            np.copyto(flat[a:b], typed(self._read(e, a * row, (b - a) * row, self._buffer), e.dtype).reshape(b - a, -1),
+                      casting="unsafe")
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows start:stop of a tensor (clipped to its rows, as a slice is) as float32, reading only them: a huge

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 WeightFn = Callable[[str], np.ndarray]  # gptport's tensor name ("h.3.attn.c_attn.weight") -> float32 array
 Weights = WeightFn | Mapping[str, np.ndarray]  # a mapping's embedding rows are read alone (gptport.weights.take)
 HEAD_ROWS = 8192  # vocabulary rows of the head widened at a time when dtype is not float32 (float64: 64 MiB at d 1024)
+HOLD_BYTES = 2 << 30  # the modules a LayerMemo keeps for later passes
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def run_layers(cfg: ModelConfig, weights: Weights, input_ids: np.ndarray, attent
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
         if logits:
-            x = finished_logits(_head(x, _head_name(cfg), weight, (cfg.vocab_size, cfg.d_model), dtype), cfg)
+            x = finished_logits(_head(x, _head_name(cfg), weights, (cfg.vocab_size, cfg.d_model), dtype), cfg)
     yield x.numpy()  # (B, T, V), or (B, T, D) without `logits`
 
 
@@ -128,44 +129,101 @@ def _head_name(cfg: ModelConfig) -> str:
 
 
 class LayerMemo(Float32):
-    """`weights` read through a memo of the layer being read (and of the tensors outside the layers, until a layer
-    is read): runs advanced in step (run_together) read each tensor once between them, and it holds one layer."""
+    """`weights` read into modules kept between runs: one module of each kind (a layer, the final norm, the head)
+    and float type, refilled in place for each layer (ModelWeights.into: no new memory; the second float type
+    converted from the first) and not at all while it holds the tensors asked for. So runs advanced in step
+    (run_together) read each tensor once for all of them, and passes one after another (reference_greedy's steps)
+    reuse the head. While more than HOLD_BYTES are held, moving between the layers and what lies outside them
+    drops the other side's modules. (Holding every layer where the model fits was measured: Qwen2.5-0.5B's export
+    peaked 0.9 GB higher and was no faster.)"""
 
     def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
         super().__init__(weights)
-        self.held: dict[str, np.ndarray] = {}
-        self.modules: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self.held:
-            self._drop(_layer_of(name))
-            self.held[name] = super().__getitem__(name)
-        return self.held[name]
+        self.modules: dict[tuple[str, torch.dtype], tuple[str, torch.nn.Module]] = {}  # -> (prefix held, module)
+        self.rows: dict[torch.dtype, torch.Tensor] = {}  # _head's buffer of HEAD_ROWS rows per float type
 
     def module(self, prefix: str, dtype: torch.dtype, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
-        """The module of `prefix` in `dtype`, built once for every run in step (eval mode: it holds no state)."""
-        if (prefix, dtype) not in self.modules:
-            self._drop(_layer_of(prefix + "x"))
-            self.modules[prefix, dtype] = build()
-        return self.modules[prefix, dtype]
+        """The module `build` makes, in `dtype` and eval mode, holding the weights under `prefix`."""
+        import torch
 
-    def _drop(self, group: str) -> None:
-        """What another layer holds (or, reading a layer, what lies outside the layers)."""
-        for name in [n for n in self.held if _layer_of(n) != group and (group or _layer_of(n))]:
-            del self.held[name]
-        for key in [k for k in self.modules if _layer_of(k[0] + "x") != group and (group or _layer_of(k[0] + "x"))]:
+        kind = _kind(prefix)
+        held = self.modules.get((kind, dtype))
+        if held is not None and held[0] == prefix:
+            return held[1]
+        if held is None:
+            if sum(_bytes(m) for _, m in self.modules.values()) > HOLD_BYTES:
+                self._drop(kind)
+            module = _empty(build, dtype)
+        else:
+            module = held[1]
+        twin = next((m for (k, t), (p, m) in self.modules.items() if k == kind and p == prefix and t != dtype), None)
+        if twin is not None:  # the same tensors in another float type: converted from it, not read again
+            with torch.no_grad():
+                for mine, theirs in zip(module.state_dict().values(), twin.state_dict().values(), strict=True):
+                    mine.copy_(theirs)
+        else:
+            _fill(module, prefix, self.weights)
+        self.modules[kind, dtype] = (prefix, module)
+        return module
+
+    def head_rows(self, n: int, d: int, dtype: torch.dtype) -> torch.Tensor:
+        """A buffer of n rows of d for _head's widened rows, kept for the next pass."""
+        import torch
+
+        if dtype not in self.rows or self.rows[dtype].shape != (n, d):
+            self.rows[dtype] = torch.empty(n, d, dtype=dtype)
+        return self.rows[dtype]
+
+    def _drop(self, kind: str) -> None:
+        """The modules of the other side (the layers, or what lies outside them) than `kind`'s."""
+        for key in [k for k in self.modules if (k[0] == "h.") != (kind == "h.")]:
             del self.modules[key]
+        if kind == "h.":
+            self.rows.clear()
 
     def take(self, name: str, index: np.ndarray) -> np.ndarray:
         return take(self.weights, name, index)
 
 
+def _bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def _empty(build: Callable[[], torch.nn.Module], dtype: torch.dtype) -> torch.nn.Module:
+    """The module `build` makes, in `dtype`, its tensors allocated and not initialized, in eval mode."""
+    import torch
+
+    with torch.device("meta"):
+        module = build().to(dtype)
+    return module.to_empty(device="cpu").eval()
+
+
+def _fill(module: torch.nn.Module, prefix: str, weights: Mapping[str, np.ndarray]) -> None:
+    """Each of the module's tensors overwritten with `weights`' of prefix + its name, refused in one line where the
+    shapes differ; read in place where the weights can (ModelWeights.into)."""
+    for name, t in module.state_dict().items():
+        out = t.detach().numpy()  # the module's own memory
+        into = getattr(weights, "into", None)
+        if into is not None and callable(into):
+            if tuple(shape_of(weights, prefix + name)) != tuple(out.shape):
+                raise ArtifactError(f"weight {prefix + name}: shape {tuple(shape_of(weights, prefix + name))}, the "
+                                    f"config asks for {tuple(out.shape)}")
+            into(prefix + name, out)
+        else:
+            np.copyto(out, _checked(weights.__getitem__, prefix + name, tuple(out.shape)), casting="unsafe")
+
+
 def _module(weights: Weights, make: Callable[[], torch.nn.Module], prefix: str, weight: WeightFn,
             dtype: torch.dtype) -> torch.nn.Module:
-    """_loaded's module, once for all the runs in step where `weights` is a LayerMemo."""
+    """_loaded's module, kept and refilled (LayerMemo.module) where `weights` is a LayerMemo."""
     if isinstance(weights, LayerMemo):
-        return weights.module(prefix, dtype, lambda: _loaded(make, prefix, weight, dtype))
+        return weights.module(prefix, dtype, make)
     return _loaded(make, prefix, weight, dtype)
+
+
+def _kind(prefix: str) -> str:
+    """"h." for any layer's module (they are all alike), else its own prefix."""
+    return "h." if _layer_of(prefix + "x") else prefix
 
 
 def _layer_of(name: str) -> str:
@@ -254,16 +312,30 @@ def _loaded(make: Callable[[], torch.nn.Module], prefix: str, weight: WeightFn, 
     return module.eval()
 
 
-def _head(x: torch.Tensor, prefix: str, weight: WeightFn, shape: tuple[int, int], dtype: torch.dtype
+def _head(x: torch.Tensor, prefix: str, weights: Weights, shape: tuple[int, int], dtype: torch.dtype
           ) -> torch.Tensor:
     """The logits x @ w.T: (B, T, D) -> (B, T, V). Float32 as GPT's lm_head, an nn.Linear over the array itself (a
     Parameter: matmul picks its kernel by requires_grad, so a plain tensor rounds otherwise); another dtype
-    HEAD_ROWS vocabulary rows at a time, so that no widened copy of the whole matrix is made."""
+    HEAD_ROWS vocabulary rows at a time, so that no widened copy of the whole matrix is made (from a LayerMemo, the
+    float32 head it keeps, through a buffer it keeps)."""
     import torch
     import torch.nn.functional as F
 
+    def make() -> torch.nn.Module:
+        return torch.nn.Linear(shape[1], shape[0], bias=False)
+
+    weight: WeightFn = weights.__getitem__ if isinstance(weights, Mapping) else weights
     if dtype == torch.float32:
-        return _loaded(lambda: torch.nn.Linear(shape[1], shape[0], bias=False), prefix, weight, dtype)(x)
+        return _module(weights, make, prefix, weight, dtype)(x)
+    if isinstance(weights, LayerMemo):
+        w = weights.module(prefix, torch.float32, make).weight.detach()  # (V, D)
+        rows = weights.head_rows(min(HEAD_ROWS, shape[0]), shape[1], dtype)
+        parts = []
+        for r in range(0, shape[0], HEAD_ROWS):
+            part = rows[:min(HEAD_ROWS, shape[0] - r)]
+            part.copy_(w[r:r + HEAD_ROWS])
+            parts.append(F.linear(x, part))  # (B, T, rows)
+        return torch.cat(parts, dim=-1)  # (B, T, V)
     w = _checked(weight, prefix + "weight", shape)  # (V, D)
     return torch.cat([F.linear(x, _tensor(w[r:r + HEAD_ROWS], dtype)) for r in range(0, shape[0], HEAD_ROWS)],
                      dim=-1)  # (B, T, V)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gptport import safetensors_stream as ss
+from gptport.errors import ArtifactError
 from gptport.paths import WEIGHTS
 from gptport.weights import ModelWeights, open_weights, shape_of, take, widen
 
@@ -50,6 +51,23 @@ def test_rows_read_only_a_block(model_dir: Path, start: int, stop: int) -> None:
     w = ModelWeights.open(model_dir)
     assert np.array_equal(w.rows("emb", start, stop), w["emb"][start:stop])
     assert np.array_equal(w.rows("bf", start, stop), w["bf"][start:stop])
+
+
+@pytest.mark.parametrize("block", [8, 12, 1 << 20])  # bytes: less than a row, a row and a half, every row
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_into_fills_an_array_in_place_a_block_of_rows_at_a_time(model_dir: Path, block: int, dtype: type,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptport import weights
+
+    monkeypatch.setattr(weights, "READ_BLOCK", block)
+    w = ModelWeights.open(model_dir)
+    for name in ("emb", "half", "bf"):
+        out = np.full(w.shape(name), np.nan, dtype)
+        before = out.ctypes.data
+        w.into(name, out)
+        assert out.ctypes.data == before and np.array_equal(out, w[name].astype(dtype))
+    with pytest.raises(ArtifactError, match=r"tensor emb has shape \[9, 4\], asked for \[4, 9\]"):
+        w.into("emb", np.zeros((4, 9), np.float32))
 
 
 @pytest.mark.parametrize("index", [[[3, 0, 3], [5, 1, 1]], [5], np.zeros((0,), np.int64)])

@@ -197,10 +197,16 @@ def test_float64_copy_widens_a_head_rows_at_a_time_to_the_same_logits(tmp_path: 
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("hold", [2 << 30, 0], ids=["held", "dropped at each move"])
 @pytest.mark.parametrize("variant", ["gpt2", "llama"])
-def test_runs_together_read_each_tensor_once_and_give_each_runs_numbers(tmp_path: Path, variant: str,
+def test_runs_together_read_each_tensor_once_and_give_each_runs_numbers(tmp_path: Path, variant: str, hold: int,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within LayerMemo's budget, or past it (each move between the layers and the head drops the other side's
+    modules): the same numbers, each tensor read once."""
+    from gptport.export import layer_reference
     from gptport.weights import ModelWeights
+
+    monkeypatch.setattr(layer_reference, "HOLD_BYTES", hold)
 
     model, weights = tiny(tmp_path, **VARIANTS[variant])
     ids, mask = inputs()
@@ -208,10 +214,11 @@ def test_runs_together_read_each_tensor_once_and_give_each_runs_numbers(tmp_path
             {"input_ids": ids[1:], "attention_mask": mask[1:], "last_only": True}]
     alone = [list(run_layers(model.cfg, weights, **kw)) for kw in runs]
     stored, read = ModelWeights(tmp_path / "model.safetensors"), list[str]()
-    real = ModelWeights.__getitem__
+    real, into = ModelWeights.__getitem__, ModelWeights.into
     monkeypatch.setattr(ModelWeights, "__getitem__", lambda self, n: read.append(n) or real(self, n))
+    monkeypatch.setattr(ModelWeights, "into", lambda self, n, out: read.append(n) or into(self, n, out))
     together = run_together(model.cfg, stored, runs)
-    assert len(read) == len(set(read))  # every tensor read once for the three runs
+    assert read and len(read) == len(set(read))  # every tensor read once for the three runs and both float types
     for got, want in zip(together, alone, strict=True):
         for a, b in zip(got, want, strict=True):
             if isinstance(b, np.ndarray):
@@ -237,3 +244,27 @@ def test_a_step_on_the_past_is_the_models_step_on_its_cache(tmp_path: Path, vari
         assert out.key.shape == (2, model.cfg.n_kv_head, 10, model.cfg.head_dim)
         same(out.key, k.numpy())
         same(out.value, v.numpy())
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "llama"])
+def test_the_greedy_reference_through_one_memo_is_the_models_greedy(tmp_path: Path, variant: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """reference_greedy's passes through one LayerMemo (modules held, or refilled each pass): the torch model's own
+    greedy tokens and last-position logits, step by step on its cache."""
+    from gptport.export import layer_check, layer_reference
+    from gptport.weights import ModelWeights
+
+    model, _ = tiny(tmp_path, **VARIANTS[variant])
+    stored, prompt = ModelWeights(tmp_path / "model.safetensors"), [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        logits, cache = model(torch.tensor([prompt]))
+        want_tokens, want_scores = [], []
+        for _ in range(5):
+            want_scores.append(logits[0, -1].numpy())
+            want_tokens.append(int(logits[0, -1].argmax()))
+            logits, cache = model(torch.tensor([[want_tokens[-1]]]), past=cache)
+    for hold in (2 << 30, 0):
+        monkeypatch.setattr(layer_reference, "HOLD_BYTES", hold)
+        tokens, scores = layer_check.reference_greedy(model.cfg, stored, prompt, 5)
+        assert tokens == want_tokens
+        same(scores, np.stack(want_scores))
