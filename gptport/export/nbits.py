@@ -62,9 +62,11 @@ def slabs(w: np.ndarray, q: Quant) -> Iterator[tuple[np.ndarray, np.ndarray, np.
     n, k = w.shape
     blocks = -(-k // q.block)
     rows = max(1, SLAB_BYTES // (4 * blocks * q.block))
+    part = np.zeros(0, np.float32)
     for start in range(0, n, rows):
-        part = np.zeros((blocks * q.block, min(rows, n - start)), dtype=np.float32)  # (K padded, n): B's layout
-        part[:k] = np.asarray(w[start:start + rows], dtype=np.float32).T
+        if part.shape != (blocks * q.block, min(rows, n - start)):  # one buffer for the slabs of a shape
+            part = np.zeros((blocks * q.block, min(rows, n - start)), dtype=np.float32)  # (K padded, n): B's layout
+        part[:k] = np.asarray(w[start:start + rows], dtype=np.float32).T  # the padding stays zeros
         packed_shape, scale_shape, zp_shape = q.shapes(part.shape[1], k)
         packed, scales = np.zeros(packed_shape, np.uint8), np.zeros(scale_shape, np.float32)
         zero = np.zeros(zp_shape, np.uint8)
