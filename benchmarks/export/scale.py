@@ -11,7 +11,9 @@ layers of d 64: the script end to end in a minute). Each is made once under benc
 
 - gptport: `gptport import-hf DIR --out M --force`, then `gptport export M --precision P --no-gate --force`,
   P every --precisions at once (default) or one export per precision (--per-precision; gptport writes fp32
-  with each). Written: the files of M import made, then those each export made or changed.
+  with each). Written: the files of M import made, then those each export made or changed. With
+  --also-no-static, the same again with `export --no-static` ("gptport --no-static"): the contract graphs alone,
+  the three graphs genai writes (gptport's default adds the static-cache graphs and the append graph).
 - onnxruntime-genai's builder, in a venv of its own (benchmarks/work/venv-genai-builder, made when missing:
   onnxruntime-genai 0.18 with the CPU onnxruntime, torch, transformers, and onnx and onnx_ir, which the
   builder imports without asking for them): `python -m onnxruntime_genai.models.builder -i DIR -o OUT -p P -e cpu
@@ -27,7 +29,7 @@ and within genai's time and peak for the same precisions; Llama-3.2-1B's exports
 import-hf + export int4 within 20 minutes and 6 GiB.
 
     python -m benchmarks.export.scale --shapes qwen2.5-0.5b,llama-3.2-1b [--precisions fp32,int8,int4]
-        [--rounds 1] [--per-precision] [--no-genai] [--no-gptport] [--make-only] [--keep]
+        [--rounds 1] [--per-precision] [--also-no-static] [--no-genai] [--no-gptport] [--make-only] [--keep]
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from benchmarks.harness.run import Run, say
 from benchmarks.harness.rusage import GIB, measure
 
 GENAI_VENV = WORK / "venv-genai-builder"
+NO_STATIC = "gptport --no-static"  # the tool's name in the results: export without the static-cache graphs
 GENAI_PACKAGES = ("onnxruntime-genai==0.18.*", "onnxruntime", "torch==2.13.*", "transformers", "onnx", "onnx_ir")
 GENAI_PRECISIONS = ("fp32", "fp16", "int8", "int4")  # the builder's -p choices that gptport has too
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -97,12 +100,14 @@ def make_shape(shape: str, work: Path) -> tuple[Path, dict[str, Any] | None]:
     return hf, with_disk(fig, written({}, hf))
 
 
-def run_gptport(hf: Path, out: Path, precisions: list[str], per_precision: bool, keep: bool) -> dict[str, Any]:
-    """import-hf, then the export(s), each measured; the model directory removed afterwards unless `keep`."""
-    m, logs = out / "gptport", out / "logs"
+def run_gptport(hf: Path, out: Path, precisions: list[str], per_precision: bool, keep: bool,
+                extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """import-hf, then the export(s) with `extra` options, each measured; the model directory removed afterwards
+    unless `keep`."""
+    m, logs, tag = out / "gptport", out / "logs", "".join(f"-{x.lstrip('-')}" for x in extra)
     shutil.rmtree(m, ignore_errors=True)
     steps = {"import-hf": with_disk(measured(gptport("import-hf", str(hf), "--out", str(m), "--force"),
-                                             logs / "gptport-import.log"), written({}, m))}
+                                             logs / f"gptport{tag}-import.log"), written({}, m))}
     imported = files(m)
     for p in (precisions if per_precision else [",".join(precisions)]):
         if "error" in steps["import-hf"]:
@@ -110,8 +115,8 @@ def run_gptport(hf: Path, out: Path, precisions: list[str], per_precision: bool,
         for name in set(files(m)) - set(imported):  # the previous export's files
             (m / name).unlink()
         before = files(m)
-        fig = measured(gptport("export", str(m), "--precision", p, "--no-gate", "--force"),
-                       logs / f"gptport-export-{p.replace(',', '-')}.log")
+        fig = measured(gptport("export", str(m), "--precision", p, "--no-gate", "--force", *extra),
+                       logs / f"gptport{tag}-export-{p.replace(',', '-')}.log")
         steps[f"export {p}"] = with_disk(fig, written(before, m))
     if not keep:
         shutil.rmtree(m, ignore_errors=True)
@@ -172,9 +177,10 @@ def summary(run: Run, shape: str, tool: str) -> list[dict[str, Any]]:
     return rows
 
 
-def goal_row(shape: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """gptport's import + exports against issue 58's goal for `shape` and genai's builds of the same run."""
-    mine = [r for r in rows if r["shape"] == shape and r["tool"] == "gptport"]
+def goal_row(shape: str, rows: list[dict[str, Any]], tool: str = "gptport") -> dict[str, Any] | None:
+    """gptport's import + exports (`tool`: with --no-static too) against issue 58's goal for `shape` and genai's
+    builds of the same run."""
+    mine = [r for r in rows if r["shape"] == shape and r["tool"] == tool]
     theirs = [r for r in rows if r["shape"] == shape and r["tool"] == "genai"]
     goal = GOALS.get(shape)
     if not mine or goal is None:
@@ -183,8 +189,8 @@ def goal_row(shape: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     genai_failed = any(r["error"] for r in theirs)  # (killed for memory, say): nothing to compare against
     wall, peak = sum(r["wall_s"] for r in mine), max(r["peak_rss_gib"] for r in mine)
     met = not failed and wall <= goal.get("wall_s", wall) and peak <= goal["peak_rss_gib"]
-    return {"table": "goals (issue 58)", "shape": shape, "gptport_wall_s": wall, "gptport_peak_rss_gib": peak,
-            "goal_wall_s": goal.get("wall_s"), "goal_peak_rss_gib": goal["peak_rss_gib"],
+    return {"table": "goals (issue 58)", "shape": shape, "tool": tool, "gptport_wall_s": wall,
+            "gptport_peak_rss_gib": peak, "goal_wall_s": goal.get("wall_s"), "goal_peak_rss_gib": goal["peak_rss_gib"],
             "genai_wall_s": sum(r["wall_s"] for r in theirs) if theirs else None,
             "genai_peak_rss_gib": max((r["peak_rss_gib"] for r in theirs), default=None),
             "within_goal": met, "within_genai": None if not theirs or failed or genai_failed else (
@@ -200,6 +206,9 @@ def main() -> None:
     ap.add_argument("--per-precision", action="store_true", help="gptport: one export per precision")
     ap.add_argument("--no-genai", action="store_true", help="leave onnxruntime-genai's builder out")
     ap.add_argument("--no-gptport", action="store_true", help="leave gptport out (the builder's figures alone)")
+    ap.add_argument("--also-no-static", action="store_true",
+                    help=f"gptport a second time with export --no-static ({NO_STATIC!r}): the contract graphs alone, "
+                         "the three graphs genai writes")
     ap.add_argument("--make-only", action="store_true", help="make the shapes' directories, measure nothing else")
     ap.add_argument("--keep", action="store_true", help="keep what each tool wrote (removed after it by default)")
     ap.add_argument("--work", type=Path, default=WORK / "scale", help="where directories and outputs go")
@@ -215,7 +224,8 @@ def main() -> None:
     if bad or not shapes or not precisions:
         raise SystemExit(f"--shapes {args.shapes!r} / --precisions {args.precisions!r}: {', '.join(bad) or 'empty'}"
                          f" is none of {', '.join(hf_shapes.SHAPES)} / {', '.join(PRECISIONS)}")
-    tools = [t for t, off in (("gptport", args.no_gptport), ("genai", args.no_genai)) if not off]
+    tools = [t for t, off in (("gptport", args.no_gptport), (NO_STATIC, args.no_gptport or not args.also_no_static),
+                              ("genai", args.no_genai)) if not off]
     python = genai_venv(args.genai_venv) if "genai" in tools and not args.make_only else None
     run = Run()
     for shape in shapes:
@@ -227,12 +237,13 @@ def main() -> None:
             for tool in ([] if args.make_only else rnd.order(tools)):
                 say(f"{shape}: {tool}")
                 out = args.work / shape
-                if tool == "gptport":
-                    rnd.data[tool] = run_gptport(hf, out, precisions, args.per_precision, args.keep)
+                if tool in ("gptport", NO_STATIC):
+                    rnd.data[tool] = run_gptport(hf, out, precisions, args.per_precision, args.keep,
+                                                 ("--no-static",) if tool == NO_STATIC else ())
                 elif python is not None:
                     rnd.data[tool] = run_genai(python, hf, out, precisions, args.keep)
     rows = [r for shape in shapes for tool in ("maker", *tools) for r in summary(run, shape, tool)]
-    rows += [g for shape in shapes if (g := goal_row(shape, rows)) is not None]
+    rows += [g for shape in shapes for tool in ("gptport", NO_STATIC) if (g := goal_row(shape, rows, tool)) is not None]
     print("\n".join(tables.tables(rows)))
     if args.make_only:
         return

@@ -92,17 +92,20 @@ def test_a_child_peak_is_its_own_not_its_parents(tmp_path: Path) -> None:
 
 def test_the_benchmark_runs_end_to_end_on_tiny(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "benchmarks.export.scale", "--shapes", "tiny", "--no-genai",
-                          "--precisions", "fp32,int8", "--work", str(tmp_path / "work"), "--results",
-                          str(tmp_path / "results")], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env=os.environ | {"PYTHONPATH": str(ROOT)})
+                          "--also-no-static", "--precisions", "fp32,int8", "--work", str(tmp_path / "work"),
+                          "--results", str(tmp_path / "results")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr[-2000:]
     [path] = (tmp_path / "results").glob("export-scale-*.json")
     doc = results.read(path)
     steps = {(r["tool"], r["step"]): r for r in doc["rows"] if r["table"] == "steps"}
-    assert set(steps) == {("maker", "make"), ("gptport", "import-hf"), ("gptport", "export fp32,int8")}
+    assert set(steps) == {("maker", "make"), ("gptport", "import-hf"), ("gptport", "export fp32,int8"),
+                          (scale.NO_STATIC, "import-hf"), (scale.NO_STATIC, "export fp32,int8")}
     assert all(r["error"] is None and r["peak_rss_gib"] > 0 and r["files"] > 0 for r in steps.values())
     written = doc["rounds"][0]["data"]["gptport"]["export fp32,int8"]["files"]
-    assert {"model.onnx", "model.int8.onnx"} <= set(written)
+    assert {"model.onnx", "model.int8.onnx", "model.static.onnx"} <= set(written)
+    alone = doc["rounds"][0]["data"][scale.NO_STATIC]["export fp32,int8"]["files"]
+    assert {"model.onnx", "model.int8.onnx"} <= set(alone) and not any("static" in f for f in alone)
     assert "| tiny | gptport | export fp32,int8 |" in run.stdout
     assert not (tmp_path / "work" / "tiny" / "gptport").exists()  # removed without --keep
     assert scale.goal_row("tiny", doc["rows"]) is None  # no goal for tiny
