@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from gptport import contract
 from gptport.config import ModelConfig
 from gptport.errors import UsageError
-from gptport.export import awq, grid, smooth, w8a8
+from gptport.export import awq, grid, kquant, smooth, w8a8
 from gptport.export.nbits import NBits
 
 
@@ -46,11 +46,12 @@ class Scheme:
     accuracy level 4 = int8 compute, 0 = float compute; the head may get more bits than the rest;
     `smooth` > 0: activations smoothed first with that alpha, smooth.py; `grid`: weights already on a 4-bit
     grid encoded exactly, grid.py, every other matrix quantized like the head, with `head_bits` and
-    `head_accuracy_level`; `fine_block`: the head, and with `fine_down` the down projections, in blocks that
-    long; `awq`: activation-aware scales and clipping first, awq.py; `wide`: roles kept at `head_bits` like the head,
-    "qkv", "down" or "down-half" (the down projections of the layers llama.cpp's Q4_K_M gives 6 bits)),
-    'dynamic' (QInt8 per-channel weights, DynamicQuantizeMatMul: an int8 GEMM with one scale per
-    activation tensor), 'w8a8' (per-channel int8 weights, per-token int8 activations: w8a8.py)."""
+    `head_accuracy_level` (`kq`: the weights first rounded onto such grids, kquant.py); `fine_block`: the head,
+    and with `fine_down` the down projections, in blocks that long; `awq`: activation-aware scales and clipping
+    first, awq.py; `wide`: roles kept at `head_bits` like the head, "qkv", "down" or "down-half" (the down
+    projections of the layers llama.cpp's Q4_K_M gives 6 bits)), 'dynamic' (QInt8 per-channel weights,
+    DynamicQuantizeMatMul: an int8 GEMM with one scale per activation tensor), 'w8a8' (per-channel int8 weights,
+    per-token int8 activations: w8a8.py)."""
 
     name: str
     kind: str = "nbits"
@@ -66,6 +67,7 @@ class Scheme:
     fine_down: bool = False  # the MLP's down projections (input wider than output) get `fine_block` too
     awq: bool = False  # activation-aware scaling and clipping (awq.py) before the 4-bit rounding
     wide: tuple[str, ...] = ()  # roles quantized like the head: "qkv", "down", "down-half"
+    kq: bool = False  # 4-bit with a float minimum per block of 32, searched as llama.cpp's k-quants (kquant.py)
 
 
 SCHEMES = {s.name: s for s in [
@@ -104,6 +106,13 @@ SCHEMES = {s.name: s for s in [
            wide=("qkv", "down")),
     Scheme("nbits4-b32-awq-acc0-head8", bits=4, block=32, accuracy_level=0, head_bits=8, awq=True),
     Scheme("nbits4-grid-acc4-head8", bits=4, block=grid.BLOCK, accuracy_level=4, head_bits=8, grid=True),
+    Scheme("nbits4-kq-acc4-head8", bits=4, block=grid.BLOCK, accuracy_level=4, head_bits=8, kq=True),
+    Scheme("nbits4-kq-acc4-head8-down8", bits=4, block=grid.BLOCK, accuracy_level=4, head_bits=8, kq=True,
+           wide=("down",)),
+    Scheme("nbits4-kq-awq-acc4-head8", bits=4, block=grid.BLOCK, accuracy_level=4, head_bits=8, kq=True, awq=True,
+           symmetric=False),
+    Scheme("nbits4-kq-awq-acc4-head8-down8", bits=4, block=grid.BLOCK, accuracy_level=4, head_bits=8, kq=True,
+           awq=True, symmetric=False, wide=("down",)),
     Scheme("nbits4-grid-acc0-head8", bits=4, block=grid.BLOCK, accuracy_level=0, head_bits=8, grid=True,
            head_accuracy_level=4),
 ]}
@@ -145,6 +154,20 @@ def _wide_nodes(proto: onnx.ModelProto, roles: tuple[str, ...]) -> list[str]:
     layers = sum(1 for i in proto.graph.initializer if i.name.endswith(".attn.c_attn.weight_t"))
     weights = {f"{m}.weight_t" for m in wide_modules(roles, layers)}
     return [n.name for n in proto.graph.node if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in weights]
+
+
+def _kq_round(proto: onnx.ModelProto, apart: set[str | None]) -> None:
+    """Each MatMul's float weight (K, N), but those of the nodes `apart` (the head, the roles kept at 8 bits),
+    replaced by its values on 4-bit grids with float minima (kquant.rounded), for grid.encode to write exactly."""
+    inits = {i.name: i for i in proto.graph.initializer}
+    done: set[str] = set()
+    for node in proto.graph.node:
+        name = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
+        w = inits.get(name)
+        if w is None or name in done or node.name in apart or len(w.dims) != 2 or w.dims[0] % kquant.BLOCK:
+            continue
+        w.CopyFrom(numpy_helper.from_array(kquant.rounded(numpy_helper.to_array(w)), name))
+        done.add(name)
 
 
 class NotApplicable(Exception):
@@ -191,14 +214,16 @@ def quantize(src: Path, dst: Path, scheme: Scheme, ranges: Ranges | None = None)
                                         "DefaultTensorType": onnx.TensorProto.FLOAT})
         return
     head_level = scheme.accuracy_level if scheme.head_accuracy_level < 0 else scheme.head_accuracy_level
-    if scheme.grid:
+    if scheme.kq:
+        _kq_round(proto, {head, *_wide_nodes(proto, scheme.wide)})
+    if scheme.grid or scheme.kq:
         inits = {i.name: i for i in proto.graph.initializer}
         sizes = {n.name or n.output[0]: int(np.prod(inits[n.input[1]].dims)) for n in proto.graph.node
                  if n.op_type == "MatMul" and n.input[1] in inits}  # each weight-reading MatMul's weights
         added = grid.encode(proto, scheme.accuracy_level)
         encoded = {a.removesuffix("_Q4_grid") for a in added if a.endswith("_Q4_grid")}  # grid.encode's names
         on, weights = sum(v for k, v in sizes.items() if k in encoded), sum(sizes.values())
-        if 2 * on < weights:  # not a 4-bit import, and the rest would get 8 bits
+        if 2 * on < weights and not scheme.kq:  # not a 4-bit import, and the rest would get 8 bits
             raise NotApplicable(f"{on / max(weights, 1):.1%} of the MatMul weights lie on a 4-bit grid "
                                 f"({len(encoded)} of {len(sizes)} matrices); the exact encoding needs half")
         passes = [(scheme.head_bits or scheme.bits, head_level, scheme.block, added)]  # every matrix off the grid
