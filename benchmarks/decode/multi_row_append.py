@@ -33,8 +33,9 @@ import onnxruntime as ort
 from benchmarks.harness import cli, results
 from benchmarks.harness.models import VOCAB
 from benchmarks.harness.run import Run
-from gptport.config import ModelConfig, load_preset
+from gptport.config import ModelConfig
 from gptport.export import gqa_graph, scatter_graph
+from gptport.preset import load_preset
 from gptport.runtime.onnx_engine import session_options
 from gptport.runtime.slots import StaticSlots
 

@@ -57,7 +57,8 @@ def random_weights(d: Path, shape: str, corpus: Path | None = None) -> None:
     import torch
 
     from gptport import tokenizer as bpe
-    from gptport.config import ModelConfig, load_preset
+    from gptport.config import ModelConfig
+    from gptport.preset import load_preset
     from gptport.training import checkpoint
     from gptport.training.model import GPT
 

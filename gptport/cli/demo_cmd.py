@@ -36,10 +36,11 @@ def demo(
     from gptport import tokenizer as bpe
     from gptport.cli.bench_cmd import open_torch, print_table
     from gptport.cli.train_cmd import prepare_with_progress, train_with_progress
-    from gptport.config import ModelConfig, TrainConfig, load_preset
+    from gptport.config import ModelConfig, TrainConfig
     from gptport.corpus import CorpusReader, default_corpus
     from gptport.errors import InputError, UsageError
     from gptport.export import exporter
+    from gptport.preset import load_preset
     from gptport.runtime import bench
     from gptport.runtime.generate import generate
     from gptport.runtime.loader import open_model

@@ -192,7 +192,8 @@ def _configs(model_dir: Path, vocab_size: int, preset: str, sets: list[str], opt
              resume: bool) -> tuple[ModelConfig, TrainConfig]:
     """New run: preset, then --set, then options. Resume: config.json's model and the resume state's
     settings, then --set train.* and options."""
-    from gptport.config import ModelConfig, Preset, TrainConfig, apply_overrides, load_preset, refuse_inert
+    from gptport.config import ModelConfig, TrainConfig
+    from gptport.preset import Preset, apply_overrides, load_preset, refuse_inert
 
     if not resume:
         chosen = apply_overrides(load_preset(preset), sets)

@@ -13,8 +13,9 @@ import onnx
 import pytest
 
 from gptport import contract
-from gptport.config import ModelConfig, Preset, apply_overrides, model_config_from_dict, model_config_to_dict
+from gptport.config import ModelConfig, model_config_from_dict, model_config_to_dict
 from gptport.errors import ArtifactError, UsageError
+from gptport.preset import Preset, apply_overrides
 from gptport.runtime import onnx_engine
 from gptport.training.checkpoint import read_card
 

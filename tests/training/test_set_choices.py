@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from gptport import tokenizer as bpe
-from gptport.config import ModelConfig, apply_overrides, load_preset, refuse_inert
+from gptport.config import ModelConfig
 from gptport.corpus import CorpusReader, resolve_sources
 from gptport.errors import UsageError
+from gptport.preset import apply_overrides, load_preset, refuse_inert
 from gptport.training import shards as data
 from gptport.training.model import GPT
 from gptport.training.train import Trainer
