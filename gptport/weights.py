@@ -29,12 +29,10 @@ def typed(raw: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def widen(raw: np.ndarray, dtype: str) -> np.ndarray:
-    """Little-endian bytes of a float tensor as float32 (bf16: its 16 bits are float32's high half)."""
-    if dtype == "F32":
-        return raw.view("<f4")
-    if dtype == "F16":
-        return raw.view("<f2").astype(np.float32)
-    return raw.view(bfloat16).astype(np.float32)  # 4x faster than shifting the bits through uint32
+    """Little-endian bytes of a float tensor as float32 (bf16: its 16 bits are float32's high half; ml_dtypes' cast
+    is 4x faster than shifting the bits through uint32)."""
+    values = typed(raw, dtype)
+    return values if dtype == "F32" else values.astype(np.float32)
 
 
 class ModelWeights(Mapping[str, np.ndarray]):
@@ -71,7 +69,7 @@ class ModelWeights(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         e = self.entries[name]
         if e.dtype == "F32":
-            return self._read(e, 0, e.end - e.begin).view("<f4").reshape(e.shape)
+            return widen(self._read(e, 0, e.end - e.begin), e.dtype).reshape(e.shape)
         out = np.empty(e.shape, np.float32)  # the 16-bit bytes pass through into()'s buffer: no copy of their own
         self.into(name, out)
         return out

@@ -76,7 +76,7 @@ class Job:
     tell: Callable[[str], None] = lambda message: None  # progress within a step (say() without freeing first)
     taps: dict[str, list[str]] = field(default_factory=dict)  # "int4 static" -> its residual stream after each layer
     checked: list[layer_check.Case] = field(default_factory=list)  # the layer-by-layer check's cases, with logits
-    chosen: tuple[list[int], np.ndarray] | None = None  # the reference's greedy tokens (layer_check.reference_greedy)
+    chosen: layer_check.Greedy | None = None  # the greedy check's prompt and the reference's tokens after it
     written: dict[tuple[str, NBits | None], Written] = field(default_factory=dict)  # the contract graphs' data
     gate_reference: layer_gate.Reference | None = None  # torch's logits on `windows`, made layer by layer once
 

@@ -55,6 +55,7 @@ STATIC_PRECISIONS = ("fp32", "int8", "int4")  # GroupQueryAttention on the CPU r
 DEFAULT_TOL = Tolerance()  # the parity gate's bound of each quantity, relative to its magnitude (tolerance.py)
 
 
+@heap.settled()
 def export(
     model_dir: Path,
     precisions: Sequence[str] = ("fp32",),
@@ -96,15 +97,6 @@ def export(
     if ort_level is not None and ort_level not in ORT_LEVELS:
         raise UsageError(f"--ort-level {ort_level!r} is unknown; choose from {', '.join(ORT_LEVELS)}")
     heap.return_large_blocks()  # a graph or session dropped goes back to the system (heap.py)
-    with heap.settled():
-        return _export(model_dir, precisions, optimize, static, opset, tol, force, say, gate, heldout, sampled_text,
-                       ort_level, kv_dtype)
-
-
-def _export(model_dir: Path, precisions: Sequence[str], optimize: bool, static: bool, opset: int, tol: Tolerance,
-            force: bool, say: Callable[[str], None], gate: bool, heldout: Path | None, sampled_text: bool,
-            ort_level: str | None, kv_dtype: str) -> ExportReport:
-    """export() once its options are checked, inside heap.settled()."""
     job = _open(model_dir, gate, tol, say)
     if kv_dtype == "int8" and rope_graph.outside(job.card.model):  # kv_quant's twin: made for fused rope only
         raise UsageError("--kv-dtype int8: no int8-cache graph yet for partial rotary, LongRoPE or layers without "

@@ -107,8 +107,13 @@ def check_contract(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: 
         real = case.mask.astype(bool)
         top1 = float((logits.argmax(-1) == case.logits.argmax(-1))[real].mean())
         rows.append(ParityRow(case.name, tuple(checks), top1))
-    ok = all(r.ok for r in rows)
-    return rows, (greedy_verdict(made[-1], greedy, tol) if greedy and ok else 0)
+    return rows, _greedy_after(rows, made, greedy, tol)
+
+
+def _greedy_after(rows: list[ParityRow], made: list[list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]]],
+                  greedy: Greedy | None, tol: Tolerance) -> int:
+    """The greedy chain's verdict (made's last chain) where there is one and every parity row passed; else 0."""
+    return greedy_verdict(made[-1], greedy, tol) if greedy and all(r.ok for r in rows) else 0
 
 
 def _run(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Mapping[str, np.ndarray], budget: int,
@@ -164,8 +169,7 @@ def check_static(graph: Path, taps: Sequence[str], cfg: ModelConfig, weights: Ma
     for case, [(got, _, _)] in zip(unpadded, made, strict=False):
         check = compare(contract.LOGITS, got, case.logits, tol, case.exact)
         rows.append(ParityRow(case.name, (check,), float((got.argmax(-1) == case.logits.argmax(-1)).mean())))
-    ok = all(r.ok for r in rows)
-    return rows, (greedy_verdict(made[-1], greedy, tol) if greedy and ok else 0)
+    return rows, _greedy_after(rows, made, greedy, tol)
 
 
 def reference_greedy(cfg: ModelConfig, weights: Mapping[str, np.ndarray], prompt: Sequence[int], n: int

@@ -200,14 +200,11 @@ def _empty(build: Callable[[], torch.nn.Module], dtype: torch.dtype) -> torch.nn
 
 def _fill(module: torch.nn.Module, prefix: str, weights: Mapping[str, np.ndarray]) -> None:
     """Each of the module's tensors overwritten with `weights`' of prefix + its name, refused in one line where the
-    shapes differ; read in place where the weights can (ModelWeights.into)."""
+    shapes differ; read in place where the weights can (ModelWeights.into, which checks the shape itself)."""
+    into = getattr(weights, "into", None)
     for name, t in module.state_dict().items():
         out = t.detach().numpy()  # the module's own memory
-        into = getattr(weights, "into", None)
-        if into is not None and callable(into):
-            if tuple(shape_of(weights, prefix + name)) != tuple(out.shape):
-                raise ArtifactError(f"weight {prefix + name}: shape {tuple(shape_of(weights, prefix + name))}, the "
-                                    f"config asks for {tuple(out.shape)}")
+        if into is not None:
             into(prefix + name, out)
         else:
             np.copyto(out, _checked(weights.__getitem__, prefix + name, tuple(out.shape)), casting="unsafe")

@@ -99,8 +99,8 @@ def check_fp32(job: Job, plain: Path) -> None:
     job.checked = layer_check.cases(cfg)
     job.chosen = _chosen(job, cfg)
     job.say("checking the fp32 graph layer by layer, in pieces")
-    job.report.parity, job.report.greedy_tokens = layer_check.check_contract(
-        plain, taps, cfg, job.weights, job.tol, job.checked, layer_check.Greedy(job.prompts[0], job.chosen))
+    job.report.parity, job.report.greedy_tokens = layer_check.check_contract(plain, taps, cfg, job.weights, job.tol,
+                                                                             job.checked, job.chosen)
     validate.refuse("fp32 parity", job.report.parity)
     job.passed[fp32] = plain
 
@@ -115,10 +115,8 @@ def check_slice(job: Job) -> None:
         graph_write.write(tmp, lambda sink: contract_graph.build(cfg, job.weights, sink, opset=job.opset,
                                                                  residuals=taps), {}, True)
         job.report.parity_of = f"the builder's fp32 graph of the first {cfg.n_layer} layers:"
-        chosen = _chosen(job, cfg)  # sets job.prompts
-        greedy = layer_check.Greedy(job.prompts[0], chosen)
         job.report.parity, job.report.greedy_tokens = layer_check.check_contract(
-            tmp, taps, cfg, job.weights, job.tol, layer_check.cases(cfg), greedy)
+            tmp, taps, cfg, job.weights, job.tol, layer_check.cases(cfg), _chosen(job, cfg))
         validate.refuse(f"fp32 parity of the first {cfg.n_layer} layers", job.report.parity)
     finally:
         tmp.unlink(missing_ok=True)
@@ -132,7 +130,7 @@ def check_static(job: Job, path: Path) -> None:
     cfg, taps = job.card.model, job.taps[f"fp32 {contract.CACHE_STATIC}"]
     assert job.chosen is not None  # check_fp32 ran
     job.report.static_parity, _ = layer_check.check_static(path, taps, cfg, job.weights, job.checked, job.tol,
-                                                           layer_check.Greedy(job.prompts[0], job.chosen))
+                                                           job.chosen)
     validate.refuse("static-cache graph parity", job.report.static_parity)
 
 
@@ -162,9 +160,10 @@ def decodes(job: Job) -> None:
             raise ValidationError(f"export: the {g.label} graph's logits are not all finite")
 
 
-def _chosen(job: Job, cfg: ModelConfig) -> tuple[list[int], np.ndarray]:
-    """The greedy check's prompt (job.prompts) and the reference's greedy tokens after it, for the model `cfg`."""
+def _chosen(job: Job, cfg: ModelConfig) -> layer_check.Greedy:
+    """The greedy check's prompt (job.prompts' first) and the reference's greedy tokens after it, for the model
+    `cfg`."""
     job.prompts = validate.prompts(job.model_dir, job.tok, job.card.model.n_ctx, config=job.card.model)
     n = min(layer_check.GREEDY_STEPS, cfg.n_ctx - len(job.prompts[0]))
     job.say(f"the reference's greedy continuation ({n} tokens, the model read layer by layer once each)")
-    return layer_check.reference_greedy(cfg, job.weights, job.prompts[0], n)
+    return layer_check.Greedy(job.prompts[0], layer_check.reference_greedy(cfg, job.weights, job.prompts[0], n))
